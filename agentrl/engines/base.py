@@ -1,0 +1,76 @@
+"""The engine protocol: token ids in, token ids + logprobs out.
+
+An engine is stateless from the runner's point of view: it receives prompts as token ids and returns
+what it sampled. It never sees text it must re-tokenize, so the runner can keep the exact ids that
+produced every logprob (token in, token out).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+"""Why a completion ended: ``stop`` = a stop token id or stop string was produced, ``length`` = the
+``max_tokens`` budget ran out, ``abort`` = the engine gave up (e.g. an error or a cancelled request)."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample one completion. Logprobs are always returned, under the sampling distribution
+    (after temperature, top-k and top-p), for the sampled tokens only."""
+
+    max_tokens: int = 256
+    """Upper bound on the number of new tokens."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 means greedy."""
+    top_p: float = 1.0
+    """Nucleus sampling mass; 1.0 disables it."""
+    top_k: int = 0
+    """Keep only the k most likely tokens; 0 disables it."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after any of these ids is sampled; the id is part of the completion."""
+    stop: tuple[str, ...] = ()
+    """Generation ends once the decoded completion contains one of these strings; the tokens up to and
+    including the one that completed the string are kept (nothing is cut out of a token)."""
+    seed: int | None = None
+    """Per-request seed; with the same seed, prompt and weights the completion is reproducible."""
+
+
+@dataclass
+class Completion:
+    """What the engine produced for one prompt."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """One per token in ``token_ids``: log-probability of that token under the sampling distribution."""
+    finish_reason: FinishReason
+    stop_reason: int | str | None = None
+    """The stop token id or stop string that ended generation, if any."""
+    weight_version: int = 0
+    """The engine's weight version when this completion was produced."""
+    info: dict = field(default_factory=dict)
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A generation backend (HF transformers in-process, vLLM, or a scripted replay for tests)."""
+
+    @property
+    def version(self) -> int:
+        """Weight version; bumped by every ``load_weights``."""
+        ...
+
+    def generate(
+        self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+    ) -> list[Completion]:
+        """Sample one completion per prompt (prompts may have different lengths). ``params`` is one
+        SamplingParams for all prompts or one per prompt."""
+        ...
+
+    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        """Replace the weights in place; returns the new version."""
+        ...

@@ -1,0 +1,318 @@
+"""The Environment contract users implement, the task record, rewards and the registry.
+
+A user's environment is a class with ``reset(task, seed)`` and ``step(action_text)`` (Gymnasium's
+shape, with ``terminated`` and ``truncated`` kept apart). It never sees token ids: the runner owns
+tokens. Tools are typed, docstringed methods marked with ``@tool`` (or plain functions listed in
+``extra_tools``); their JSON schemas go to the chat template's ``tools``. The default ``step``
+parses tool calls, runs them, and returns their outputs; a turn without a call is the final answer.
+
+    @register
+    class Lookup(Environment):
+        name = "lookup"
+
+        @tool
+        def get(self, key: str) -> str:
+            \"\"\"Look a key up.
+
+            Args:
+                key: the key.
+            \"\"\"
+            return self.table[key]
+
+        def reset(self, task, seed):
+            self.table = task.metadata["table"]
+            return super().reset(task, seed)
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import difflib
+import inspect
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, NamedTuple
+
+from agentrl.tools import ToolCall, ToolError, check_arguments, parse_tool_calls, tool_schema
+
+Message = dict[str, Any]
+"""A chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}``."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """A plain, frozen task record produced by a dataset adapter or a generator."""
+
+    id: str
+    prompt: str
+    """The user message (plain text); environments add their own system prompt and tool schemas."""
+    answer: Any = None
+    """The reference answer, whatever form the environment's reward functions expect."""
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+class StepResult(NamedTuple):
+    """What ``Environment.step`` returns (unpacks like Gymnasium's 5-tuple)."""
+
+    observation: list[Message]
+    """Messages to append after the policy's turn (role ``tool`` for tool output, ``user`` for the
+    environment's own feedback). Empty when the episode ends."""
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, Any]
+
+
+class ToolTimeout(Exception):
+    """A tool ran past its time limit."""
+
+
+@dataclass(frozen=True)
+class Reward:
+    """A named reward function ``fn(task, state) -> float``; weight 0 makes it a logged metric."""
+
+    name: str
+    fn: Callable[[Task, EpisodeState], float]
+    weight: float = 1.0
+
+
+@dataclass
+class EpisodeState:
+    """What reward functions see: the task, the conversation, the final answer text (the last
+    policy turn when the episode ended on an answer) and free-form info from ``step``."""
+
+    task: Task
+    messages: list[Message]
+    final_text: str | None
+    info: dict[str, Any]
+
+
+def tool(fn: Callable) -> Callable:
+    """Mark a method as a tool the model can call. Its name, type hints and Google-style docstring
+    become the JSON schema shown to the model."""
+    fn.__agentrl_tool__ = True  # type: ignore[attr-defined]
+    return fn
+
+
+class Environment:
+    """Base class for environments. Subclass, set ``name``, override ``reset`` (and optionally
+    ``step``, ``rewards``, ``system_prompt``)."""
+
+    name: ClassVar[str] = ""
+    system_prompt: ClassVar[str | None] = None
+    tool_format: ClassVar[str] = "json"
+    """How the model calls tools: ``json`` (``<tool_call>{"name":..., "arguments":...}</tool_call>``)
+    or ``python`` (a fenced ```python block, for code-interpreter environments)."""
+    tool_timeout_s: ClassVar[float] = 10.0
+    max_turns: ClassVar[int] = 8
+    """Default turn limit; the runner's own limit wins if it is lower."""
+    extra_tools: ClassVar[Sequence[Callable]] = ()
+    """Plain functions exposed as tools in addition to ``@tool`` methods."""
+
+    def __init__(self, **options: Any) -> None:
+        for k, v in options.items():
+            if not hasattr(self, k):
+                raise TypeError(f"{type(self).__name__} has no option {k!r}")
+            setattr(self, k, v)
+        self.task: Task | None = None
+        self.seed = 0
+
+    # -- the contract ------------------------------------------------------------------------
+    def reset(self, task: Task, seed: int) -> list[Message]:
+        """Start an episode; return the first messages (system prompt if any, then the task)."""
+        self.task, self.seed = task, seed
+        msgs: list[Message] = []
+        if self.system_prompt:
+            msgs.append({"role": "system", "content": self.system_prompt})
+        msgs.append({"role": "user", "content": task.prompt})
+        return msgs
+
+    def step(self, action: str) -> StepResult:
+        """Default: run the tool calls in ``action``. A turn without a call ends the episode: with
+        ``info["answer"]`` when ``final_answer`` finds one, else as a void turn (SimpleTIR)."""
+        calls = parse_tool_calls(action, self.tool_format, self.tool_names())
+        if calls:
+            return StepResult(
+                [self.call_tool(c) for c in calls], 0.0, False, False, {"tool_calls": len(calls)}
+            )
+        answer = self.final_answer(action)
+        if answer is None:
+            return StepResult([], 0.0, True, False, {"void_turn": True})
+        return StepResult([], 0.0, True, False, {"answer": answer})
+
+    def final_answer(self, text: str) -> str | None:
+        """The final answer in a policy turn, or None. Default: the last ``\\boxed{...}``."""
+        return extract_boxed(text)
+
+    @classmethod
+    def load_tasks(cls, split: str, n: int | None = None, seed: int = 0, **options: Any) -> list[Task]:
+        """Built-in tasks for this environment (synthetic generators). ``split`` is ``train`` or
+        ``test``; splits never overlap. Environments without built-in tasks take data from a dataset
+        adapter (``data.path`` in the config) instead."""
+        raise NotImplementedError(
+            f"environment {cls.name!r} has no built-in tasks; point data.path at a dataset instead"
+        )
+
+    @classmethod
+    def demonstrations(cls, tasks: Sequence[Task], seed: int = 0) -> list[list[Message]]:
+        """Full solved conversations (system/user/assistant/tool messages) from an exact solver, for
+        the SFT warm start. Diverse where several solutions exist."""
+        raise NotImplementedError(f"environment {cls.name!r} has no solver demonstrations")
+
+    def rewards(self) -> Sequence[Reward]:
+        """Named reward functions composed with weights; the runner scores finished episodes."""
+        return ()
+
+    def close(self) -> None:
+        """Release per-episode resources (sandbox sessions, files). Always called by the runner."""
+
+    # -- tools -------------------------------------------------------------------------------
+    def tool_functions(self) -> dict[str, Callable]:
+        fns: dict[str, Callable] = {}
+        for name, member in inspect.getmembers(type(self)):
+            if getattr(member, "__agentrl_tool__", False):
+                fns[name] = getattr(self, name)
+        for f in self.extra_tools:
+            fns[f.__name__] = f
+        return fns
+
+    def tool_names(self) -> list[str]:
+        return sorted(self.tool_functions())
+
+    def tool_schemas(self) -> list[dict[str, Any]]:
+        """JSON schemas for the chat template's ``tools`` argument."""
+        return [tool_schema(f) for f in self.tool_functions().values()]
+
+    def call_tool(self, call: ToolCall) -> Message:
+        """Run one parsed call. Malformed calls, unknown tools, bad arguments and timeouts become an
+        error message for the model; exceptions raised *inside* the tool propagate as ``ToolError``
+        so the runner can record a failure at the ``tool`` boundary when the environment wants
+        that (override to turn them into feedback instead)."""
+        if call.error is not None:
+            return {"role": "tool", "name": call.name or "", "content": f"Error: {call.error}"}
+        fns = self.tool_functions()
+        if call.name not in fns:
+            hint = difflib.get_close_matches(call.name or "", list(fns), n=1)
+            did = f" Did you mean {hint[0]!r}?" if hint else ""
+            return {
+                "role": "tool",
+                "name": call.name or "",
+                "content": f"Error: unknown tool {call.name!r}.{did} Available: {', '.join(sorted(fns))}",
+            }
+        fn = fns[call.name]
+        problem = check_arguments(fn, call.arguments)
+        if problem:
+            return {"role": "tool", "name": call.name, "content": f"Error: {problem}"}
+        try:
+            out = run_with_timeout(fn, call.arguments, self.tool_timeout_s)
+        except ToolTimeout:
+            return {
+                "role": "tool",
+                "name": call.name,
+                "content": f"Error: tool {call.name!r} timed out after {self.tool_timeout_s:g}s",
+            }
+        except ToolFeedback as e:
+            return {"role": "tool", "name": call.name, "content": f"Error: {e}"}
+        except Exception as e:
+            raise ToolError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
+        return {"role": "tool", "name": call.name, "content": str(out)}
+
+
+class ToolFeedback(Exception):
+    """Raise from a tool to send an error message back to the model (not an episode failure)."""
+
+
+_TOOL_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentrl-tool")
+
+
+def run_with_timeout(fn: Callable, kwargs: Mapping[str, Any], timeout_s: float) -> Any:
+    """Run an in-process tool with a wall-clock limit. A Python thread cannot be killed: a hung tool
+    keeps its worker thread busy, but the episode moves on. Tools that run untrusted or unbounded
+    work must use a sandbox (``sandboxes/``), which kills the whole process tree."""
+    fut = _TOOL_POOL.submit(fn, **kwargs)
+    try:
+        return fut.result(timeout=timeout_s)
+    except concurrent.futures.TimeoutError as e:
+        fut.cancel()
+        raise ToolTimeout() from e
+
+
+# -- final answers ------------------------------------------------------------------------------
+_BOXED = re.compile(r"\\boxed\{")
+
+
+def extract_boxed(text: str) -> str | None:
+    """The content of the last ``\\boxed{...}`` (balanced braces), or None."""
+    starts = [m.end() for m in _BOXED.finditer(text)]
+    if not starts:
+        return None
+    i = starts[-1]
+    depth = 1
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i:j].strip()
+    return None
+
+
+# -- registry -----------------------------------------------------------------------------------
+_REGISTRY: dict[str, type[Environment]] = {}
+
+
+def register(cls: type[Environment]) -> type[Environment]:
+    """Class decorator: add an environment under ``cls.name``; duplicate names are refused."""
+    if not cls.name:
+        raise ValueError(f"{cls.__name__} needs a non-empty `name` to be registered")
+    prev = _REGISTRY.get(cls.name)
+    if prev is not None and prev is not cls:
+        raise ValueError(
+            f"environment name {cls.name!r} is already registered by {prev.__module__}.{prev.__qualname__}"
+        )
+    _REGISTRY[cls.name] = cls
+    return cls
+
+
+def import_environment_module(spec: str) -> None:
+    """Import a user's environment module (``pkg.module``) or file (``path/to/env.py``) so that its
+    ``@register`` decorators run. Importing the same file twice is a no-op."""
+    import importlib
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    if spec.endswith(".py"):
+        path = Path(spec).resolve()
+        if not path.exists():
+            raise FileNotFoundError(f"env.module: no such file {spec!r}")
+        name = f"agentrl_user_env_{path.stem}_{abs(hash(str(path))) % 10**8}"
+        if name in sys.modules:
+            return
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        assert module_spec is not None and module_spec.loader is not None
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+    else:
+        importlib.import_module(spec)
+
+
+def registered() -> dict[str, type[Environment]]:
+    _load_builtin()
+    return dict(_REGISTRY)
+
+
+def make_env(name: str, **options: Any) -> Environment:
+    envs = registered()
+    if name not in envs:
+        hint = difflib.get_close_matches(name, list(envs), n=1)
+        did = f" Did you mean {hint[0]!r}?" if hint else ""
+        raise KeyError(f"unknown environment {name!r}.{did} Registered: {', '.join(sorted(envs))}")
+    return envs[name](**options)
+
+
+def _load_builtin() -> None:
+    import environments  # noqa: F401  (registers the built-in environments on import)

@@ -1,0 +1,186 @@
+"""``agentrl envs check NAME``: run an environment against a scripted policy and report contract
+violations (in the spirit of Gymnasium's ``check_env``).
+
+Checks: tasks load with disjoint splits; ``reset`` returns JSON-serialisable chat messages ending
+with a user message; tool schemas are well-formed; malformed, unknown and badly-typed tool calls and
+a void turn come back as observations or clean terminations, never exceptions; the solver's
+demonstrations replay through ``step`` with the same tool outputs and earn a positive reward;
+``close`` can be called twice.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.env import Environment, EpisodeState, StepResult, Task, make_env
+
+SCRIPTED_BAD_ACTIONS = {
+    "malformed JSON tool call": '<tool_call>{"name": "x", "arguments": {</tool_call>',
+    "unclosed tool call": '<tool_call>{"name": "x"',
+    "unknown tool": '<tool_call>{"name": "no_such_tool_xyz", "arguments": {}}</tool_call>',
+    "unclosed code block": "```python\nprint(1)\n",
+    "void turn (no call, no answer)": "I am not sure.",
+    "empty turn": "",
+}
+
+
+@dataclass
+class CheckReport:
+    env: str
+    passed: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+def _check(report: CheckReport, what: str, fn: Callable[[], Any]) -> Any:
+    try:
+        out = fn()
+    except AssertionError as e:
+        report.problems.append(f"{what}: {e}")
+        return None
+    except Exception as e:
+        report.problems.append(f"{what}: raised {type(e).__name__}: {e}")
+        return None
+    report.passed.append(what)
+    return out
+
+
+def _valid_messages(msgs: Any) -> None:
+    assert isinstance(msgs, list) and msgs, (
+        f"expected a non-empty list of messages, got {type(msgs).__name__}"
+    )
+    for m in msgs:
+        assert isinstance(m, dict) and "role" in m and "content" in m, f"not a chat message: {m!r}"
+        assert m["role"] in ("system", "user", "assistant", "tool"), f"unknown role {m['role']!r}"
+        assert isinstance(m["content"], str), f"content must be str, got {type(m['content']).__name__}"
+    json.dumps(msgs)
+
+
+def _valid_step(result: Any) -> StepResult:
+    assert isinstance(result, tuple) and len(result) == 5, (
+        "step must return (observation, reward, terminated, truncated, info)"
+    )
+    obs, reward, terminated, truncated, info = result
+    assert isinstance(obs, list), "observation must be a list of messages"
+    if obs:
+        _valid_messages(obs)
+    assert isinstance(reward, (int, float)), f"reward must be a number, got {type(reward).__name__}"
+    assert isinstance(terminated, bool) and isinstance(truncated, bool), "terminated/truncated must be bool"
+    assert isinstance(info, dict), "info must be a dict"
+    assert terminated or truncated or obs, "a step that does not end the episode must return an observation"
+    return StepResult(*result)
+
+
+def check_environment(name: str, options: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
+    options = options or {}
+    report = CheckReport(name)
+    env_cls = type(make_env(name, **options))
+
+    tasks = None
+    try:
+        train = env_cls.load_tasks("train", n=8, seed=seed)
+        test = env_cls.load_tasks("test", n=8, seed=seed)
+        overlap = {t.id for t in train} & {t.id for t in test}
+        if overlap:
+            report.problems.append(f"train and test splits overlap: {sorted(overlap)[:3]}")
+        elif not train:
+            report.problems.append("load_tasks('train') returned no tasks")
+        else:
+            report.passed.append("built-in tasks load; train/test disjoint")
+            tasks = train
+    except NotImplementedError:
+        report.notes.append("no built-in tasks: checked with a placeholder task")
+    except Exception as e:
+        report.problems.append(f"load_tasks raised {type(e).__name__}: {e}")
+    task = tasks[0] if tasks else Task(id="check", prompt="What is 1 + 1?", answer=2)
+
+    def fresh() -> Environment:
+        env = make_env(name, **options)
+        _valid_messages(env.reset(task, seed))
+        return env
+
+    env = _check(report, "reset returns chat messages", fresh)
+    if env is None:
+        return report
+    _check(report, "tool schemas are well-formed", lambda: _schemas(env))
+    env.close()
+
+    for label, action in SCRIPTED_BAD_ACTIONS.items():
+        env = make_env(name, **options)
+        env.reset(task, seed)
+        _check(
+            report, f"step survives: {label}", lambda env=env, action=action: _valid_step(env.step(action))
+        )
+        env.close()
+
+    try:
+        demos = env_cls.demonstrations(tasks or [task], seed=seed)
+    except NotImplementedError:
+        report.notes.append("no solver demonstrations: replay check skipped")
+        demos = []
+    for i, (t, demo) in enumerate(zip(tasks or [task], demos[:3])):
+        _check(
+            report,
+            f"demonstration {i} replays and scores > 0",
+            lambda t=t, demo=demo: _replay(name, options, t, demo, seed),
+        )
+
+    env = make_env(name, **options)
+    env.reset(task, seed)
+    _check(report, "close() is idempotent", lambda: (env.close(), env.close()))
+    return report
+
+
+def _schemas(env: Environment) -> None:
+    for s in env.tool_schemas():
+        fn = s.get("function", {})
+        assert fn.get("name"), f"tool schema without a name: {s}"
+        assert fn.get("description"), f"tool {fn.get('name')!r} has no description (write a docstring)"
+        json.dumps(s)
+
+
+def _replay(name: str, options: dict[str, Any], task: Task, demo: list[dict], seed: int) -> None:
+    env = make_env(name, **options)
+    try:
+        first = env.reset(task, seed)
+        assert demo[: len(first)] == first, "the demonstration does not start with what reset returns"
+        messages = list(first)
+        i, info, reward = len(first), {}, 0.0
+        final_text = None
+        while i < len(demo):
+            assert demo[i]["role"] == "assistant", (
+                f"expected an assistant message at {i}, got {demo[i]['role']}"
+            )
+            final_text = demo[i]["content"]
+            messages.append(demo[i])
+            obs, r, terminated, truncated, step_info = _valid_step(env.step(final_text))
+            reward += r
+            info.update(step_info)
+            i += 1
+            got = [m["content"] for m in obs]
+            want = [m["content"] for m in demo[i : i + len(obs)]]
+            assert got == want, f"tool output differs from the demonstration: {got!r} vs {want!r}"
+            messages.extend(obs)
+            i += len(obs)
+            if terminated or truncated:
+                assert i == len(demo), "the episode ended before the demonstration did"
+        state = EpisodeState(task, messages, final_text, info)
+        total = reward + sum(r.weight * float(r.fn(task, state)) for r in env.rewards())
+        assert total > 0, f"the solver's demonstration earns reward {total}"
+    finally:
+        env.close()
+
+
+def format_report(report: CheckReport) -> str:
+    lines = [f"environment {report.env!r}: {'OK' if report.ok else 'FAILED'}"]
+    lines += [f"  ok    {p}" for p in report.passed]
+    lines += [f"  note  {n}" for n in report.notes]
+    lines += [f"  FAIL  {p}" for p in report.problems]
+    return "\n".join(lines)

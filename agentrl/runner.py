@@ -1,0 +1,314 @@
+"""The EpisodeRunner: runs a batch of multi-turn episodes to completion, token in, token out.
+
+Each round, every active episode generates its next turn in one batched engine call; the
+environment steps of the finished turns then run concurrently in a thread pool; each observation is
+appended to its episode as chat-template deltas (token ids tagged tool/env/scaffold). Policy tokens
+are the engine's ids, never re-tokenized text. A failure in one episode (engine, environment, tool,
+sandbox, reward) is recorded on that episode with its boundary; the batch goes on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentrl.chat import ChatRenderer, Piece
+from agentrl.engines.base import Completion, Engine, SamplingParams
+from agentrl.env import Environment, EpisodeState, Message, StepResult, Task
+from agentrl.episode import Episode, Failure, Segment
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Per-episode limits. Token counts include everything in the context (prompt, policy tokens,
+    observations), since that is what the model must fit."""
+
+    max_turns: int = 8
+    max_tokens_per_turn: int = 256
+    max_episode_tokens: int = 2048
+    max_tool_output_tokens: int = 256
+    """Longer tool outputs keep their head and tail with a visible marker in between."""
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    task: Task
+    seed: int
+    group: str | None = None
+    episode_id: str | None = None
+
+
+@dataclass
+class _Live:
+    """Book-keeping for one running episode."""
+
+    episode: Episode
+    env: Environment | None
+    renderer: ChatRenderer | None
+    messages: list[Message] = field(default_factory=list)
+    turn: int = 0
+    step_reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    final_text: str | None = None
+    done: bool = False
+    t0: float = field(default_factory=time.perf_counter)
+
+    @property
+    def length(self) -> int:
+        return sum(len(s.token_ids) for s in self.episode.segments)
+
+
+def boundary_of(exc: BaseException, default: str) -> str:
+    """Where an exception belongs: its ``boundary`` attribute if it has one."""
+    b = getattr(exc, "boundary", None)
+    return b if b in ("model", "tool", "sandbox", "env", "reward") else default
+
+
+class EpisodeRunner:
+    """Runs episodes of one environment type with one engine and tokenizer.
+
+    ``env_factory`` builds a fresh environment per episode (episodes run concurrently, so they never
+    share one). ``sampling`` holds temperature/top-p/top-k; ``max_tokens`` and stop ids are set per
+    turn by the runner.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        env_factory: Callable[[], Environment],
+        budgets: Budgets | None = None,
+        sampling: SamplingParams | None = None,
+        env_workers: int = 16,
+    ) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.budgets = budgets or Budgets()
+        self.sampling = sampling or SamplingParams()
+        self.pool = concurrent.futures.ThreadPoolExecutor(env_workers, thread_name_prefix="agentrl-env")
+        self._renderers: dict[str, ChatRenderer] = {}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
+        lives = list(self.pool.map(self._start, requests))
+        while True:
+            active = [lv for lv in lives if not lv.done]
+            if not active:
+                break
+            completions = self._generate(active)
+            for lv, comp in zip(active, completions):
+                if comp is not None:
+                    self._append_policy(lv, comp)
+            stepping = [lv for lv, comp in zip(active, completions) if comp is not None and not lv.done]
+            for lv, result in zip(stepping, self.pool.map(self._safe_step, stepping)):
+                if result is not None:
+                    self._after_step(lv, result)
+        return list(self.pool.map(self._finish, lives))
+
+    def _start(self, req: EpisodeRequest) -> _Live:
+        ep = Episode(
+            id=req.episode_id or f"{req.task.id}-s{req.seed}",
+            env="",
+            task_id=req.task.id,
+            seed=req.seed,
+            group=req.group,
+        )
+        ep.metrics["task"] = {
+            "id": req.task.id,
+            "prompt": req.task.prompt,
+            "answer": _jsonable(req.task.answer),
+            "metadata": _jsonable(dict(req.task.metadata)),
+        }
+        lv = _Live(ep, None, None)
+        try:
+            env = self.env_factory()
+            lv.env, ep.env = env, env.name
+            lv.messages = list(env.reset(req.task, req.seed))
+            tools = env.tool_schemas() or None
+            ep.metrics["tools"] = tools
+            lv.renderer = self._renderer(tools)
+            prompt = lv.renderer.render_prompt(lv.messages)
+            ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
+        except Exception as e:
+            self._fail(lv, boundary_of(e, "env"), e)
+            return lv
+        if lv.length >= self.budgets.max_episode_tokens:
+            self._stop(lv, "token_budget")
+        return lv
+
+    def _renderer(self, tools: list[dict] | None) -> ChatRenderer:
+        key = repr(tools)
+        if key not in self._renderers:
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools)
+        return self._renderers[key]
+
+    def _generate(self, active: list[_Live]) -> list[Completion | None]:
+        prompts, params = [], []
+        for lv in active:
+            left = self.budgets.max_episode_tokens - lv.length
+            assert lv.renderer is not None
+            stop_ids = tuple({*self.sampling.stop_token_ids, lv.renderer.eos_token_id} - {None})
+            prompts.append(lv.episode.token_ids())
+            params.append(
+                SamplingParams(
+                    max_tokens=min(self.budgets.max_tokens_per_turn, left),
+                    temperature=self.sampling.temperature,
+                    top_p=self.sampling.top_p,
+                    top_k=self.sampling.top_k,
+                    stop_token_ids=stop_ids,  # type: ignore[arg-type]
+                    stop=self.sampling.stop,
+                    seed=None
+                    if self.sampling.seed is None
+                    else self.sampling.seed + 7919 * lv.episode.seed + lv.turn,
+                )
+            )
+        try:
+            return list(self.engine.generate(prompts, params))
+        except Exception as e:
+            for lv in active:
+                self._fail(lv, "model", e)
+            return [None] * len(active)
+
+    def _append_policy(self, lv: _Live, comp: Completion) -> None:
+        ep = lv.episode
+        text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
+        ep.add(
+            Segment("policy", lv.turn, list(comp.token_ids), text, list(comp.logprobs), comp.weight_version)
+        )
+        assert lv.renderer is not None
+        ended_with_eos = bool(comp.token_ids) and comp.token_ids[-1] == lv.renderer.eos_token_id
+        lv.final_text = text.removesuffix(lv.renderer.assistant_close.strip()) if ended_with_eos else text
+        lv.messages.append({"role": "assistant", "content": lv.final_text})
+        close = lv.renderer.close_turn(text, ended_with_eos)
+        ep.add(Segment("scaffold", lv.turn, close.token_ids, close.text))
+        if comp.finish_reason == "length" and lv.length >= self.budgets.max_episode_tokens:
+            self._stop(lv, "token_budget")
+        elif comp.finish_reason == "abort":
+            self._fail(lv, "model", RuntimeError(f"engine aborted the request: {comp.info}"))
+
+    def _safe_step(self, lv: _Live) -> StepResult | None:
+        assert lv.env is not None and lv.final_text is not None
+        try:
+            return lv.env.step(lv.final_text)
+        except Exception as e:
+            self._fail(lv, boundary_of(e, "env"), e)
+            return None
+
+    def _after_step(self, lv: _Live, result: StepResult) -> None:
+        obs, reward, terminated, truncated, info = result
+        lv.step_reward += float(reward)
+        lv.info.update(info)
+        lv.episode.metrics["tool_calls"] = lv.episode.metrics.get("tool_calls", 0) + int(
+            info.get("tool_calls", 0)
+        )
+        if terminated:
+            return self._stop(lv, "void_turn" if info.get("void_turn") else "answered")
+        if truncated:
+            return self._stop(lv, "truncated")
+        if lv.turn + 1 >= min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns):
+            return self._stop(lv, "max_turns")  # the unanswered observation is not shown to anyone
+        lv.turn += 1
+        assert lv.renderer is not None
+        try:
+            pieces = lv.renderer.render_observation(obs)
+        except Exception as e:
+            return self._fail(lv, "env", e)
+        seen = []
+        for piece in pieces:
+            piece = self._truncate(piece)
+            if piece.message_index is not None:
+                seen.append(piece)
+            lv.episode.add(Segment(piece.role, lv.turn, piece.token_ids, piece.text))  # type: ignore[arg-type]
+        for i, msg in enumerate(obs):  # record what the model actually saw
+            shown = [p.text for p in seen if p.message_index == i]
+            lv.messages.append({**msg, "content": shown[0]} if shown else dict(msg))
+        lv.final_text = None
+        if lv.length >= self.budgets.max_episode_tokens:
+            self._stop(lv, "token_budget")
+
+    def _truncate(self, piece: Piece) -> Piece:
+        """Keep the head (3/4) and tail (1/4) of a long tool/env output, with a marker between them;
+        the result, marker included, fits ``max_tool_output_tokens``."""
+        n, cap = len(piece.token_ids), self.budgets.max_tool_output_tokens
+        if piece.role not in ("tool", "env") or n <= cap:
+            return piece
+        marker = self.tokenizer(f"\n...[{n} tokens, truncated]...\n", add_special_tokens=False)["input_ids"]
+        keep = max(cap - len(marker), 0)
+        n_tail = keep // 4
+        ids = piece.token_ids[: keep - n_tail] + marker + (piece.token_ids[n - n_tail :] if n_tail else [])
+        ids = ids[:cap]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return Piece(piece.role, ids, text, piece.message_index)
+
+    def _stop(self, lv: _Live, reason: str) -> None:
+        if not lv.done:
+            lv.episode.stop_reason = reason  # type: ignore[assignment]
+            lv.done = True
+
+    def _fail(self, lv: _Live, boundary: str, exc: BaseException) -> None:
+        if lv.episode.failure is None:
+            tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            lv.episode.failure = Failure(boundary, tb)  # type: ignore[arg-type]
+        lv.episode.stop_reason = "error"
+        lv.done = True
+
+    def _finish(self, lv: _Live) -> Episode:
+        ep = lv.episode
+        ep.messages = lv.messages
+        if ep.failure is None and lv.env is not None and lv.env.task is not None:
+            self._score(lv)
+        if lv.env is not None:
+            try:
+                lv.env.close()
+            except Exception as e:
+                ep.metrics["close_error"] = f"{type(e).__name__}: {e}"
+                if ep.failure is None:
+                    self._fail(lv, boundary_of(e, "env"), e)
+        ep.metrics.update(
+            turns=ep.num_turns,
+            policy_tokens=ep.num_policy_tokens,
+            total_tokens=lv.length,
+            wall_s=round(time.perf_counter() - lv.t0, 4),
+        )
+        return ep
+
+    def _score(self, lv: _Live) -> None:
+        ep, env = lv.episode, lv.env
+        assert env is not None and env.task is not None
+        state = EpisodeState(env.task, lv.messages, lv.final_text, dict(lv.info, stop_reason=ep.stop_reason))
+        total, comps = lv.step_reward, {}
+        try:
+            for r in env.rewards():
+                value = float(r.fn(env.task, state))
+                comps[r.name] = value
+                total += r.weight * value
+        except Exception as e:
+            ep.failure = Failure("reward", f"{type(e).__name__}: {e}")
+            ep.reward_components = comps
+            ep.reward = 0.0
+            return
+        if lv.step_reward:
+            comps["env_step"] = lv.step_reward
+        ep.reward_components = comps
+        ep.reward = total
+
+
+def _jsonable(x: Any) -> Any:
+    """Task answers and metadata may hold tuples or dataclasses; store a JSON-safe copy."""
+    if isinstance(x, dict):
+        return {str(k): _jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_jsonable(v) for v in x]
+    if hasattr(x, "__dataclass_fields__"):
+        return _jsonable(asdict(x))
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return repr(x)

@@ -1,0 +1,24 @@
+"""Shared fixtures: a tiny tokenizer and model built once per session (see fixtures_models.py), and
+an isolated cache directory so tests never touch the user's ~/.cache/agentrl."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+from fixtures_models import *  # noqa: F403
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """AGENTRL_CACHE for the whole session unless the caller set one (CI sets it to reuse builds)."""
+    if "AGENTRL_CACHE" not in os.environ:
+        os.environ["AGENTRL_CACHE"] = str(tmp_path_factory.mktemp("agentrl-cache"))
+    yield
