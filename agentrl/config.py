@@ -1,0 +1,356 @@
+"""The typed config: dataclasses are the schema, YAML files hold presets, the command line overrides.
+
+    cfg = load_config("configs/quickstart.yaml", ["trainer.total_steps=20", "algorithm.name=grpo"])
+
+The schema lives in ``agentrl.config_schema`` (re-exported here), a docstring under every field;
+``describe_config()`` turns them into the table in ``docs/configuration.md``. Loading is strict and happens before any work: an unknown key, a wrong
+type, an invalid choice or an out-of-range value raises ``ConfigError`` naming the key, what was
+expected, and (for typos) the closest valid name. All problems are reported at once.
+
+``algorithm.name`` is a preset: fields that default to ``None`` with "from the preset" in their
+docstring take the preset's value (``PRESETS``, from ALGORITHMS.md §1, §2, §5), unless the user set
+them. Derived values (``run.output_dir``, ``model.tokenizer``, the overlong lengths) are filled in
+too, so the resolved config saved in the run directory holds concrete values only. Interpolation
+(``${...}``) is refused: what can be derived is derived here, in one place.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import sys
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+
+from agentrl import schema
+from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections from here)
+    AdaptiveConfig,
+    AlgorithmConfig,
+    AlgorithmName,
+    ClipCovConfig,
+    Config,
+    DataConfig,
+    EnvConfig,
+    EvalConfig,
+    HighEntropyConfig,
+    KLCovConfig,
+    LimitsConfig,
+    LoggingConfig,
+    ModelConfig,
+    OverlongConfig,
+    PIConfig,
+    RolloutConfig,
+    RunConfig,
+    SandboxConfig,
+    SFTConfig,
+    StapoConfig,
+    StareConfig,
+    SteerConfig,
+    TrainerConfig,
+    VLLMConfig,
+)
+
+CONFIG_FILE = "config.yaml"
+"""Name of the resolved config inside a run directory."""
+
+WEIGHTING_NAMES = ("stare", "steer", "stapo", "clip_cov", "kl_cov", "high_entropy")
+"""Algorithm names that reweight or select tokens; the others use the plain clipped surrogate."""
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names every bad key and what was expected."""
+
+    def __init__(self, errors: str | Sequence[str]) -> None:
+        self.errors = [errors] if isinstance(errors, str) else list(errors)
+        if len(self.errors) == 1:
+            msg = self.errors[0]
+        else:
+            msg = f"{len(self.errors)} problems in the config:\n" + "\n".join(f"  - {e}" for e in self.errors)
+        super().__init__(msg)
+
+
+# --------------------------------------------------------------------------------------- presets
+_GRPO = {
+    "advantage": "grpo",
+    "loss_agg": "seq-mean-token-mean",
+    "clip_low": 0.2,
+    "clip_high": 0.2,
+    "ratio_clip": True,
+    "dynamic_sampling": False,
+    "overlong.enabled": False,
+}
+_GRPO_DS = {**_GRPO, "loss_agg": "token-mean", "clip_high": 0.28, "dynamic_sampling": True}
+"""STARE's base ("GRPO-ds"): GRPO with DAPO's loss (clip-higher, token-mean) and dynamic sampling."""
+
+PRESETS: dict[str, dict[str, Any]] = {
+    "grpo": _GRPO,
+    "dr_grpo": {**_GRPO, "advantage": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm"},
+    "rloo": {**_GRPO, "advantage": "rloo"},
+    "dapo": {**_GRPO_DS, "overlong.enabled": True},
+    "stare": _GRPO_DS,
+    "steer": _GRPO_DS,
+    "stapo": _GRPO_DS,
+    "clip_cov": _GRPO_DS,
+    "kl_cov": {**_GRPO_DS, "ratio_clip": False},
+    "high_entropy": _GRPO_DS,
+}
+"""Values of the preset fields (keys relative to ``algorithm``) for each ``algorithm.name``."""
+
+
+def weighting_name(cfg: Config) -> str:
+    """The token-weighting method: one of ``WEIGHTING_NAMES``, or ``none`` for the plain surrogate."""
+    return cfg.algorithm.name if cfg.algorithm.name in WEIGHTING_NAMES else "none"
+
+
+# ------------------------------------------------------------------------------------ public API
+def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
+    """Defaults ← the YAML file (a run directory means its ``config.yaml``) ← ``key=value`` overrides,
+    validated, with presets and derived values resolved. Raises ``ConfigError`` on any problem."""
+    sources: list[tuple[str, Any]] = []
+    if path is not None:
+        file = _config_file(Path(path))
+        sources.append((f"in {file}", _read_yaml(file)))
+    sources += [(f"from override {o!r}", _parse_override(o)) for o in overrides]
+    return _from_sources(sources)
+
+
+def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> Config:
+    """Like ``load_config`` for a nested mapping instead of a file."""
+    return _from_sources(
+        [("in the given mapping", data)] + [(f"from override {o!r}", _parse_override(o)) for o in overrides]
+    )
+
+
+def config_to_dict(cfg: Config) -> dict[str, Any]:
+    """Plain nested dicts (tuples become lists), ready for YAML or JSON."""
+    return _plain(dataclasses.asdict(cfg))
+
+
+def config_to_yaml(cfg: Config) -> str:
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True)
+
+
+def save_config(cfg: Config, run_dir: str | Path) -> Path:
+    """Write the resolved config to ``run_dir/config.yaml``; ``load_config(run_dir)`` reads it back."""
+    out = Path(run_dir) / CONFIG_FILE
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(
+        "# Resolved agentrl config: every value concrete. Load with agentrl.config.load_config.\n"
+        + config_to_yaml(cfg)
+    )
+    return out
+
+
+# ------------------------------------------------------------------------------------ the loader
+def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
+    """Check each source on its own (so a message can say where a bad value came from), merge them
+    over the defaults, build the dataclasses, resolve presets and derived values, check ranges and
+    the rules that tie keys together."""
+    merged = dataclasses.asdict(Config())
+    origin: dict[str, str] = {}
+    errors: list[str] = []
+    for where, raw in sources:
+        checked, errs = schema.check_tree(raw, Config, where)
+        errors += errs
+        _deep_merge(merged, checked)
+        origin.update(dict.fromkeys(_paths(checked), where))
+    if errors:
+        raise ConfigError(errors)
+    cfg: Config = schema.build(Config, merged)
+    _resolve(cfg)
+    problems = [*schema.check_ranges(cfg), *_cross_checks(cfg)]
+    if problems:
+        raise ConfigError([f"{msg} [{origin[p]}]" if p in origin else msg for p, msg in problems])
+    return cfg
+
+
+def _resolve(cfg: Config) -> None:
+    """Fill the preset fields the user left at None, and the derived values."""
+    alg = cfg.algorithm
+    for key, value in PRESETS[alg.name].items():
+        section, _, leaf = key.rpartition(".")
+        target = getattr(alg, section) if section else alg
+        if getattr(target, leaf) is None:
+            setattr(target, leaf, value)
+    ro, ov = cfg.rollout, alg.overlong
+    if ov.max_length is None:
+        ov.max_length = min(ro.max_turns * ro.max_tokens_per_turn, ro.max_episode_tokens)
+    if ov.cache_length is None:
+        ov.cache_length = max(1, ov.max_length // 5)
+    if cfg.run.output_dir is None:
+        cfg.run.output_dir = f"runs/{cfg.run.name}"
+    if cfg.model.tokenizer is None:
+        cfg.model.tokenizer = cfg.model.path
+
+
+def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
+    """Rules that involve more than one key, as ``(key, message)``."""
+    ro, alg, st = cfg.rollout, cfg.algorithm, cfg.algorithm.stare
+    if cfg.sandbox.backend == "unisolated" and not cfg.sandbox.allow_unisolated:
+        yield (
+            "sandbox.backend",
+            (
+                "sandbox.backend='unisolated' runs model-written code with no isolation; set "
+                "sandbox.allow_unisolated=true to accept that risk, or use bwrap, docker or e2b"
+            ),
+        )
+    if cfg.data.source != "builtin" and not cfg.data.path:
+        yield "data.source", f"data.path is required when data.source={cfg.data.source!r}"
+    if ro.max_tokens_per_turn > ro.max_episode_tokens:
+        yield (
+            "rollout.max_tokens_per_turn",
+            (
+                f"rollout.max_tokens_per_turn={ro.max_tokens_per_turn} exceeds "
+                f"rollout.max_episode_tokens={ro.max_episode_tokens}"
+            ),
+        )
+    if ro.prompts_per_step % cfg.trainer.mini_batches_per_step:
+        yield (
+            "trainer.mini_batches_per_step",
+            (
+                f"rollout.prompts_per_step={ro.prompts_per_step} must be divisible by "
+                f"trainer.mini_batches_per_step={cfg.trainer.mini_batches_per_step} (mini-batches split the groups evenly)"
+            ),
+        )
+    if alg.dynamic_sampling and ro.group_size < 2:
+        yield (
+            "rollout.group_size",
+            (
+                "algorithm.dynamic_sampling needs rollout.group_size >= 2 (a group of one never has a reward spread)"
+            ),
+        )
+    if alg.overlong.enabled and alg.overlong.cache_length >= alg.overlong.max_length:  # type: ignore[operator]
+        yield (
+            "algorithm.overlong.cache_length",
+            (
+                f"algorithm.overlong.cache_length={alg.overlong.cache_length} must be below "
+                f"algorithm.overlong.max_length={alg.overlong.max_length}"
+            ),
+        )
+    pairs = [
+        ("algorithm.clip_cov.lb", alg.clip_cov.lb, "algorithm.clip_cov.ub", alg.clip_cov.ub),
+        ("algorithm.stare.pi.W_min", st.pi.W_min, "algorithm.stare.pi.W_max", st.pi.W_max),
+        ("algorithm.stare.pi.M_min", st.pi.M_min, "algorithm.stare.pi.M_max", st.pi.M_max),
+    ]
+    if st.controller == "adaptive":
+        pairs += [
+            ("algorithm.stare.W", st.W, "algorithm.stare.adaptive.W_max", st.adaptive.W_max),
+            ("algorithm.stare.adaptive.M_min", st.adaptive.M_min, "algorithm.stare.M", st.M),
+        ]
+    for low_key, low, high_key, high in pairs:
+        if low > high:
+            yield low_key, f"{low_key}={low} must not exceed {high_key}={high}"
+
+
+def _config_file(path: Path) -> Path:
+    """A run directory means its resolved ``config.yaml``; a missing file suggests its neighbours."""
+    if path.is_dir():
+        path = path / CONFIG_FILE
+    if path.is_file():
+        return path
+    siblings = sorted(p.name for p in path.parent.glob("*.y*ml")) if path.parent.is_dir() else []
+    guess = difflib.get_close_matches(path.name, siblings, n=1)
+    did = f" — did you mean '{path.parent / guess[0]}'?" if guess else ""
+    listing = f" YAML files in {path.parent}: {', '.join(siblings)}" if siblings else ""
+    raise ConfigError(f"config file not found: '{path}'{did}{listing}")
+
+
+def _read_yaml(path: Path) -> Any:
+    try:
+        loaded = OmegaConf.load(path)
+    except Exception as e:  # yaml.YAMLError and OmegaConf's own errors: report them the same way
+        raise ConfigError(f"cannot parse {path}: {e}") from e
+    if not isinstance(loaded, DictConfig):
+        raise ConfigError(f"{path} must hold a mapping of sections (run:, model:, ...), not a list")
+    return OmegaConf.to_container(loaded, resolve=False)
+
+
+def _parse_override(text: str) -> dict[str, Any]:
+    """``a.b.c=value`` → ``{"a": {"b": {"c": value}}}``; the value is YAML (``20``, ``1e-5``,
+    ``true``, ``null``, ``[1, 2]``, ``{k: v}``), anything else is a string."""
+    key, sep, raw = text.partition("=")
+    parts = key.strip().split(".")
+    if not sep or not all(p.strip() for p in parts):
+        raise ConfigError(f"override {text!r} must look like key=value, e.g. trainer.total_steps=20")
+    try:  # OmegaConf's YAML reading also knows 1e-5 is a float
+        parsed = OmegaConf.to_container(OmegaConf.from_dotlist([f"v={raw}"]))
+    except Exception as e:
+        raise ConfigError(f"override {text!r}: cannot parse the value: {e}") from e
+    assert isinstance(parsed, dict)
+    value: Any = parsed["v"]
+    for part in reversed(parts):
+        value = {part.strip(): value}
+    return value
+
+
+def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> None:
+    for key, value in update.items():
+        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+            _deep_merge(base[key], value)
+        else:
+            base[key] = copy.deepcopy(value)
+
+
+def _paths(tree: Mapping[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in tree.items():
+        yield prefix + key
+        if isinstance(value, Mapping):
+            yield from _paths(value, f"{prefix}{key}.")
+
+
+def _plain(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_plain(v) for v in x]
+    return x
+
+
+# --------------------------------------------------------------------------------- documentation
+_PRESET_NOTE = "from the preset"
+DOC_BEGIN = "<!-- BEGIN GENERATED by `python -m agentrl.config --write-doc docs/configuration.md` -->"
+DOC_END = "<!-- END GENERATED -->"
+
+
+def describe_config() -> str:
+    """Markdown: every key with its type, default and docstring, then the table of presets."""
+    preset_keys = {f"algorithm.{k}" for k in PRESETS["grpo"]}
+
+    def default_text(path: str, default: Any) -> str | None:
+        return f"*{_PRESET_NOTE}*" if path in preset_keys else None
+
+    table = schema.describe_table(Config, default_text)
+    names = list(PRESETS)
+    head = "| `algorithm.name` | " + " | ".join(f"`{n}`" for n in names) + " |"
+    rows = [head, "|---" * (len(names) + 1) + "|"]
+    for key in PRESETS["grpo"]:
+        cells = " | ".join(schema._yaml_scalar(PRESETS[n][key]) for n in names)
+        rows.append(f"| `algorithm.{key}` | {cells} |")
+    rows.append(
+        "| token weighting | " + " | ".join(n if n in WEIGHTING_NAMES else "none" for n in names) + " |"
+    )
+    return f"{table}\n\n### Presets\n\n" + "\n".join(rows)
+
+
+def _generated_block() -> str:
+    return f"{DOC_BEGIN}\n\n{describe_config()}\n\n{DOC_END}"
+
+
+def write_doc(path: str | Path) -> None:
+    """Replace the generated part of ``docs/configuration.md`` (between the markers)."""
+    p = Path(path)
+    text = p.read_text()
+    start, end = text.index(DOC_BEGIN), text.index(DOC_END) + len(DOC_END)
+    p.write_text(text[:start] + _generated_block() + text[end:])
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--write-doc"] and len(sys.argv) == 3:
+        write_doc(sys.argv[2])
+    else:
+        print(describe_config())
