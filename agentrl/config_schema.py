@@ -119,7 +119,9 @@ class RolloutConfig:
     max_tool_output_tokens: int = knob(256, ge=1)
     """Longer tool outputs keep their head and tail with a visible marker in between."""
     max_concurrent_episodes: int = knob(256, ge=1)
-    """Episodes in flight at once per engine (others wait)."""
+    """Episodes in flight at once per engine (others wait); also bounds open environments and sandbox sessions."""
+    runner: Literal["lockstep", "async"] = "lockstep"
+    """``lockstep`` = all active episodes generate a turn together, then all step; ``async`` = each episode asks for its next turn as soon as its observation is ready (continuous batching: a slow tool stalls only its own episode)."""
     workers: int = knob(0, ge=0)
     """Rollout workers: 0 = in-process; N = N Ray workers."""
     ray_address: str | None = None

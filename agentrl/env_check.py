@@ -10,6 +10,7 @@ demonstrations replay through ``step`` with the same tool outputs and earn a pos
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -115,9 +116,7 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
     for label, action in SCRIPTED_BAD_ACTIONS.items():
         env = make_env(name, **options)
         env.reset(task, seed)
-        _check(
-            report, f"step survives: {label}", lambda env=env, action=action: _valid_step(env.step(action))
-        )
+        _check(report, f"step survives: {label}", functools.partial(_step_checked, env, action))
         env.close()
 
     try:
@@ -129,13 +128,22 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
         _check(
             report,
             f"demonstration {i} replays and scores > 0",
-            lambda t=t, demo=demo: _replay(name, options, t, demo, seed),
+            functools.partial(_replay, name, options, t, demo, seed),
         )
 
     env = make_env(name, **options)
     env.reset(task, seed)
-    _check(report, "close() is idempotent", lambda: (env.close(), env.close()))
+    _check(report, "close() is idempotent", functools.partial(_close_twice, env))
     return report
+
+
+def _step_checked(env: Environment, action: str) -> StepResult:
+    return _valid_step(env.step(action))
+
+
+def _close_twice(env: Environment) -> None:
+    env.close()
+    env.close()
 
 
 def _schemas(env: Environment) -> None:

@@ -13,6 +13,7 @@ import ast
 import hashlib
 import operator
 import random
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from agentrl.env import Environment, EpisodeState, Message, Reward, Task, ToolFeedback, register, tool
@@ -130,7 +131,7 @@ class Calculator(Environment):
         return list(tasks.values())
 
     @classmethod
-    def demonstrations(cls, tasks: list[Task], seed: int = 0) -> list[list[Message]]:
+    def demonstrations(cls, tasks: Sequence[Task], seed: int = 0) -> list[list[Message]]:
         """Solver demonstrations: one call with the expression (or an equivalent reordering), the
         tool's answer, then the boxed result."""
         rng = random.Random(seed)
