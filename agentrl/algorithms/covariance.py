@@ -1,0 +1,76 @@
+"""Clip-Cov and KL-Cov: act on the tokens with the largest advantage/log-prob covariance.
+
+Cui et al., "The Entropy Mechanism of RL for Reasoning LMs" (arXiv 2505.22617; ALGORITHMS.md §5).
+c_t = (A_t - mean A)(logp_t - mean logp), means over the policy tokens of the whole batch.
+- Clip-Cov: among tokens with lb < c_t < ub, pick max(1, ⌊r_c·N⌋) at random and zero their loss
+  (weight 0; the denominator keeps them, as the released code does).
+- KL-Cov: the top max(1, ⌊k·N⌋) tokens by c_t get β·|logp - logp_old| added to their loss, and the
+  ratio clip is off everywhere (the released code trains on -A·r).
+N = number of policy tokens in the batch.
+
+Departures (see ``token_weights``): logp is the pre-update logp_old; "not already clipped" is
+vacuous before the update (r = 1 everywhere), so every token is eligible; selection and the random
+draw are over the whole batch rather than per micro-batch. Pass a seeded ``generator`` for
+reproducible Clip-Cov draws.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from agentrl.algorithms.masked import masked_mean, topk_mask
+from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
+
+
+def token_covariance(inputs: WeightingInputs) -> Tensor:
+    """c_t [B, T] (0 at masked positions)."""
+    m = inputs.mask
+    a_c = inputs.advantages - masked_mean(inputs.advantages, m)
+    l_c = inputs.logp_old - masked_mean(inputs.logp_old, m)
+    return torch.where(m, a_c * l_c, torch.zeros_like(a_c))
+
+
+def clip_cov_weights(
+    inputs: WeightingInputs,
+    *,
+    ratio: float = 2e-4,
+    lower: float = 1.0,
+    upper: float = 5.0,
+    generator: torch.Generator | None = None,
+) -> TokenWeights:
+    """Weight 0 on max(1, ⌊ratio·N⌋) random tokens with lower < c_t < upper."""
+    m = inputs.mask
+    cov = token_covariance(inputs)
+    eligible = (m & (cov > lower) & (cov < upper)).reshape(-1).nonzero().squeeze(-1)  # [n_eligible]
+    n_pick = min(max(1, int(ratio * int(m.sum()))), eligible.numel())
+    picked = eligible[torch.randperm(eligible.numel(), generator=generator)[:n_pick]]
+    weights = torch.ones_like(inputs.logp_old)
+    weights.reshape(-1)[picked] = 0.0
+    stats = {
+        "n_eligible": float(eligible.numel()),
+        "n_clipped": float(n_pick),
+        "clip_frac": n_pick / max(int(m.sum()), 1),
+        "cov_mean": float(masked_mean(cov, m)),
+    }
+    return TokenWeights(weights=weights, mask=m, stats=stats)
+
+
+def kl_cov_weights(inputs: WeightingInputs, *, ratio: float = 2e-3, beta: float = 1.0) -> TokenWeights:
+    """β·|logp - logp_old| on the top max(1, ⌊ratio·N⌋) tokens by c_t; no ratio clip."""
+    m = inputs.mask
+    cov = token_covariance(inputs)
+    n_valid = int(m.sum())
+    selected = topk_mask(cov, m, max(1, int(ratio * n_valid)) if n_valid else 0)
+    stats = {
+        "n_penalised": float(selected.sum()),
+        "penalised_frac": float(selected.sum()) / max(n_valid, 1),
+        "cov_mean": float(masked_mean(cov, m)),
+    }
+    return TokenWeights(
+        weights=torch.ones_like(inputs.logp_old),
+        mask=m,
+        abs_kl_weights=beta * selected.float(),
+        clip=False,
+        stats=stats,
+    )
