@@ -1,0 +1,97 @@
+"""Checkpoints that make a killed run resumable with no transcript lost or written twice.
+
+A checkpoint is a directory ``RUN/checkpoints/step_N/`` holding the policy in HF format, the
+tokenizer, and ``trainer_state.pt`` (optimizer, RNG states, sampler position, algorithm state such
+as STARE's controller, the step, and the byte lengths of ``metrics.jsonl`` and
+``transcripts.jsonl`` at that step). It is written to a temporary directory and renamed, so a kill
+during a save leaves the previous checkpoint intact. On resume the two JSONL files are cut back to
+the recorded lengths: steps after the checkpoint are re-run and their lines written once.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+STATE_FILE = "trainer_state.pt"
+
+
+def rng_state() -> dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+
+
+def file_length(path: Path) -> int:
+    return path.stat().st_size if path.exists() else 0
+
+
+def save_checkpoint(
+    run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 2
+) -> Path:
+    """Write ``checkpoints/step_{step}`` atomically, then drop all but the newest ``keep``."""
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / f"step_{step}"
+    tmp = root / f".tmp_step_{step}_{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    model.save_pretrained(tmp, safe_serialization=True)
+    tokenizer.save_pretrained(tmp)
+    torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+    _fsync_dir(tmp)
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync_dir(root)
+    for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Complete checkpoints, oldest first (a directory without its state file is incomplete)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.exists():
+        return []
+    found = [p for p in root.glob("step_*") if (p / STATE_FILE).exists()]
+    return sorted(found, key=lambda p: int(p.name.split("_")[1]))
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def load_state(ckpt: Path) -> dict[str, Any]:
+    return torch.load(ckpt / STATE_FILE, weights_only=False)
+
+
+def truncate_to(path: Path, length: int) -> int:
+    """Cut ``path`` back to ``length`` bytes (lines written after the checkpoint); returns bytes cut."""
+    if not path.exists():
+        return 0
+    extra = path.stat().st_size - length
+    if extra > 0:
+        with open(path, "r+b") as f:
+            f.truncate(length)
+            f.flush()
+            os.fsync(f.fileno())
+    return max(extra, 0)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,241 @@
+"""``agentrl`` command line: train | sft | eval | rollout | plot | envs | replay | inspect | doctor.
+
+Every command that takes a config accepts dotted overrides after it:
+``agentrl train configs/quickstart.yaml trainer.total_steps=20 algorithm.name=grpo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def _config(args: argparse.Namespace, extra: list[str] = ()):  # type: ignore[assignment]
+    from agentrl.config import load_config
+
+    if args.config and "=" in args.config and not os.path.exists(args.config):
+        args.overrides, args.config = [args.config, *args.overrides], None  # only overrides were given
+    return load_config(args.config, list(args.overrides) + list(extra))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    extra = []
+    if args.resume:
+        extra = ["run.resume=true", f"run.output_dir={args.resume}"]
+        if args.config is None:
+            args.config = args.resume  # a run directory holds its resolved config
+    cfg = _config(args, extra)
+    from agentrl.trainer import train
+
+    try:
+        history = train(cfg)
+    except KeyboardInterrupt:
+        print(
+            "interrupted; resume with: agentrl train --resume " + (cfg.run.output_dir or ""), file=sys.stderr
+        )
+        return 130
+    return 0 if history is not None else 1
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    cfg = _config(args, ["sft.enabled=true"])
+    from agentrl.build import policy_path
+
+    path = policy_path(cfg)
+    print(f"warm-started model: {path}")
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    from agentrl import build
+    from agentrl.trainer_batch import evaluate
+
+    path = args.checkpoint or build.policy_path(cfg)
+    model, tokenizer = build.load_model(cfg, path)
+    engine = build.build_engine(cfg, model, tokenizer, path)
+    tasks = build.load_tasks(cfg, cfg.eval.split)
+    if cfg.eval.num_tasks:
+        tasks = tasks[: cfg.eval.num_tasks]
+    metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
+    out = Path(args.output or Path(path) / "eval.json")
+    out.write_text(json.dumps({"checkpoint": str(path), "split": cfg.eval.split, **metrics}, indent=2))
+    if args.transcripts:
+        from agentrl.transcripts import TranscriptWriter
+
+        with TranscriptWriter(args.transcripts) as w:
+            w.write(episodes)
+    print(json.dumps(metrics, indent=2))
+    print(f"written to {out}")
+    return 0
+
+
+def cmd_rollout(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    from agentrl import build
+    from agentrl.runner import EpisodeRequest
+    from agentrl.transcripts import TranscriptWriter
+
+    path = build.policy_path(cfg)
+    model, tokenizer = build.load_model(cfg, path)
+    engine = build.build_engine(cfg, model, tokenizer, path)
+    tasks = build.load_tasks(cfg, args.split)[: args.tasks]
+    runner = build.build_runner(cfg, engine, tokenizer, seed=cfg.run.seed)
+    try:
+        reqs = [EpisodeRequest(t, seed=j, group=t.id) for t in tasks for j in range(cfg.rollout.group_size)]
+        episodes = runner.run(reqs)
+    finally:
+        runner.close()
+    out = Path(args.output or Path(cfg.run.output_dir or f"runs/{cfg.run.name}") / "rollouts.jsonl")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with TranscriptWriter(out) as w:
+        w.write(episodes)
+    from agentrl.trainer_batch import episode_metrics
+
+    m = episode_metrics(episodes)
+    print(f"{len(episodes)} episodes -> {out}")
+    for k in sorted(m):
+        print(f"  {k:28s} {m[k]:.4g}")
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from agentrl.metrics import plot_run
+
+    for p in plot_run(Path(args.run_dir)):
+        print(p)
+    return 0
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from agentrl.env import import_environment_module, registered
+
+    if args.module:
+        import_environment_module(args.module)
+
+    envs = registered()
+    if args.action == "list":
+        for name, cls in sorted(envs.items()):
+            doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
+            print(f"{name:20s} {doc[0] if doc else ''}")
+        return 0
+    from agentrl.env_check import check_environment, format_report
+
+    names = args.names or (sorted(envs) if args.all else [])
+    if not names:
+        print("name an environment, or pass --all", file=sys.stderr)
+        return 2
+    options = json.loads(args.options) if args.options else {}
+    failed = 0
+    for name in names:
+        report = check_environment(name, options)
+        print(format_report(report))
+        failed += not report.ok
+    return 1 if failed else 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from agentrl.replay import replay_command
+
+    return replay_command(
+        args.path,
+        episode=args.episode,
+        step=args.step,
+        filter=args.filter,
+        rerun=args.rerun,
+        rescore=args.rescore,
+        limit=args.limit,
+    )
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from agentrl.inspect import inspect_command
+
+    return inspect_command(args.run_dir, output=args.output, max_episodes=args.max_episodes)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from agentrl.doctor import doctor_command
+
+    return doctor_command(args.path, model=args.model, verbose=args.verbose)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="agentrl", description="RL for multi-turn, tool-using LLM agents.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    def with_config(name: str, help: str, optional: bool = False) -> argparse.ArgumentParser:
+        sp = sub.add_parser(name, help=help)
+        sp.add_argument(
+            "config", nargs="?" if optional else None, help="YAML config (configs/*.yaml) or a run directory"
+        )
+        sp.add_argument("overrides", nargs="*", help="dotted overrides, e.g. trainer.total_steps=20")
+        return sp
+
+    sp = with_config("train", "train a policy with RL", optional=True)
+    sp.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    sp.set_defaults(fn=cmd_train)
+    with_config("sft", "supervised warm start on demonstrations").set_defaults(fn=cmd_sft)
+    sp = with_config("eval", "mean@k / pass@k on the held-out split")
+    sp.add_argument("--checkpoint", help="model directory (default: the config's model, warm-started)")
+    sp.add_argument("-o", "--output", help="JSON file (default: CHECKPOINT/eval.json)")
+    sp.add_argument("--transcripts", help="also write the evaluation episodes to this JSONL file")
+    sp.set_defaults(fn=cmd_eval)
+    sp = with_config("rollout", "run a batch of episodes and write them as JSONL")
+    sp.add_argument("--tasks", type=int, default=8, help="number of tasks (each run group_size times)")
+    sp.add_argument("--split", default="train", choices=["train", "test"])
+    sp.add_argument("-o", "--output", help="JSONL file (default: RUN_DIR/rollouts.jsonl)")
+    sp.set_defaults(fn=cmd_rollout)
+    sp = sub.add_parser("plot", help="regenerate a run's PNG plots")
+    sp.add_argument("run_dir")
+    sp.set_defaults(fn=cmd_plot)
+    sp = sub.add_parser("envs", help="list or check environments")
+    sp.add_argument("action", choices=["list", "check"])
+    sp.add_argument("names", nargs="*")
+    sp.add_argument("--all", action="store_true", help="check every registered environment")
+    sp.add_argument("--options", help="JSON object of environment options")
+    sp.add_argument("--module", help="your environment's module or .py file, imported first")
+    sp.set_defaults(fn=cmd_envs)
+    sp = sub.add_parser("replay", help="render episodes in the terminal")
+    sp.add_argument("path", help="transcripts.jsonl or a run directory")
+    sp.add_argument("--episode")
+    sp.add_argument("--step", type=int)
+    sp.add_argument("--filter", help="e.g. 'reward<0.5,stop_reason=max_turns,failure=tool'")
+    sp.add_argument(
+        "--rerun", action="store_true", help="re-execute recorded tool calls and report differences"
+    )
+    sp.add_argument(
+        "--rescore", action="store_true", help="recompute rewards with the current environment code"
+    )
+    sp.add_argument("--limit", type=int, default=20)
+    sp.set_defaults(fn=cmd_replay)
+    sp = sub.add_parser("inspect", help="write a self-contained HTML viewer for a run")
+    sp.add_argument("run_dir")
+    sp.add_argument("-o", "--output")
+    sp.add_argument("--max-episodes", type=int, default=2000)
+    sp.set_defaults(fn=cmd_inspect)
+    sp = sub.add_parser("doctor", help="compare stored token ids with a re-render of the messages")
+    sp.add_argument("path", help="transcripts.jsonl or a run directory")
+    sp.add_argument("--model", help="tokenizer directory (default: the run's model)")
+    sp.add_argument("-v", "--verbose", action="store_true")
+    sp.set_defaults(fn=cmd_doctor)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    from agentrl.config import ConfigError
+
+    try:
+        return int(args.fn(args) or 0)
+    except ConfigError as e:
+        print(f"config error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

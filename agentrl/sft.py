@@ -1,0 +1,212 @@
+"""Supervised warm start on demonstrations, loss on assistant tokens only.
+
+Conversations are tokenized exactly the way the EpisodeRunner lays out an episode (prompt rendered
+with the chat template, each assistant turn as its own tokens followed by the end-of-turn token,
+observations as template deltas), so what SFT teaches is what RL later samples and trains on.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from agentrl.chat import ChatRenderer
+
+Message = dict[str, Any]
+
+
+def tokenize_conversation(renderer: ChatRenderer, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask (1 on assistant tokens, including each turn's end-of-turn token)."""
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError("a demonstration needs at least one assistant message")
+    prompt = renderer.render_prompt(list(messages[:first]))
+    ids, mask = list(prompt.token_ids), [0] * len(prompt.token_ids)
+    i = first
+    while i < len(messages):
+        msg = messages[i]
+        if msg["role"] != "assistant":
+            raise ValueError(f"expected an assistant message at position {i}, got {msg['role']!r}")
+        turn = renderer.encode(msg["content"], split_special=False)
+        if renderer.eos_token_id is not None:
+            turn.append(renderer.eos_token_id)
+        ids += turn
+        mask += [1] * len(turn)
+        text = renderer.tokenizer.decode(turn, skip_special_tokens=False)
+        close = renderer.close_turn(text, ended_with_eos=renderer.eos_token_id is not None)
+        ids += close.token_ids
+        mask += [0] * len(close.token_ids)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if j > i + 1 and j < len(messages):  # observations followed by another assistant turn
+            for piece in renderer.render_observation(list(messages[i + 1 : j])):
+                ids += piece.token_ids
+                mask += [0] * len(piece.token_ids)
+        i = j
+    return ids, mask
+
+
+def load_demonstrations(path: str | Path) -> list[list[Message]]:
+    """A JSONL file with one conversation per line: either a list of messages or {"messages": [...]}."""
+    demos = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            obj = json.loads(line)
+            msgs = obj["messages"] if isinstance(obj, dict) else obj
+            if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m for m in msgs):
+                raise ValueError(f"{path}:{n}: expected a list of chat messages")
+            demos.append(msgs)
+    return demos
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    final_loss: float
+    losses: list[float]
+    tokens: int
+    seconds: float
+
+
+def sft_train(
+    model: torch.nn.Module,
+    examples: Sequence[tuple[list[int], list[int]]],
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int = 0,
+    warmup: int = 10,
+    grad_clip: float = 1.0,
+    pad_id: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+) -> SFTResult:
+    """AdamW with linear warm-up and cosine decay; each step draws a shuffled batch. Loss is the mean
+    over assistant tokens of the batch."""
+    if not examples:
+        raise ValueError("no SFT examples")
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    order: list[int] = []
+    losses, tokens, t0 = [], 0, time.perf_counter()
+    model.train()
+    for step in range(steps):
+        scale = min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr * max(scale, 0.05)
+        if len(order) < batch_size:
+            order += rng.sample(range(len(examples)), len(examples))
+        batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
+        ids, mask = _pad(batch, pad_id)
+        logits = model(
+            input_ids=ids
+        ).logits  # [B, T, V]; right padding never leaks into earlier positions (causal)
+        target, tmask = ids[:, 1:], mask[:, 1:]
+        loss_tok = F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), target.clamp(min=0).flatten(), reduction="none"
+        )
+        loss = (loss_tok * tmask.flatten()).sum() / tmask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        tokens += int(tmask.sum())
+        if on_step:
+            on_step(step, losses[-1])
+    model.eval()
+    return SFTResult(steps, losses[-1], losses, tokens, time.perf_counter() - t0)
+
+
+def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad; returns ids [B, T] and mask [B, T] (padding has mask 0)."""
+    T = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.float32)
+    for i, (x, m) in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    return ids, mask
+
+
+def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks."""
+    from agentrl.build import env_factory, load_tasks
+
+    env = env_factory(cfg)()
+    try:
+        renderer = ChatRenderer(tokenizer, env.tool_schemas() or None)
+    finally:
+        env.close()
+    if cfg.sft.demos:
+        demos = load_demonstrations(cfg.sft.demos)
+    else:
+        tasks = load_tasks(cfg, "train")
+        rng = random.Random(cfg.run.seed)
+        tasks = [
+            tasks[i % len(tasks)]
+            for i in rng.sample(range(max(len(tasks), cfg.sft.num_demos)), cfg.sft.num_demos)
+        ]
+        demos = type(env).demonstrations(tasks, seed=cfg.run.seed)
+    return [tokenize_conversation(renderer, d) for d in demos]
+
+
+def run_sft(cfg: Any, base_path: str, out_dir: Path, log: Callable[[str], None] = print) -> SFTResult:
+    """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
+    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from agentrl.build import load_model
+
+    torch.manual_seed(cfg.run.seed)
+    model, tokenizer = load_model(cfg, base_path)
+    examples = build_examples(cfg, tokenizer)
+    steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
+    n_tok = sum(sum(m) for _, m in examples)
+    log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps")
+    with Progress(
+        TextColumn("[bold]SFT warm start"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeRemainingColumn(),
+        transient=False,
+    ) as progress:
+        task = progress.add_task("sft", total=steps, loss=float("nan"))
+        result = sft_train(
+            model,
+            examples,
+            steps=steps,
+            lr=cfg.sft.lr,
+            batch_size=cfg.sft.batch_size,
+            seed=cfg.run.seed,
+            pad_id=tokenizer.pad_token_id or 0,
+            on_step=lambda i, loss: progress.update(task, completed=i + 1, loss=loss),
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)  # type: ignore[operator]
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "sft_result.json").write_text(
+        json.dumps(
+            {
+                "steps": result.steps,
+                "final_loss": result.final_loss,
+                "tokens": result.tokens,
+                "seconds": result.seconds,
+                "examples": len(examples),
+            }
+        )
+    )
+    log(f"SFT done in {result.seconds:.1f}s, final loss {result.final_loss:.3f}")
+    return result

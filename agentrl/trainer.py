@@ -1,0 +1,460 @@
+"""The RL loop, top to bottom.
+
+Per step: sample tasks -> run ``group_size`` episodes per task -> rewards (+ DAPO overlong shaping)
+-> filters (failed episodes out, dynamic sampling, void-turn and truncation masks) -> advantages ->
+recompute old logprobs and entropy on the trainer -> token weights on the whole batch (STARE, ...)
+-> mini/micro-batched updates -> push weights to the engine -> overlays, transcripts, metrics,
+checkpoint.
+
+Departures from plain GRPO, each a config switch (ALGORITHMS.md): clip-higher, dual clip,
+token-mean over the whole batch, dynamic sampling, token weightings. Only policy tokens (mask 1)
+enter any loss or statistic; tool output, prompts, scaffolding and padding never do.
+Episodes that failed (an exception at the model, env, tool, sandbox or reward boundary) are kept in
+the transcripts but left out of groups and losses: an infrastructure failure says nothing about the
+policy.
+
+Scale (docs/scaling.md): the engine may be vLLM or a pool of Ray workers (``build.build_engine``);
+under torchrun each rank runs its share of the rollouts and of every mini-batch's rows, and DDP sums
+the gradients (``ddp.py``). Off-policy guards (``offpolicy.py``): episodes lagging more than
+``rollout.max_weight_lag`` weight versions are not trained on; ``algorithm.is_correction=tis``
+weights each token by the truncated ratio π_old/π_rollout; a jump in the mismatch is warned about.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import signal
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl import algorithms as alg
+from agentrl import build, ddp
+from agentrl import offpolicy as off
+from agentrl.checkpoint import (
+    file_length,
+    latest_checkpoint,
+    load_state,
+    save_checkpoint,
+    set_rng_state,
+    truncate_to,
+)
+from agentrl.config import Config, save_config, weighting_name
+from agentrl.episode import Episode
+from agentrl.metrics import MetricsLogger, plot_run
+from agentrl.runner import EpisodeRequest
+from agentrl.trainer_batch import (
+    Batch,
+    TaskSampler,
+    attach_overlays,
+    batch_forward,
+    build_batch,
+    episode_metrics,
+    evaluate,
+    weighting_params,
+)
+from agentrl.transcripts import TranscriptWriter
+
+TRUNCATED = ("token_budget", "max_turns", "truncated")
+
+
+@dataclass
+class StepOutput:
+    metrics: dict[str, float]
+    episodes: list[Episode]
+
+
+class Trainer:
+    def __init__(self, cfg: Config, log=print) -> None:
+        self.cfg, self.log = cfg, log
+        self.rank, self.world = ddp.init_from_env()  # data-parallel ranks under torchrun (ddp.py)
+        self.run_dir = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")
+        if self.rank:  # other ranks keep their own copy of the run's files
+            self.run_dir = self.run_dir / "ranks" / str(self.rank)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir)
+        _seed_everything(cfg.run.seed)
+        if cfg.run.deterministic:
+            torch.use_deterministic_algorithms(True)
+        self.start_step = self.step = 0
+        ckpt = latest_checkpoint(self.run_dir) if cfg.run.resume else None
+        path = str(ckpt) if ckpt else build.policy_path(cfg, log=log)
+        self.model, self.tokenizer = build.load_model(cfg, path)
+        self.model.train()
+        if cfg.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()  # type: ignore[operator]
+        self.dp_model = ddp.wrap(self.model, self.world)  # the model itself on one process
+        t = cfg.trainer
+        self.optimizer = torch.optim.AdamW(
+            [p for p in self.model.parameters() if p.requires_grad],
+            lr=t.lr,
+            betas=(t.betas[0], t.betas[1]),
+            weight_decay=t.weight_decay,
+        )
+        self.engine = build.build_engine(cfg, self.model, self.tokenizer, path)
+        self.train_tasks = build.load_tasks(cfg, "train")
+        self.sampler = TaskSampler(self.train_tasks, cfg.run.seed)
+        self.weighting = weighting_name(cfg)
+        self.weighting_state: Any = None
+        self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
+        if ckpt:
+            self._resume(ckpt)  # cuts metrics/transcripts back to the checkpoint before we append
+        self.transcripts = TranscriptWriter(self.run_dir / "transcripts.jsonl")
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
+        )
+
+    # -- the loop ----------------------------------------------------------------------------
+    def train(self) -> list[dict[str, float]]:
+        cfg, history = self.cfg, []
+        t_start = time.perf_counter()
+        from agentrl.progress import TrainProgress
+
+        with TrainProgress(cfg.trainer.total_steps, self.start_step) as progress:
+            for step in range(self.start_step, cfg.trainer.total_steps):
+                out = self.train_step(step)
+                if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
+                    out.metrics.update(self.evaluate())
+                self.metrics.log(step, out.metrics)
+                if cfg.logging.transcripts and step % cfg.logging.transcript_every == 0:
+                    self.transcripts.write(out.episodes)
+                if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
+                    self.checkpoint(step + 1)
+                history.append(out.metrics)
+                progress.update(step, out.metrics)
+                elapsed = (time.perf_counter() - t_start) / 60
+                if cfg.trainer.max_wall_minutes and elapsed > cfg.trainer.max_wall_minutes:
+                    self.log(
+                        f"stopping: trainer.max_wall_minutes={cfg.trainer.max_wall_minutes} reached at step {step + 1}"
+                    )
+                    self.checkpoint(step + 1)
+                    break
+        if not cfg.trainer.checkpoint_every or cfg.trainer.total_steps % cfg.trainer.checkpoint_every:
+            self.checkpoint(min(cfg.trainer.total_steps, self.start_step + len(history)))
+        self.metrics.close()
+        if cfg.logging.plots:
+            plot_run(self.run_dir)
+        return history
+
+    def train_step(self, step: int) -> StepOutput:
+        self.step = step
+        t0 = time.perf_counter()
+        episodes, kept, info = self.collect(step)  # rollouts + filters
+        t_rollout = time.perf_counter() - t0
+        metrics = {**episode_metrics(episodes), **info}
+        if kept:
+            batch = self.make_batch(kept)  # rewards -> advantages -> tensors
+            metrics.update(self.update(batch))  # old logprobs, weights, optimizer steps
+            self.engine.load_weights(self.model.state_dict())  # push the new weights
+        else:
+            metrics["update/skipped"] = 1.0
+        metrics.update(
+            {
+                "time/rollout_s": t_rollout,
+                "time/step_s": time.perf_counter() - t0,
+                "weights/version": float(self.engine.version),
+            }
+        )
+        metrics["tokens/s"] = metrics.get("length/policy_tokens_total", 0.0) / max(
+            metrics["time/step_s"], 1e-9
+        )
+        if "mismatch/abs_logp_mean" in metrics and (
+            w := self.mismatch.update(metrics["mismatch/abs_logp_mean"])
+        ):
+            self.log(f"warning (step {step}): {w}")
+            metrics["mismatch/jump"] = 1.0
+        for ep in episodes:
+            ep.step = step
+            ep.metrics["weighting"] = self.weighting
+        return StepOutput(metrics, episodes)
+
+    # -- rollouts and filters ----------------------------------------------------------------
+    def collect(self, step: int) -> tuple[list[Episode], list[Episode], dict[str, float]]:
+        """Episodes of this step (all, for transcripts) and the ones to train on. With dynamic
+        sampling, keeps sampling rounds until ``prompts_per_step`` informative groups are found or
+        ``max_sampling_rounds`` is spent."""
+        cfg, a = self.cfg, self.cfg.algorithm
+        rounds = a.max_sampling_rounds if a.dynamic_sampling else 1
+        all_eps: list[Episode] = []
+        kept_groups: list[list[Episode]] = []
+        n_groups_seen = n_stale = lag_max = 0
+        for r in range(rounds):
+            tasks = self.sampler.next(cfg.rollout.prompts_per_step)
+            runner = build.build_runner(cfg, self.engine, self.tokenizer, seed=_mix(cfg.run.seed, step, r))
+            requests = [
+                EpisodeRequest(task, seed=j, group=f"s{step}r{r}t{i}", episode_id=f"s{step}-r{r}-t{i}-g{j}")
+                for i, task in enumerate(tasks)
+                for j in range(cfg.rollout.group_size)
+            ]
+            try:
+                eps = ddp.gather_episodes(runner.run, requests)  # each rank runs its share
+            finally:
+                runner.close()
+            self.shape_rewards(eps)
+            all_eps += eps
+            # off-policy guard: episodes sampled more than max_weight_lag versions ago are not trained on
+            stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_weight_lag)
+            n_stale += sum(stale)
+            lag_max = max([lag_max] + [off.version_lag(e, self.engine.version) for e in eps])
+            groups = defaultdict(list)
+            for ep, too_old in zip(eps, stale):
+                if not ep.failed and not too_old:
+                    groups[ep.group].append(ep)
+            n_groups_seen += len(groups)
+            for g in groups.values():
+                if len(g) < 2:
+                    continue
+                if a.dynamic_sampling and len({e.reward for e in g}) < 2:
+                    continue
+                kept_groups.append(g)
+            if len(kept_groups) >= cfg.rollout.prompts_per_step:
+                break
+        kept_groups = kept_groups[: cfg.rollout.prompts_per_step]
+        info = {
+            "groups/informative": float(len(kept_groups)),
+            "groups/seen": float(n_groups_seen),
+            "groups/sampling_rounds": float(r + 1),
+            "offpolicy/stale_dropped": float(n_stale),
+            "offpolicy/version_lag_max": float(lag_max),
+        }
+        return all_eps, [e for g in kept_groups for e in g], info
+
+    def shape_rewards(self, episodes: list[Episode]) -> None:
+        """DAPO soft overlong punishment on the policy-token length, added to the reward."""
+        o = self.cfg.algorithm.overlong
+        if not o.enabled:
+            return
+        assert o.max_length is not None and o.cache_length is not None  # resolved by load_config
+        pen = alg.overlong_penalty([e.num_policy_tokens for e in episodes], o.max_length, o.cache_length)
+        for ep, p in zip(episodes, pen):
+            if p:
+                ep.reward_components["overlong"] = p
+                ep.reward += p
+
+    def make_batch(self, episodes: list[Episode]) -> Batch:
+        a = self.cfg.algorithm
+        assert a.advantage is not None  # presets are resolved by load_config
+        rewards = [e.reward for e in episodes]
+        groups = [e.group for e in episodes]
+        adv = alg.compute_advantages(a.advantage, rewards, groups)  # [B]
+        multipliers = []
+        for e in episodes:
+            m = 1.0
+            if a.void_turn_masking and e.stop_reason == "void_turn":
+                m = 0.0
+            if not self.cfg.rollout.train_on_truncated and e.stop_reason in TRUNCATED:
+                m = 0.0
+            multipliers.append(m)
+        return build_batch(episodes, adv, multipliers, pad_id=self.tokenizer.pad_token_id or 0)
+
+    # -- the update --------------------------------------------------------------------------
+    def update(self, batch: Batch) -> dict[str, float]:
+        cfg, a, t = self.cfg, self.cfg.algorithm, self.cfg.trainer
+        assert (
+            a.loss_agg is not None
+            and a.clip_low is not None
+            and a.clip_high is not None
+            and a.ratio_clip is not None
+        )
+        mb = t.micro_batch_size
+        temperature = cfg.rollout.temperature
+        with torch.no_grad():
+            logp_old, entropy = batch_forward(self.model, batch, mb, temperature, bf16=t.bf16)  # [B, T] each
+        tis = None  # truncated IS weights for the rollout/trainer mismatch, [B, T] (offpolicy.py)
+        if a.is_correction == "tis":
+            tis = off.tis_weights(logp_old, batch.engine_logp, batch.has_engine_logp, a.is_cap)
+        inputs = alg.WeightingInputs.build(logp_old, entropy, batch.advantages, batch.mask)
+        params = weighting_params(cfg, self.weighting, self.weighting_state, mb)
+        tw = alg.compute_weights(self.weighting, inputs, **params)
+        self.weighting_state = tw.state if tw.state is not None else self.weighting_state
+        max_len = cfg.algorithm.overlong.max_length or batch.ids.shape[1]
+        clip_status = torch.zeros_like(logp_old)
+        stats: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        rng = torch.Generator().manual_seed(_mix(cfg.run.seed, self.step, 17))
+        grad_norms = []
+        for _epoch in range(t.epochs_per_step):
+            order = (
+                torch.randperm(batch.size, generator=rng)
+                if t.mini_batches_per_step > 1
+                else torch.arange(batch.size)
+            )
+            for mini in order.chunk(t.mini_batches_per_step):
+                norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
+                self.optimizer.zero_grad(set_to_none=True)
+                rows, scale = ddp.local_rows(mini, self.rank, self.world)  # this rank's rows, loss × W
+                micros = rows.split(mb)
+                for i_micro, micro in enumerate(micros):
+                    ddp.set_sync(self.dp_model, last=i_micro == len(micros) - 1)  # all-reduce once
+                    sub = batch.rows(micro)  # trimmed to its longest episode
+                    w = sub.mask.shape[1]
+                    part = tw.rows(micro)
+                    logp, ent = batch_forward(
+                        self.dp_model, sub, len(micro), temperature, grad=True, bf16=t.bf16
+                    )
+                    old = logp_old[micro, :w]
+                    akl = None if part.abs_kl_weights is None else part.abs_kl_weights[:, :w]
+                    loss, s = alg.policy_loss(
+                        logp,
+                        old,
+                        sub.advantages,
+                        part.mask[:, :w],
+                        normaliser=norm,
+                        agg_mode=a.loss_agg,
+                        weights=part.weights[:, :w] if tis is None else part.weights[:, :w] * tis[micro, :w],
+                        clip=part.clip and a.ratio_clip,
+                        abs_kl_weights=akl,
+                        clip_low=a.clip_low,
+                        clip_high=a.clip_high,
+                        dual_clip=a.dual_clip,
+                        entropy=ent if a.entropy_coef else None,
+                        entropy_coef=a.entropy_coef,
+                    )
+                    (loss * scale).backward()
+                    clip_status[micro, :w] = _clip_status(logp.detach(), old, sub.advantages, a)
+                    for k, v in s.items():
+                        stats[k].append((v, s["n_tokens"]))
+                if t.grad_clip:
+                    grad_norms.append(
+                        float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip))
+                    )
+                self._set_lr()
+                self.optimizer.step()
+        out = {f"loss/{k}": _weighted(v) for k, v in stats.items() if k != "n_tokens"}
+        out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
+        out.update(_token_metrics(logp_old, entropy, batch))
+        if tis is not None and (m := (batch.mask > 0) & batch.has_engine_logp).any():
+            out["offpolicy/tis_mean"] = float(tis[m].mean())
+            out["offpolicy/tis_capped_frac"] = float((tis[m] >= a.is_cap).float().mean())
+        if grad_norms:
+            out["grad/norm"] = float(np.mean(grad_norms))
+        if self.cfg.logging.transcripts:
+            with torch.no_grad():
+                logp_new, _ = batch_forward(self.model, batch, mb, temperature, bf16=t.bf16)
+            attach_overlays(batch, logp_old, logp_new, entropy, tw, clip_status)
+        return out
+
+    def _set_lr(self) -> None:
+        t, step = self.cfg.trainer, self.step
+        scale = min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else 1.0
+        if t.lr_schedule == "cosine":
+            scale *= 0.5 * (1 + math.cos(math.pi * min(step, t.total_steps) / t.total_steps))
+        for g in self.optimizer.param_groups:
+            g["lr"] = t.lr * scale
+
+    # -- evaluation, checkpoints -------------------------------------------------------------
+    def evaluate(self) -> dict[str, float]:
+        tasks = build.load_tasks(self.cfg, self.cfg.eval.split)
+        if self.cfg.eval.num_tasks:
+            tasks = tasks[: self.cfg.eval.num_tasks]
+        return evaluate(self.cfg, self.engine, self.tokenizer, tasks)[0]
+
+    def checkpoint(self, step: int) -> Path:
+        state = {
+            "optimizer": self.optimizer.state_dict(),
+            "sampler": self.sampler.state(),
+            "weighting": self.weighting,
+            "weighting_state": _state_dict(self.weighting_state),
+            "engine_version": int(self.engine.version),
+            "metrics_bytes": file_length(self.run_dir / "metrics.jsonl"),
+            "transcripts_bytes": file_length(self.run_dir / "transcripts.jsonl"),
+        }
+        return save_checkpoint(
+            self.run_dir, step, self.model, self.tokenizer, state, keep=self.cfg.trainer.keep_checkpoints
+        )
+
+    def _resume(self, ckpt: Path) -> None:
+        state = load_state(ckpt)
+        self.start_step = int(state["step"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.sampler.load(state["sampler"])
+        if state.get("weighting_state") is not None and state.get("weighting") == "stare":
+            self.weighting_state = alg.StareState.from_dict(state["weighting_state"])
+        self.engine.load_weights(self.model.state_dict())
+        while int(self.engine.version) < state["engine_version"]:
+            self.engine.load_weights(self.model.state_dict())  # keep version numbers continuous
+        cut_m = truncate_to(self.run_dir / "metrics.jsonl", state["metrics_bytes"])
+        cut_t = truncate_to(self.run_dir / "transcripts.jsonl", state["transcripts_bytes"])
+        set_rng_state(state["rng"])
+        self.log(
+            f"resumed from {ckpt} at step {self.start_step}"
+            + (
+                f" (dropped {cut_m} + {cut_t} bytes of metrics/transcripts written after it)"
+                if cut_m or cut_t
+                else ""
+            )
+        )
+
+
+# -- helpers --------------------------------------------------------------------------------------
+def _seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+def _mix(*xs: int) -> int:
+    h = 1469598103934665603
+    for x in xs:
+        h = ((h ^ (x & 0xFFFFFFFF)) * 1099511628211) % 2**61
+    return h % 2**31
+
+
+def _weighted(pairs: list[tuple[float, float]]) -> float:
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else float("nan")
+
+
+def _state_dict(state: Any) -> Any:
+    return state.to_dict() if hasattr(state, "to_dict") else state
+
+
+def _clip_status(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, a: Any) -> torch.Tensor:
+    """0 none, 1 clipped low (A<0, r<1-ε_low), 2 clipped high (A>0, r>1+ε_high), 3 dual clip."""
+    r = alg.importance_ratio(logp, logp_old)
+    adv = adv.unsqueeze(-1).expand_as(r)
+    status = torch.zeros_like(r)
+    status = torch.where((adv < 0) & (r < 1 - a.clip_low), 1.0, status)
+    status = torch.where((adv > 0) & (r > 1 + a.clip_high), 2.0, status)
+    if a.dual_clip:
+        status = torch.where((adv < 0) & (r > a.dual_clip), 3.0, status)
+    return status
+
+
+def _token_metrics(logp_old: torch.Tensor, entropy: torch.Tensor, batch: Batch) -> dict[str, float]:
+    """Entropy over the training batch's policy tokens: token mean, at branching positions (top 10%
+    by entropy, and the first token of each turn), and rollout/trainer logprob mismatch."""
+    m = batch.mask > 0
+    out: dict[str, float] = {}
+    if not m.any():
+        return out
+    ent = entropy[m]
+    out["entropy/mean"] = float(ent.mean())
+    k = max(1, int(0.1 * ent.numel()))
+    out["entropy/branching"] = float(ent.topk(k).values.mean())
+    first = batch.turn_start & m
+    if first.any():
+        out["entropy/turn_start"] = float(entropy[first].mean())
+    gap = (logp_old - batch.engine_logp).abs()[m & batch.has_engine_logp]
+    if gap.numel():
+        out["mismatch/abs_logp_mean"] = float(gap.mean())
+        out["mismatch/abs_logp_max"] = float(gap.max())
+    return out
+
+
+def train(cfg: Config, log=print) -> list[dict[str, float]]:
+    """Run training to ``trainer.total_steps`` (or resume to it). SIGTERM checkpoints and stops."""
+    trainer = Trainer(cfg, log=log)
+
+    def _graceful(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _graceful)
+    return trainer.train()

@@ -1,0 +1,234 @@
+"""One RL step of agentrl against TRL's GRPOTrainer: same tiny model, prompts, group size,
+completion length and batch, in one run on one machine.
+
+    .venv/bin/pip install trl          # bench-only dependency; it does not touch torch
+    .venv/bin/python bench/train_step.py --steps 6 --preset h128-L8
+
+Both sides: the same randomly initialised tiny Qwen2 model (so completions run to the length cap),
+prompts from the calculator tasks (single turn, no tools, to match TRL's single-turn loop), 4 prompts
+× 8 generations = 32 sequences per step, up to 128 new tokens, temperature 1, no KL (β = 0), one
+optimizer step per batch, float32, AdamW, the same learning rate. Reward: a cheap length-based
+function on both sides (the reward is not what is timed). The first step of each side is a warm-up
+and is excluded. Reported: median seconds per step, policy tokens per second, peak RSS.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from agentrl.config import load_config
+from agentrl.env import Environment, EpisodeState, Reward, StepResult, Task, register
+from agentrl.models import ensure_tiny_base, load_policy
+
+PROMPTS = 4
+GROUP = 8
+MAX_NEW = 128
+
+
+@register
+class BenchSingleTurn(Environment):
+    """One turn, no tools; reward = distinct characters / 10 (varied, so every group trains)."""
+
+    name = "bench_single_turn"
+    max_turns = 1
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        from environments.calculator import Calculator
+
+        return Calculator.load_tasks(split, n=n or 64, seed=seed)
+
+    def step(self, action: str) -> StepResult:
+        return StepResult([], 0.0, True, False, {"answer": action})
+
+    def rewards(self):
+        return [Reward("variety", variety)]
+
+
+def variety(task: Task, state: EpisodeState) -> float:
+    return len(set(state.final_text or "")) / 10.0
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def run_agentrl(model_dir: str, steps: int, lr: float) -> dict:
+    from agentrl.trainer import Trainer
+
+    out = tempfile.mkdtemp(prefix="bench-agentrl-")
+    cfg = load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            "env.name=bench_single_turn",
+            f"run.output_dir={out}",
+            "run.device=cpu",
+            f"rollout.prompts_per_step={PROMPTS}",
+            f"rollout.group_size={GROUP}",
+            f"rollout.max_tokens_per_turn={MAX_NEW}",
+            "rollout.max_episode_tokens=512",
+            "algorithm.name=grpo",
+            "algorithm.dynamic_sampling=false",
+            f"trainer.total_steps={steps}",
+            f"trainer.lr={lr}",
+            f"trainer.micro_batch_size={PROMPTS * GROUP}",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+            "logging.transcripts=false",
+            "trainer.checkpoint_every=0",
+        ],
+    )
+    trainer = Trainer(cfg, log=lambda *_: None)
+    times, tokens = [], []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        out_step = trainer.train_step(step)
+        times.append(time.perf_counter() - t0)
+        tokens.append(out_step.metrics["length/policy_tokens_total"])
+    t, n = times[1:], tokens[1:]
+    return {
+        "s_per_step": statistics.median(t),
+        "tokens_per_s": sum(n) / sum(t),
+        "peak_rss_mb": peak_rss_mb(),
+        "mean_completion_tokens": sum(n) / len(n) / (PROMPTS * GROUP),
+    }
+
+
+def run_trl(model_dir: str, steps: int, lr: float) -> dict:
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    from environments.calculator import Calculator
+
+    model, tokenizer = load_policy(model_dir)
+    tokenizer.padding_side = "left"
+    tasks = Calculator.load_tasks("train", n=64)
+    data = Dataset.from_dict({"prompt": [[{"role": "user", "content": t.prompt}] for t in tasks]})
+
+    def reward(completions, **kw):
+        texts = [c[0]["content"] if isinstance(c, list) else c for c in completions]
+        return [len(set(x)) / 10.0 for x in texts]
+
+    class Timer(TrainerCallback):
+        def __init__(self):
+            self.times, self.t0 = [], None
+
+        def on_step_begin(self, args, state, control, **kw):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kw):
+            self.times.append(time.perf_counter() - self.t0)
+
+    out = tempfile.mkdtemp(prefix="bench-trl-")
+    args = GRPOConfig(
+        output_dir=out,
+        per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP,
+        max_completion_length=MAX_NEW,
+        beta=0.0,
+        learning_rate=lr,
+        max_steps=steps,
+        use_cpu=True,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        temperature=1.0,
+        bf16=False,
+        gradient_accumulation_steps=1,
+        num_iterations=1,
+        disable_dropout=True,
+        seed=0,
+        gradient_checkpointing=False,  # TRL turns it on by default; off is faster at this size
+    )
+    timer = Timer()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[timer],
+    )
+    trainer.train()
+    lengths = [
+        h["completions/mean_length"] for h in trainer.state.log_history if "completions/mean_length" in h
+    ]
+    t = timer.times[1:]
+    mean_len = statistics.mean(lengths[1:]) if len(lengths) > 1 else float("nan")
+    return {
+        "s_per_step": statistics.median(t),
+        "tokens_per_s": mean_len * PROMPTS * GROUP / statistics.median(t),
+        "peak_rss_mb": peak_rss_mb(),
+        "mean_completion_tokens": mean_len,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--preset", default="h128-L8")
+    p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--only", choices=["agentrl", "trl"])
+    p.add_argument("--json", help="write the results here")
+    args = p.parse_args()
+    torch.manual_seed(0)
+    model_dir = str(ensure_tiny_base(args.preset))
+    results = {}
+    # each side in its own process so peak memory is measured separately
+    if args.only:
+        results[args.only] = (run_agentrl if args.only == "agentrl" else run_trl)(
+            model_dir, args.steps, args.lr
+        )
+        print(json.dumps(results[args.only]))
+        return
+    import subprocess
+    import sys
+
+    for side in ("agentrl", "trl"):
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--only",
+                side,
+                "--steps",
+                str(args.steps),
+                "--preset",
+                args.preset,
+                "--lr",
+                str(args.lr),
+            ],
+            capture_output=True,
+            text=True,
+            env=os.environ,
+        )
+        if proc.returncode != 0:
+            raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
+        results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    ratio = results["agentrl"]["s_per_step"] / results["trl"]["s_per_step"]
+    print(
+        f"model {args.preset}, {PROMPTS}x{GROUP} sequences, <= {MAX_NEW} new tokens, {args.steps - 1} timed steps"
+    )
+    print(f"{'':10s} {'s/step':>8s} {'tok/s':>8s} {'tokens/seq':>10s} {'peak RSS MB':>12s}")
+    for side, r in results.items():
+        print(
+            f"{side:10s} {r['s_per_step']:8.2f} {r['tokens_per_s']:8.0f} {r['mean_completion_tokens']:10.1f} {r['peak_rss_mb']:12.0f}"
+        )
+    print(f"agentrl / TRL wall time per step: {ratio:.2f}x")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"results": results, "ratio": ratio}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

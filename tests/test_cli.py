@@ -1,0 +1,92 @@
+"""Each entry point runs: rollout, sft, train (2 steps), eval, plot; bad configs fail with the key."""
+
+from __future__ import annotations
+
+import json
+
+from agentrl.cli import main
+from agentrl.episode import Episode
+
+
+def common(tmp_path, model_dir):
+    return [
+        f"model.path={model_dir}",
+        f"run.output_dir={tmp_path / 'run'}",
+        "run.device=cpu",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8",
+        "logging.tensorboard=false",
+        "data.num_test=3",
+        "eval.k=2",
+    ]
+
+
+def test_rollout_writes_episodes(tmp_path, tiny_model_dir, capsys):
+    out = tmp_path / "eps.jsonl"
+    assert (
+        main(
+            [
+                "rollout",
+                "configs/quickstart.yaml",
+                *common(tmp_path, tiny_model_dir),
+                "sft.enabled=false",
+                "--tasks",
+                "3",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    eps = [Episode.from_json(x) for x in out.read_text().splitlines()]
+    assert len(eps) == 3 * 2 and all(e.env == "calculator" for e in eps)
+    assert "episodes/count" in capsys.readouterr().out
+
+
+def test_sft_train_eval_plot(tmp_path, tiny_model_dir, capsys):
+    args = [
+        *common(tmp_path, tiny_model_dir),
+        "sft.steps=3",
+        "sft.num_demos=8",
+        "trainer.total_steps=2",
+        "algorithm.dynamic_sampling=false",
+    ]
+    assert main(["sft", "configs/quickstart.yaml", *args]) == 0
+    assert "warm-started model:" in capsys.readouterr().out
+    assert main(["train", "configs/quickstart.yaml", *args]) == 0
+    run = tmp_path / "run"
+    assert (run / "checkpoints" / "step_2").is_dir() and (run / "plots" / "entropy.png").exists()
+    out = tmp_path / "eval.json"
+    assert (
+        main(
+            [
+                "eval",
+                "configs/quickstart.yaml",
+                *args,
+                "--checkpoint",
+                str(run / "checkpoints" / "step_2"),
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    res = json.loads(out.read_text())
+    assert (
+        res["eval/tasks"] == 3 and res["eval/k"] == 2 and 0 <= res["eval/mean@k"] <= res["eval/pass@k"] <= 1
+    )
+    (run / "plots" / "entropy.png").unlink()
+    assert main(["plot", str(run)]) == 0 and (run / "plots" / "entropy.png").exists()
+
+
+def test_bad_config_fails_before_work(tmp_path, capsys):
+    assert (
+        main(["train", "configs/quickstart.yaml", "trainer.totl_steps=3", f"run.output_dir={tmp_path / 'x'}"])
+        == 2
+    )
+    err = capsys.readouterr().err
+    assert "trainer.totl_steps" in err and "did you mean 'trainer.total_steps'" in err
+    assert not (tmp_path / "x").exists()
+    assert main(["train", "configs/quickstart.yaml", "algorithm.name=grp"]) == 2
+    assert "did you mean 'grpo'" in capsys.readouterr().err
