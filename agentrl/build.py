@@ -58,6 +58,7 @@ def load_tasks(cfg: Config, split: str) -> list[Task]:
         split=cfg.data.train_split if split == "train" else cfg.data.test_split,
         n=n,
         seed=cfg.run.seed,
+        **cfg.data.options,
     )
 
 

@@ -183,6 +183,13 @@ def run_sft(cfg: Any, base_path: str, out_dir: Path, log: Callable[[str], None] 
         transient=False,
     ) as progress:
         task = progress.add_task("sft", total=steps, loss=float("nan"))
+        every = max(1, steps // 10)
+
+        def on_step(i: int, loss: float) -> None:
+            progress.update(task, completed=i + 1, loss=loss)
+            if not progress.console.is_terminal and (i + 1) % every == 0:
+                log(f"SFT step {i + 1}/{steps}  loss {loss:.3f}")  # plain lines for logs and CI
+
         result = sft_train(
             model,
             examples,
@@ -191,7 +198,7 @@ def run_sft(cfg: Any, base_path: str, out_dir: Path, log: Callable[[str], None] 
             batch_size=cfg.sft.batch_size,
             seed=cfg.run.seed,
             pad_id=tokenizer.pad_token_id or 0,
-            on_step=lambda i, loss: progress.update(task, completed=i + 1, loss=loss),
+            on_step=on_step,
         )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
