@@ -34,10 +34,32 @@ def env_factory(cfg: Config) -> Callable[[], Environment]:
         make_env(cfg.env.name)  # raises with a did-you-mean and the registered names
     options = dict(cfg.env.options)
     env_cls = envs[cfg.env.name]
-    if hasattr(env_cls, "backend"):  # sandboxed environments take the run's sandbox settings
+    if hasattr(env_cls, "backend") and hasattr(env_cls, "sandbox"):  # sandboxed environments
         options.setdefault("backend", cfg.sandbox.backend)
-        options.setdefault("allow_unisolated", cfg.sandbox.allow_unisolated)
+        options.setdefault("sandbox", sandbox_options(cfg))
     return functools.partial(make_env, cfg.env.name, **options)
+
+
+def sandbox_options(cfg: Config) -> dict[str, Any]:
+    """The ``sandbox`` section as keyword arguments of ``sandboxes.make_sandbox``."""
+    s, lim = cfg.sandbox, cfg.sandbox.limits
+    opts: dict[str, Any] = {
+        "limits": {
+            "wall_s": lim.wall_s,
+            "cpu_s": lim.cpu_s,
+            "memory_bytes": lim.memory_mb * 2**20,
+            "processes": lim.max_procs,
+            "output_bytes": lim.output_bytes,
+            "file_bytes": lim.file_size_mb * 2**20,
+        },
+    }
+    if s.backend == "unisolated":
+        opts["allow_unisolated"] = s.allow_unisolated
+    if s.backend == "docker":
+        opts["image"] = s.docker_image
+    if s.backend == "e2b" and s.e2b_template:
+        opts["template"] = s.e2b_template
+    return opts
 
 
 def load_tasks(cfg: Config, split: str) -> list[Task]:

@@ -374,8 +374,8 @@ class SandboxConfig:
     """Persistent interpreters kept warm."""
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     """Resource limits per execution."""
-    docker_image: str = "python:3.11-slim"
-    """Image for the ``docker`` backend."""
+    docker_image: str = "agentrl-sandbox:local"
+    """Image for the ``docker`` backend. The default is built locally by ``.ci/docker_setup.sh`` (no pull needed); it bind-mounts the host's ``/usr`` read-only (docs/sandboxes.md)."""
     e2b_template: str | None = None
     """E2B sandbox template; None = E2B's default code interpreter."""
 

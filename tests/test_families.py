@@ -1,0 +1,45 @@
+"""A two-step training run for each task family's CPU config (Short CoT, Long CoT, tool use)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl.config import load_config
+from agentrl.episode import Episode
+from agentrl.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("family", ["short_cot_cpu", "long_cot_cpu", "tool_use_cpu"])
+def test_family_config_trains_two_steps(tmp_path, tiny_model_dir, family):
+    cfg = load_config(
+        ROOT / "configs" / f"{family}.yaml",
+        [
+            f"model.path={tiny_model_dir}",
+            f"run.output_dir={tmp_path / 'run'}",
+            "trainer.total_steps=2",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_tokens_per_turn=48",
+            "sft.steps=2",
+            "sft.num_demos=8",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+            "algorithm.dynamic_sampling=false",
+            "algorithm.overlong.max_length=48",
+            "algorithm.overlong.cache_length=8",
+        ],
+    )
+    history = Trainer(cfg, log=lambda *_: None).train()
+    assert len(history) == 2 and all("update/skipped" not in h for h in history)
+    episodes = [
+        Episode.from_json(x) for x in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
+    ]
+    assert len(episodes) == 2 * 2 * 2
+    assert all(e.failure is None for e in episodes), [e.failure for e in episodes if e.failure]
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all("reward/correct" in r for r in rows)
