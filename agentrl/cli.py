@@ -85,7 +85,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     tasks = build.load_tasks(cfg, args.split)[: args.tasks]
     runner = build.build_runner(cfg, engine, tokenizer, seed=cfg.run.seed)
     try:
-        reqs = [EpisodeRequest(t, seed=j, group=t.id) for t in tasks for j in range(cfg.rollout.group_size)]
+        g = cfg.rollout.group_size
+        reqs = [EpisodeRequest(t, seed=i * g + j, group=t.id) for i, t in enumerate(tasks) for j in range(g)]
         episodes = runner.run(reqs)
     finally:
         runner.close()

@@ -190,7 +190,12 @@ class Trainer:
             tasks = self.sampler.next(cfg.rollout.prompts_per_step)
             runner = build.build_runner(cfg, self.engine, self.tokenizer, seed=_mix(cfg.run.seed, step, r))
             requests = [
-                EpisodeRequest(task, seed=j, group=f"s{step}r{r}t{i}", episode_id=f"s{step}-r{r}-t{i}-g{j}")
+                EpisodeRequest(  # distinct seeds for every episode of the step, so no two share a sample stream
+                    task,
+                    seed=i * cfg.rollout.group_size + j,
+                    group=f"s{step}r{r}t{i}",
+                    episode_id=f"s{step}-r{r}-t{i}-g{j}",
+                )
                 for i, task in enumerate(tasks)
                 for j in range(cfg.rollout.group_size)
             ]

@@ -284,8 +284,8 @@ def evaluate(
     )
     try:
         reqs = [
-            EpisodeRequest(t, seed=j, group=f"eval-{t.id}", episode_id=f"eval-{t.id}-{j}")
-            for t in tasks
+            EpisodeRequest(t, seed=i * k + j, group=f"eval-{t.id}", episode_id=f"eval-{t.id}-{j}")
+            for i, t in enumerate(tasks)
             for j in range(k)
         ]
         episodes = runner.run(reqs)
