@@ -23,8 +23,9 @@ per-episode token budget ran out, a turn with neither an answer nor a tool call 
 turn), the environment truncated it, or a failure (see ``Episode.failure``)."""
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
 
-Boundary = Literal["model", "tool", "sandbox", "env", "reward"]
-"""Where a failure happened."""
+Boundary = Literal["model", "tool", "sandbox", "env", "reward", "worker"]
+"""Where a failure happened (``worker``: the rollout worker process running the episode died, e.g. a
+Ray actor lost with its node, and the episode could not be retried elsewhere)."""
 BOUNDARIES: tuple[str, ...] = get_args(Boundary)
 
 SCHEMA_VERSION = 1

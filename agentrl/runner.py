@@ -150,26 +150,28 @@ class EpisodeRunner:
             self._renderers[key] = ChatRenderer(self.tokenizer, tools)
         return self._renderers[key]
 
+    def _sampling_for(self, lv: _Live) -> SamplingParams:
+        """The next turn's sampling: the run's settings, this turn's token budget, EOS as a stop id,
+        and a seed derived from (run seed, episode seed, turn) so a turn's sample does not depend on
+        which other episodes share its batch."""
+        left = self.budgets.max_episode_tokens - lv.length
+        assert lv.renderer is not None
+        stop_ids = tuple({*self.sampling.stop_token_ids, lv.renderer.eos_token_id} - {None})
+        return SamplingParams(
+            max_tokens=min(self.budgets.max_tokens_per_turn, left),
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=self.sampling.top_k,
+            stop_token_ids=stop_ids,  # type: ignore[arg-type]
+            stop=self.sampling.stop,
+            seed=None
+            if self.sampling.seed is None
+            else self.sampling.seed + 7919 * lv.episode.seed + lv.turn,
+        )
+
     def _generate(self, active: list[_Live]) -> list[Completion | None]:
-        prompts, params = [], []
-        for lv in active:
-            left = self.budgets.max_episode_tokens - lv.length
-            assert lv.renderer is not None
-            stop_ids = tuple({*self.sampling.stop_token_ids, lv.renderer.eos_token_id} - {None})
-            prompts.append(lv.episode.token_ids())
-            params.append(
-                SamplingParams(
-                    max_tokens=min(self.budgets.max_tokens_per_turn, left),
-                    temperature=self.sampling.temperature,
-                    top_p=self.sampling.top_p,
-                    top_k=self.sampling.top_k,
-                    stop_token_ids=stop_ids,  # type: ignore[arg-type]
-                    stop=self.sampling.stop,
-                    seed=None
-                    if self.sampling.seed is None
-                    else self.sampling.seed + 7919 * lv.episode.seed + lv.turn,
-                )
-            )
+        prompts = [lv.episode.token_ids() for lv in active]
+        params = [self._sampling_for(lv) for lv in active]
         try:
             return list(self.engine.generate(prompts, params))
         except Exception as e:

@@ -1,0 +1,189 @@
+"""Asynchronous multi-turn rollouts: an episode waiting on a tool never stalls the others.
+
+``EpisodeRunner`` advances all episodes in lock step: a round's generation waits for every episode's
+environment step, so one slow tool (a sandbox run, a web call) holds the whole batch. Here each
+episode runs in its own thread and issues its next generation request as soon as its observation is
+ready; a ``RequestBatcher`` gathers whatever requests are pending and generates them together
+(continuous batching for engines that take a list of prompts, like ``HFEngine``). Engines with their
+own scheduler expose ``submit(prompt, params) -> Future`` and are used directly.
+
+The episode semantics (segments, roles, budgets, stop reasons, failures, rewards, per-turn seeds) are
+``EpisodeRunner``'s: this module reuses its per-episode steps and only replaces the loop. With a seeded
+``SamplingParams`` the two runners produce the same episodes.
+
+Bounds: at most ``max_concurrent_episodes`` episodes are in flight; each in-flight episode owns one
+environment (and so at most one sandbox session, created in ``reset`` and closed when the episode
+ends), so the same number bounds the open sandbox sessions.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl.engines.base import Completion, Engine, SamplingParams
+from agentrl.env import Environment
+from agentrl.episode import Episode
+from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner, _Live
+
+_STOP = object()
+
+
+class RequestBatcher:
+    """Continuous batching in front of a list-taking engine.
+
+    Callers ``submit`` one prompt and get a future. A background thread takes the first pending
+    request, then keeps gathering until ``ready()`` requests are pending (everyone who could ask has
+    asked), ``max_batch`` is reached, or ``max_wait_s`` has passed, and runs the gathered requests in
+    one ``engine.generate`` call. Requests that arrive during a call form the next batch.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        max_batch: int = 256,
+        max_wait_s: float = 0.005,
+        ready: Callable[[], int] | None = None,
+    ) -> None:
+        self.engine, self.max_batch, self.max_wait_s = engine, max_batch, max_wait_s
+        self.ready = ready or (lambda: max_batch)
+        self.batch_sizes: list[int] = []
+        """Size of every engine call, for tests and benchmarks."""
+        self._queue: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="agentrl-batcher", daemon=True)
+        self._thread.start()
+
+    def submit(self, prompt: Sequence[int], params: SamplingParams) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self._queue.put((list(prompt), params, fut))
+        return fut
+
+    def close(self) -> None:
+        self._queue.put(_STOP)
+        self._thread.join(timeout=30)
+
+    def _gather(self, first: tuple) -> tuple[list[tuple], bool]:
+        batch, stop = [first], False
+        deadline = time.perf_counter() + self.max_wait_s
+        while len(batch) < self.max_batch:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                left = deadline - time.perf_counter()
+                if len(batch) >= self.ready() or left <= 0:
+                    break
+                try:
+                    item = self._queue.get(timeout=min(left, 0.0005))
+                except queue.Empty:
+                    continue
+            if item is _STOP:
+                stop = True
+                break
+            batch.append(item)
+        return batch, stop
+
+    def _loop(self) -> None:
+        while True:
+            first = self._queue.get()
+            if first is _STOP:
+                return
+            batch, stop = self._gather(first)
+            self.batch_sizes.append(len(batch))
+            try:
+                outs = self.engine.generate([b[0] for b in batch], [b[1] for b in batch])
+                for (_, _, fut), out in zip(batch, outs):
+                    fut.set_result(out)
+            except Exception as e:  # the episodes record it as a model failure
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+            if stop:
+                return
+
+
+class AsyncEpisodeRunner(EpisodeRunner):
+    """``EpisodeRunner`` with one thread per in-flight episode and continuous batching.
+
+    Drop-in: same constructor (plus the concurrency bound and the batcher's wait) and ``run``.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        env_factory: Callable[[], Environment],
+        budgets: Budgets | None = None,
+        sampling: SamplingParams | None = None,
+        max_concurrent_episodes: int = 64,
+        max_wait_s: float = 0.005,
+    ) -> None:
+        super().__init__(engine, tokenizer, env_factory, budgets, sampling, env_workers=1)
+        self.max_concurrent_episodes = max_concurrent_episodes
+        self.max_wait_s = max_wait_s
+        self.batch_sizes: list[int] = []
+        """Engine call sizes of the last ``run`` (empty for engines with their own scheduler)."""
+        self._lock = threading.Lock()
+        self._live = 0  # episodes between start and finish
+        self._busy = 0  # of those, the ones in an environment step (not about to generate)
+
+    def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
+        submit = getattr(self.engine, "submit", None)
+        batcher = None
+        if submit is None:
+            batcher = RequestBatcher(
+                self.engine, self.max_concurrent_episodes, self.max_wait_s, ready=self._ready
+            )
+            submit = batcher.submit
+        n_threads = max(1, min(self.max_concurrent_episodes, len(requests)))
+        try:
+            with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="agentrl-ep") as pool:
+                return list(pool.map(lambda r: self._run_episode(r, submit), requests))
+        finally:
+            if batcher is not None:
+                batcher.close()
+                self.batch_sizes = batcher.batch_sizes
+
+    def _ready(self) -> int:
+        """How many episodes could be waiting for generation right now."""
+        with self._lock:
+            return max(1, self._live - self._busy)
+
+    def _count(self, live: int = 0, busy: int = 0) -> None:
+        with self._lock:
+            self._live += live
+            self._busy += busy
+
+    def _run_episode(self, req: EpisodeRequest, submit: Callable) -> Episode:
+        self._count(live=1, busy=1)
+        try:
+            lv = self._start(req)
+            self._count(busy=-1)
+            while not lv.done:
+                comp = self._generate_one(lv, submit)
+                if comp is None:
+                    break
+                self._append_policy(lv, comp)
+                if lv.done:
+                    break
+                self._count(busy=1)
+                try:
+                    result = self._safe_step(lv)
+                    if result is not None:
+                        self._after_step(lv, result)
+                finally:
+                    self._count(busy=-1)
+            self._count(busy=1)
+            return self._finish(lv)
+        finally:
+            self._count(live=-1, busy=-1)
+
+    def _generate_one(self, lv: _Live, submit: Callable) -> Completion | None:
+        try:
+            return submit(lv.episode.token_ids(), self._sampling_for(lv)).result()
+        except Exception as e:
+            self._fail(lv, "model", e)
+            return None

@@ -1,0 +1,113 @@
+"""Ray rollout workers on a local loopback Ray: the trainer runs with ``rollout.workers=2`` and gets
+the episodes an in-process engine with the same weights gives; a dead worker's episodes are retried
+on the other worker or recorded as failed at the ``worker`` boundary."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl import build
+from agentrl.config import load_config
+from agentrl.engines.hf import HFEngine
+from agentrl.env import Task
+from agentrl.models import load_policy
+from agentrl.runner import EpisodeRequest
+
+pytestmark = pytest.mark.ray
+ENVS = Path(__file__).parent / "distributed_envs.py"
+
+
+def ray_config(tmp_path: Path, model_dir: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            "env.name=test_crashy",
+            f"env.module={ENVS}",
+            f"run.output_dir={tmp_path / 'run'}",
+            "run.device=cpu",
+            "rollout.workers=2",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_tokens_per_turn=8",
+            "rollout.max_episode_tokens=64",
+            "trainer.total_steps=1",
+            "trainer.micro_batch_size=4",
+            "trainer.lr=1e-2",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+            "logging.transcripts=false",
+            *extra,
+        ],
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_local():
+    ray = pytest.importorskip("ray")
+    from agentrl.distributed import init_ray
+
+    init_ray(num_cpus=2)
+    yield ray
+    ray.shutdown()
+
+
+def requests(n: int, **metadata) -> list[EpisodeRequest]:
+    return [
+        EpisodeRequest(Task(f"t{i}", f"Say something {i}.", metadata=metadata), seed=i, group="g")
+        for i in range(n)
+    ]
+
+
+def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model_dir):
+    from agentrl.distributed import RolloutPool
+    from agentrl.trainer import Trainer
+
+    cfg = ray_config(tmp_path, tiny_model_dir)
+    trainer = Trainer(cfg, log=lambda *_: None)
+    pool = trainer.engine
+    assert isinstance(pool, RolloutPool) and len(pool.workers) == 2
+    try:
+        out = trainer.train_step(0)
+        assert out.metrics["episodes/count"] == 4 and out.metrics["episodes/failed_frac"] == 0
+        assert "update/skipped" not in out.metrics and pool.version == 1
+        assert {s.weight_version for e in out.episodes for s in e.segments if s.role == "policy"} == {0}
+        # both workers ran episodes (each episode records its worker's pid as a zero-weight metric)
+        assert len({e.reward_components["pid"] for e in out.episodes}) == 2
+        assert os.getpid() not in {e.reward_components["pid"] for e in out.episodes}
+
+        # after the update, the workers sample what an in-process engine with the trainer's weights samples
+        model, tok = load_policy(tiny_model_dir)
+        model.load_state_dict(trainer.model.state_dict())
+        local_cfg = ray_config(tmp_path, tiny_model_dir, "rollout.workers=0")
+        local = build.build_runner(local_cfg, HFEngine(model, tok), tok, seed=11)
+        remote = build.build_runner(cfg, pool, tok, seed=11)
+        eps_local, eps_remote = local.run(requests(4)), remote.run(requests(4))
+        local.close()
+        assert [e.token_ids() for e in eps_remote] == [e.token_ids() for e in eps_local]
+        for a, b in zip(eps_remote, eps_local):
+            la = torch.tensor([x for x in a.engine_logprobs() if x is not None])
+            lb = torch.tensor([x for x in b.engine_logprobs() if x is not None])
+            assert torch.allclose(la, lb, atol=1e-4)
+        assert all(s.weight_version == 1 for e in eps_remote for s in e.segments if s.role == "policy")
+
+        # a worker dies once: its shard (episodes 2, 3) is retried on the other worker and succeeds
+        flag = tmp_path / "crashed"
+        reqs = requests(2) + requests(2, crash="once", flag=str(flag))[0:2]
+        eps = remote.run(reqs)
+        assert flag.exists() and all(not e.failed for e in eps), [e.failure for e in eps]
+        assert [e.metrics["worker_retries"] for e in eps] == [0, 0, 1, 1]
+        assert any("died" in ev for ev in pool.events) and any("retrying 2" in ev for ev in pool.events)
+
+        # every worker dies: the next run replaces the dead one first; then episodes that kill every
+        # worker they reach are recorded as failed at the worker boundary, and the call returns
+        eps = remote.run(requests(2, crash="always", flag=str(flag)))
+        assert any("replaced dead worker" in ev for ev in pool.events)
+        assert all(e.failure.boundary == "worker" and "died" in e.failure.message for e in eps)
+        assert all(e.stop_reason == "error" for e in eps)
+    finally:
+        pool.shutdown()
