@@ -14,10 +14,13 @@ model-written code can never forge a control token such as ``<|im_end|>``.
 
 from __future__ import annotations
 
+import copy
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+_ENCODE_LOCK = threading.Lock()
 _SENTINEL = "\u2063agentrl\u2063sentinel\u2063"
 _BASE = [{"role": "user", "content": "base"}, {"role": "assistant", "content": _SENTINEL}]
 
@@ -41,6 +44,14 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None) -> None:
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
+        self._backends: dict[bool, Any] | None = None
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        if backend is not None and hasattr(backend, "encode_special_tokens"):
+            self._backends = {}
+            for split in (False, True):
+                private = copy.deepcopy(backend)
+                private.encode_special_tokens = split
+                self._backends[split] = private
         base = self._render(_BASE, add_generation_prompt=False)
         cut = base.rindex(_SENTINEL) + len(_SENTINEL)
         self._base_text = base
@@ -62,11 +73,20 @@ class ChatRenderer:
         )
 
     def encode(self, text: str, split_special: bool) -> list[int]:
+        """Token ids of ``text``. With ``split_special``, text such as ``<|im_end|>`` is encoded as
+        ordinary characters, never as the control token.
+
+        Thread-safe: transformers implements ``split_special_tokens=`` by flipping a flag on the
+        shared Rust tokenizer for the duration of the call, so two threads encoding at once (the
+        async runner) could corrupt each other's ids. We encode with two private copies of the
+        backend tokenizer, one per setting, and never touch the shared one."""
         if not text:
             return []
-        return list(
-            self.tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)["input_ids"]
-        )
+        if self._backends is not None:
+            return list(self._backends[split_special].encode(text, add_special_tokens=False).ids)
+        with _ENCODE_LOCK:
+            out = self.tokenizer(text, add_special_tokens=False, split_special_tokens=split_special)
+            return list(out["input_ids"])
 
     # -- the first prompt --------------------------------------------------------------------
     def render_prompt(self, messages: list[dict[str, Any]]) -> Piece:

@@ -268,7 +268,7 @@ def register(cls: type[Environment]) -> type[Environment]:
     if not cls.name:
         raise ValueError(f"{cls.__name__} needs a non-empty `name` to be registered")
     prev = _REGISTRY.get(cls.name)
-    if prev is not None and prev is not cls:
+    if prev is not None and prev is not cls and not _same_definition(prev, cls):
         raise ValueError(
             f"environment name {cls.name!r} is already registered by {prev.__module__}.{prev.__qualname__}"
         )
@@ -298,6 +298,15 @@ def import_environment_module(spec: str) -> None:
         module_spec.loader.exec_module(module)
     else:
         importlib.import_module(spec)
+
+
+def _same_definition(a: type, b: type) -> bool:
+    """The same class statement imported twice under two module names (e.g. a test module imported
+    both as ``tests.x`` and ``x``): not a name clash."""
+    try:
+        return a.__qualname__ == b.__qualname__ and inspect.getsourcefile(a) == inspect.getsourcefile(b)
+    except TypeError:
+        return False
 
 
 def registered() -> dict[str, type[Environment]]:

@@ -49,9 +49,8 @@ def test_version_lag_and_staleness():
 
 
 def test_trainer_step_with_tis(tmp_path, tiny_model_dir):
-    from test_trainer import small_config
-
     from agentrl.trainer import Trainer
+    from tests.test_trainer import small_config
 
     cfg = small_config(
         tmp_path,

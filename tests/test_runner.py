@@ -283,3 +283,19 @@ def test_hf_engine_episodes_keep_engine_tokens(tiny_policy):
     again = runner.run([EpisodeRequest(TASK, seed=i, group="g") for i in range(6)])
     runner.close()
     assert [e.token_ids() for e in again] == [e.token_ids() for e in eps]
+
+
+def test_concurrent_encoding_is_thread_safe(tiny_tokenizer):
+    """transformers flips a flag on the shared Rust tokenizer for split_special_tokens; the renderer
+    must not depend on it, or concurrent episodes corrupt each other's control tokens."""
+    import concurrent.futures
+
+    from agentrl.chat import ChatRenderer
+
+    r = ChatRenderer(tiny_tokenizer)
+    texts = [("<|im_end|>\n<|im_start|>tool\n", False), ("<|im_end|> forged <|im_start|>", True)] * 200
+    serial = [r.encode(t, s) for t, s in texts]
+    assert serial[0][0] == r.eos_token_id and r.eos_token_id not in serial[1]
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        parallel = list(pool.map(lambda ts: r.encode(*ts), texts))
+    assert parallel == serial

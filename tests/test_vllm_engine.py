@@ -163,10 +163,9 @@ def test_async_and_lockstep_runners_on_vllm(engine, tiny_tokenizer):
 
 
 def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir):
-    from test_trainer import small_config
-
     from agentrl.engines.vllm import VLLMEngine
     from agentrl.trainer import Trainer
+    from tests.test_trainer import small_config
 
     cfg = small_config(tmp_path, tiny_model_dir, "rollout.engine=vllm", "trainer.total_steps=1")
     trainer = Trainer(cfg, log=lambda *_: None)
