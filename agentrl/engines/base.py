@@ -74,3 +74,13 @@ class Engine(Protocol):
     def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         """Replace the weights in place; returns the new version."""
         ...
+
+
+def per_prompt_params(
+    prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
+) -> list[SamplingParams]:
+    """One SamplingParams per prompt: ``params`` repeated, or checked to have one per prompt."""
+    plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+    if len(plist) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+    return plist

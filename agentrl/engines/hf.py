@@ -32,7 +32,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
 
@@ -149,9 +149,7 @@ class HFEngine:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Completion]:
-        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        plist = per_prompt_params(prompts, params)
         requests = [self._request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, plist))]
         version = self._version
         todo = sorted((r for r in requests if r.params.max_tokens > 0), key=lambda r: -len(r.prompt))

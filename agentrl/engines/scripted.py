@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 
 Reply = Sequence[int] | tuple[Sequence[int], Sequence[float]] | str | None
@@ -60,9 +60,7 @@ class ScriptedEngine:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Completion]:
-        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        plist = per_prompt_params(prompts, params)
         out = []
         for prompt, sp in zip(prompts, plist):
             index = len(self.calls)

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
 
 
 def _cpu_environment(kv_cache_gib: float) -> None:
@@ -130,9 +130,7 @@ class VLLMEngine:
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Completion]:
-        plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(plist) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(plist)} SamplingParams")
+        plist = per_prompt_params(prompts, params)
         if any(len(p) == 0 for p in prompts):
             raise ValueError("empty prompt: the engine needs at least one token to condition on")
         out: list[Completion | None] = [None] * len(prompts)
