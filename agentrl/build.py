@@ -62,14 +62,16 @@ def sandbox_options(cfg: Config) -> dict[str, Any]:
     return opts
 
 
-def load_tasks(cfg: Config, split: str) -> list[Task]:
-    """Tasks for ``split`` ("train" or "test") from the environment's generator or a dataset."""
+def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
+    """Tasks for ``split`` ("train" or "test") from the environment's generator or a dataset, drawn
+    with ``seed`` (default ``run.seed``)."""
     n = cfg.data.num_train if split == "train" else cfg.data.num_test
+    seed = cfg.run.seed if seed is None else seed
     if cfg.data.source == "builtin":
         if cfg.env.module:
             import_environment_module(cfg.env.module)
         env_cls = registered()[cfg.env.name]
-        return env_cls.load_tasks(split, n=n, seed=cfg.run.seed, **cfg.data.options)
+        return env_cls.load_tasks(split, n=n, seed=seed, **cfg.data.options)
     from agentrl.data import load_tasks_from_source
 
     return load_tasks_from_source(
@@ -79,12 +81,17 @@ def load_tasks(cfg: Config, split: str) -> list[Task]:
         columns=dict(cfg.data.columns),
         split=cfg.data.train_split if split == "train" else cfg.data.test_split,
         n=n,
-        seed=cfg.run.seed,
+        seed=seed,
         **cfg.data.options,
     )
 
 
 # -- policy and warm start ----------------------------------------------------------------------
+def sft_seed(cfg: Config) -> int:
+    """The warm start's seed: ``sft.seed``, else ``run.seed``."""
+    return cfg.run.seed if cfg.sft.seed is None else cfg.sft.seed
+
+
 def warm_start_key(cfg: Config, base: str) -> str:
     """Cache key of a warm-started model: everything that changes what SFT produces."""
     payload = {
@@ -95,7 +102,7 @@ def warm_start_key(cfg: Config, base: str) -> str:
         "sft": {
             k: getattr(cfg.sft, k) for k in ("demos", "num_demos", "steps", "epochs", "lr", "batch_size")
         },
-        "seed": cfg.run.seed,
+        "seed": sft_seed(cfg),
         "version": 1,
     }
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -164,6 +164,18 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     return doctor_command(args.path, model=args.model, verbose=args.verbose)
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from agentrl.study import load_study, run_study
+
+    try:
+        study = load_study(args.config, args.overrides, reduced=args.reduced)
+    except ValueError as e:
+        print(f"study config error: {e}", file=sys.stderr)
+        return 2
+    run_study(study, only_report=args.report_only)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl", description="RL for multi-turn, tool-using LLM agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -190,6 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--split", default="train", choices=["train", "test"])
     sp.add_argument("-o", "--output", help="JSONL file (default: RUN_DIR/rollouts.jsonl)")
     sp.set_defaults(fn=cmd_rollout)
+    sp = sub.add_parser("study", help="run the entropy-stability study and write its report")
+    sp.add_argument("config", help="study config (configs/study.yaml)")
+    sp.add_argument("overrides", nargs="*", help="dotted overrides of the study config, e.g. steps=10")
+    sp.add_argument(
+        "--reduced", action="store_true", help="the small version in the config's 'reduced' section"
+    )
+    sp.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
+    sp.set_defaults(fn=cmd_study)
     sp = sub.add_parser("plot", help="regenerate a run's PNG plots")
     sp.add_argument("run_dir")
     sp.set_defaults(fn=cmd_plot)

@@ -304,6 +304,8 @@ class TrainerConfig:
     """Passes over the step's batch."""
     micro_batch_size: int = knob(8, ge=1)
     """Episodes per forward/backward; gradients accumulate up to a mini-batch (same result at any size)."""
+    share_prefix: bool = True
+    """Run the prompt prefix a micro-batch shares (system prompt, tool schemas) once per forward instead of once per episode: same losses and gradients, less compute. Off under DDP and gradient checkpointing."""
     bf16: bool = False
     """bf16 autocast in forward/backward (faster from ~15M parameters up)."""
     checkpoint_every: int = knob(0, ge=0)
@@ -334,6 +336,8 @@ class SFTConfig:
     """Demonstrations per step."""
     cache: bool = True
     """Reuse a warm start made earlier with the same model, demonstrations and settings."""
+    seed: int | None = None
+    """Seed of the warm start (demonstrations, their order, the SFT run); None = ``run.seed``. Fix it to share one warm start across RL seeds, as ``agentrl study`` does."""
 
 
 @dataclass

@@ -111,7 +111,9 @@ def accumulate_policy_gradient(
         w = sub.mask.shape[1]
         last = k == len(parts) - 1
         with sync_if(model, last):
-            logp, _ = batch_forward(model, sub, len(micro), temperature, grad=True)  # [b, w]
+            logp, _ = batch_forward(
+                model, sub, len(micro), temperature, grad=True, share_prefix=False
+            )  # [b, w]
             loss, _ = alg.policy_loss(
                 logp, logp_old[micro, :w], sub.advantages, sub.mask, normaliser=normaliser, **loss_kwargs
             )

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.chat import ChatRenderer
+from agentrl.forward import first_loss_column, shared_prefix_len, suffix_logits
 
 Message = dict[str, Any]
 
@@ -91,9 +92,11 @@ def sft_train(
     grad_clip: float = 1.0,
     pad_id: int = 0,
     on_step: Callable[[int, float], None] | None = None,
+    share_prefix: bool = True,
 ) -> SFTResult:
     """AdamW with linear warm-up and cosine decay; each step draws a shuffled batch. Loss is the mean
-    over assistant tokens of the batch."""
+    over assistant tokens of the batch. ``share_prefix`` runs the prompt prefix common to the batch
+    once (``agentrl.forward``; same loss and gradients, several times faster on tool prompts)."""
     if not examples:
         raise ValueError("no SFT examples")
     rng = random.Random(seed)
@@ -109,10 +112,12 @@ def sft_train(
             order += rng.sample(range(len(examples)), len(examples))
         batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
         ids, mask = _pad(batch, pad_id)
-        logits = model(
-            input_ids=ids
-        ).logits  # [B, T, V]; right padding never leaks into earlier positions (causal)
-        target, tmask = ids[:, 1:], mask[:, 1:]
+        share = 0
+        if share_prefix:  # the system prompt every demonstration starts with is run once
+            lengths = torch.tensor([len(x) for x, _ in batch])
+            share = shared_prefix_len(ids, lengths, limit=first_loss_column(mask[:, 1:]))
+        logits = suffix_logits(model, ids, share)  # [B, T - share, V], positions share..T-1 (causal)
+        target, tmask = ids[:, share + 1 :], mask[:, share + 1 :]
         loss_tok = F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), target.clamp(min=0).flatten(), reduction="none"
         )
@@ -142,7 +147,7 @@ def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[tor
 
 def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
     """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks."""
-    from agentrl.build import env_factory, load_tasks
+    from agentrl.build import env_factory, load_tasks, sft_seed
 
     env = env_factory(cfg)()
     try:
@@ -152,13 +157,13 @@ def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]
     if cfg.sft.demos:
         demos = load_demonstrations(cfg.sft.demos)
     else:
-        tasks = load_tasks(cfg, "train")
-        rng = random.Random(cfg.run.seed)
+        tasks = load_tasks(cfg, "train", seed=sft_seed(cfg))
+        rng = random.Random(sft_seed(cfg))
         tasks = [
             tasks[i % len(tasks)]
             for i in rng.sample(range(max(len(tasks), cfg.sft.num_demos)), cfg.sft.num_demos)
         ]
-        demos = type(env).demonstrations(tasks, seed=cfg.run.seed)
+        demos = type(env).demonstrations(tasks, seed=sft_seed(cfg))
     return [tokenize_conversation(renderer, d) for d in demos]
 
 
@@ -166,9 +171,9 @@ def run_sft(cfg: Any, base_path: str, out_dir: Path, log: Callable[[str], None] 
     """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from agentrl.build import load_model
+    from agentrl.build import load_model, sft_seed
 
-    torch.manual_seed(cfg.run.seed)
+    torch.manual_seed(sft_seed(cfg))
     model, tokenizer = load_model(cfg, base_path)
     examples = build_examples(cfg, tokenizer)
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
@@ -196,7 +201,7 @@ def run_sft(cfg: Any, base_path: str, out_dir: Path, log: Callable[[str], None] 
             steps=steps,
             lr=cfg.sft.lr,
             batch_size=cfg.sft.batch_size,
-            seed=cfg.run.seed,
+            seed=sft_seed(cfg),
             pad_id=tokenizer.pad_token_id or 0,
             on_step=on_step,
         )

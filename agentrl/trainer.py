@@ -90,6 +90,11 @@ class Trainer:
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()  # type: ignore[operator]
         self.dp_model = ddp.wrap(self.model, self.world)  # the model itself on one process
+        # shared-prompt forward (agentrl.forward): one process only (DDP expects one forward per
+        # backward) and not with gradient checkpointing (which turns the KV cache off)
+        self.share_prefix = (
+            cfg.trainer.share_prefix and self.world == 1 and not cfg.model.gradient_checkpointing
+        )
         t = cfg.trainer
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -272,7 +277,9 @@ class Trainer:
         mb = t.micro_batch_size
         temperature = cfg.rollout.temperature
         with torch.no_grad():
-            logp_old, entropy = batch_forward(self.model, batch, mb, temperature, bf16=t.bf16)  # [B, T] each
+            logp_old, entropy = batch_forward(  # [B, T] each
+                self.model, batch, mb, temperature, bf16=t.bf16, share_prefix=self.share_prefix
+            )
         tis = None  # truncated IS weights for the rollout/trainer mismatch, [B, T] (offpolicy.py)
         if a.is_correction == "tis":
             tis = off.tis_weights(logp_old, batch.engine_logp, batch.has_engine_logp, a.is_cap)
@@ -302,7 +309,13 @@ class Trainer:
                     w = sub.mask.shape[1]
                     part = tw.rows(micro)
                     logp, ent = batch_forward(
-                        self.dp_model, sub, len(micro), temperature, grad=True, bf16=t.bf16
+                        self.dp_model,
+                        sub,
+                        len(micro),
+                        temperature,
+                        grad=True,
+                        bf16=t.bf16,
+                        share_prefix=self.share_prefix,
                     )
                     old = logp_old[micro, :w]
                     akl = None if part.abs_kl_weights is None else part.abs_kl_weights[:, :w]
@@ -342,7 +355,9 @@ class Trainer:
             out["grad/norm"] = float(np.mean(grad_norms))
         if self.cfg.logging.transcripts:
             with torch.no_grad():
-                logp_new, _ = batch_forward(self.model, batch, mb, temperature, bf16=t.bf16)
+                logp_new, _ = batch_forward(
+                    self.model, batch, mb, temperature, bf16=t.bf16, share_prefix=self.share_prefix
+                )
             attach_overlays(batch, logp_old, logp_new, entropy, tw, clip_status)
         return out
 

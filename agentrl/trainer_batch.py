@@ -22,6 +22,7 @@ from torch import Tensor
 from agentrl import algorithms as alg
 from agentrl.env import Task
 from agentrl.episode import Episode
+from agentrl.forward import first_loss_column, shared_prefix_len, suffix_logits
 
 
 @dataclass
@@ -91,9 +92,14 @@ def batch_forward(
     temperature: float,
     grad: bool = False,
     bf16: bool = False,
+    share_prefix: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs of the target tokens and full-vocabulary entropies, [B, T-1] each, in micro-batches
-    (each trimmed to its own longest sequence). With ``grad`` the result carries gradient."""
+    (each trimmed to its own longest sequence). With ``grad`` the result carries gradient.
+
+    ``share_prefix``: the prompt prefix common to a micro-batch is run once (``agentrl.forward``);
+    columns before the micro-batch's first policy token are then left at 0 (prompt tokens: no loss,
+    no metric or overlay reads them)."""
     B, T = batch.ids.shape
     logp = torch.zeros((B, T - 1))
     ent = torch.zeros((B, T - 1))
@@ -101,19 +107,29 @@ def batch_forward(
     for idx in torch.arange(B).split(micro_batch_size):
         t = int(batch.lengths[idx].max())
         ids = batch.ids[idx, :t]
+        share = 0
+        if share_prefix:
+            limit = min(  # never past a policy token: untrained rows (mask 0) keep their overlays
+                first_loss_column(batch.mask[idx, : t - 1]),
+                first_loss_column(batch.turn_start[idx, : t - 1]),
+            )
+            share = shared_prefix_len(ids, batch.lengths[idx], limit=limit)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(input_ids=ids).logits[:, :-1]  # [b, t-1, V]
-        lp, h = alg.token_logprobs_and_entropy(logits, ids[:, 1:], temperature)  # [b, t-1] each
+            logits = suffix_logits(model, ids, share)[:, :-1]  # [b, t-1-share, V]
+        lp, h = alg.token_logprobs_and_entropy(logits, ids[:, share + 1 :], temperature)
         if grad:
-            parts.append((idx, t, lp, h))
+            parts.append((idx, t, share, lp, h))
         else:
-            logp[idx, : t - 1] = lp.float()
-            ent[idx, : t - 1] = h.float()
+            logp[idx, share : t - 1] = lp.float()
+            ent[idx, share : t - 1] = h.float()
     if grad:
-        if len(parts) == 1 and parts[0][1] == T:
-            return parts[0][2], parts[0][3]
-        pad = lambda x, t: torch.nn.functional.pad(x, (0, T - t))  # noqa: E731
-        return torch.cat([pad(p[2], p[1]) for p in parts]), torch.cat([pad(p[3], p[1]) for p in parts])
+        if len(parts) == 1 and parts[0][1] == T and parts[0][2] == 0:
+            return parts[0][3], parts[0][4]
+        pad = lambda x, s, t: torch.nn.functional.pad(x, (s, T - t))  # noqa: E731
+        return (
+            torch.cat([pad(p[3], p[2], p[1]) for p in parts]),
+            torch.cat([pad(p[4], p[2], p[1]) for p in parts]),
+        )
     return logp, ent
 
 

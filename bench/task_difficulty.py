@@ -18,6 +18,7 @@ import time
 # Budgets per family: single-turn families need one turn; shop needs up to three (lookups or cart,
 # then total, then answer); long_cot needs room for its ~200-token trace.
 FAMILIES = {
+    "calculator": [],
     "short_cot": ["rollout.max_turns=1", "rollout.max_tokens_per_turn=96"],
     "countdown": ["rollout.max_turns=1", "rollout.max_tokens_per_turn=64"],
     "shop": ["rollout.max_turns=4", "rollout.max_tokens_per_turn=96"],
@@ -25,7 +26,9 @@ FAMILIES = {
 }
 
 
-def measure(name: str, config: str, overrides: list[str], out_dir: str) -> dict[str, float]:
+def measure(
+    name: str, config: str, overrides: list[str], out_dir: str, curve: tuple[int, ...] = ()
+) -> dict[str, float]:
     from pathlib import Path
 
     from agentrl import build
@@ -40,9 +43,19 @@ def measure(name: str, config: str, overrides: list[str], out_dir: str) -> dict[
     examples = build_examples(cfg, tokenizer)
     t0 = time.perf_counter()
 
+    tasks = build.load_tasks(cfg, "test")
+    engine = build.build_engine(cfg, model, tokenizer, base)  # a copy, synced before each evaluation
+
     def on_step(i: int, loss: float) -> None:
         if (i + 1) % 50 == 0:
             print(f"  {name} sft step {i + 1}: loss {loss:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
+        if i + 1 in curve:  # a learning curve: held-out accuracy part-way through SFT
+            engine.load_weights(model.state_dict())
+            m, _ = evaluate(cfg, engine, tokenizer, tasks)
+            print(
+                f"  {name} sft step {i + 1}: mean@k {m['eval/mean@k']:.3f} pass@k {m['eval/pass@k']:.3f}",
+                flush=True,
+            )
 
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
     sft_train(model, examples, steps=steps, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.run.seed,
@@ -51,8 +64,7 @@ def measure(name: str, config: str, overrides: list[str], out_dir: str) -> dict[
     path = Path(out_dir) / name
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
-    engine = build.build_engine(cfg, model, tokenizer, str(path))
-    tasks = build.load_tasks(cfg, "test")
+    engine.load_weights(model.state_dict())
     metrics, _ = evaluate(cfg, engine, tokenizer, tasks)
     return {**metrics, "sft_s": sft_s, "sft_steps": float(steps), "eval_s": time.perf_counter() - t0 - sft_s}
 
@@ -63,10 +75,12 @@ def main() -> int:
     ap.add_argument("--config", default="configs/quickstart.yaml")
     ap.add_argument("--set", nargs="*", default=[], help="extra dotted overrides for every run")
     ap.add_argument("--out", default="runs/task_difficulty")
+    ap.add_argument("--curve", default="", help="comma-separated SFT steps at which to evaluate too")
     args = ap.parse_args()
     rows = []
     for name in args.envs:
-        m = measure(name, args.config, args.set, args.out)
+        curve = tuple(int(x) for x in args.curve.split(",") if x)
+        m = measure(name, args.config, args.set, args.out, curve)
         print(name, json.dumps(m), flush=True)
         rows.append((name, m))
     print(f"{'env':<10} {'mean@k':>7} {'pass@k':>7} {'sft s':>6} {'eval s':>6}")

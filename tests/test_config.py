@@ -25,7 +25,8 @@ from agentrl.config import (
 )
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIG_FILES = sorted((ROOT / "configs").rglob("*.yaml"))
+STUDY_FILES = sorted((ROOT / "configs").rglob("study*.yaml"))  # `agentrl study` configs
+CONFIG_FILES = sorted(set((ROOT / "configs").rglob("*.yaml")) - set(STUDY_FILES))
 
 
 def _error(path=None, overrides=(), data=None) -> str:
@@ -67,6 +68,20 @@ def test_every_config_file_loads(path):
     cfg = load_config(path)
     assert isinstance(cfg, Config)
     assert load_config(None, [f"run.name={cfg.run.name}"]) != cfg, f"{path} changes nothing"
+
+
+@pytest.mark.parametrize("path", STUDY_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_study_config_and_each_of_its_runs_loads(path):
+    from agentrl.study import load_study, plan
+
+    for reduced in (False, True):
+        study = load_study(path, reduced=reduced)
+        runs = plan(study, {f: 0.5 for f in study.families})
+        assert len(runs) == len(study.seeds) * len(study.families) * len(study.methods)
+        for spec in runs:
+            cfg = load_config(ROOT / study.families[spec.family], spec.overrides)
+            assert cfg.trainer.total_steps == study.steps and cfg.run.seed == spec.seed
+            assert cfg.algorithm.stare.target_entropy == 0.5 and cfg.sft.seed == study.sft_seed
 
 
 def test_config_files_exist():

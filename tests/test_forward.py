@@ -1,0 +1,92 @@
+"""Shared-prefix forward passes (agentrl/forward.py): same logits, losses and gradients as a full
+forward, and the trainer and SFT give the same numbers with the sharing on or off."""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl.forward import first_loss_column, shared_prefix_len, suffix_logits
+from agentrl.trainer import Trainer
+from tests.test_trainer import small_config
+
+
+def test_shared_prefix_len_hand_cases():
+    ids = torch.tensor([[1, 2, 3, 4, 5], [1, 2, 3, 9, 9], [1, 2, 3, 4, 0]])
+    assert shared_prefix_len(ids) == 3  # columns 0..2 agree in all rows
+    assert shared_prefix_len(ids, limit=2) == 2
+    # the shortest row (length 3) needs one token of its own: at most 2 shared
+    assert shared_prefix_len(ids, lengths=torch.tensor([5, 5, 3])) == 2
+    same = torch.tensor([[7, 7, 7], [7, 7, 7]])
+    assert shared_prefix_len(same) == 2  # identical rows still keep one suffix token
+    assert shared_prefix_len(torch.tensor([[1, 2], [3, 2]])) == 0
+
+
+def test_first_loss_column():
+    mask = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 1, 1, 0]])
+    assert first_loss_column(mask) == 2
+    assert first_loss_column(torch.zeros(2, 4)) == 4
+
+
+def _rows_with_prefix(vocab: int, B: int = 4, P: int = 20, T: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, vocab, (B, T), generator=g)
+    ids[:, :P] = ids[0, :P]
+    lengths = torch.tensor([T, T - 5, T - 2, T - 9])[:B]
+    for i, n in enumerate(lengths.tolist()):
+        ids[i, n:] = 0  # right padding
+    return ids, lengths
+
+
+def test_suffix_logits_and_gradients_match_full_forward(tiny_policy):
+    model, _ = tiny_policy
+    model.train()
+    ids, lengths = _rows_with_prefix(model.config.vocab_size)
+    share = shared_prefix_len(ids, lengths)
+    assert share == 20
+    weights = torch.randn(ids.shape[0], ids.shape[1] - share, generator=torch.Generator().manual_seed(1))
+
+    def loss_of(logits: torch.Tensor) -> torch.Tensor:  # a loss touching every suffix position
+        return (logits.float().log_softmax(-1)[..., 7] * weights).sum()
+
+    full = model(input_ids=ids).logits[:, share:]
+    loss_full = loss_of(full)
+    loss_full.backward()
+    g_full = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    part = suffix_logits(model, ids, share)
+    assert part.shape == full.shape
+    assert torch.allclose(part, full, atol=2e-5), (part - full).abs().max()
+    loss_of(part).backward()
+    for n, p in model.named_parameters():
+        scale = g_full[n].abs().max().clamp(min=1e-6)
+        assert (p.grad - g_full[n]).abs().max() / scale < 1e-4, n  # every weight, prefix layers too
+
+
+def _one_step(tmp_path, tiny_model_dir, share: bool, name: str):
+    cfg = small_config(
+        tmp_path / str(share),
+        tiny_model_dir,
+        f"algorithm.name={name}",
+        "algorithm.stare.target_entropy=100",
+        "trainer.total_steps=1",
+        f"trainer.share_prefix={str(share).lower()}",
+    )
+    trainer = Trainer(cfg, log=lambda *_: None)
+    assert trainer.share_prefix is share
+    history = trainer.train()
+    return history[0], {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+
+
+def test_trainer_step_is_the_same_with_and_without_prefix_sharing(tmp_path, tiny_model_dir):
+    m_on, w_on = _one_step(tmp_path, tiny_model_dir, True, "stare")
+    m_off, w_off = _one_step(tmp_path, tiny_model_dir, False, "stare")
+    for key in ("loss/pg_loss", "entropy/mean", "entropy/branching", "stare/entropy_mean", "grad/norm"):
+        assert key in m_on, key
+        assert abs(m_on[key] - m_off[key]) <= 1e-4 * max(1.0, abs(m_off[key])), (key, m_on[key], m_off[key])
+    # Adam's first step is lr * g / (|g| + eps): coordinates whose gradient is near eps turn float
+    # rounding into visible differences, so compare against the step size (lr = 1e-3), not 0. A wrong
+    # forward would move most weights by a whole step.
+    for n in w_on:
+        diff = (w_on[n] - w_off[n]).abs()
+        assert diff.max() < 1e-4, (n, float(diff.max()))
+        assert (diff > 1e-5).float().mean() < 1e-3, n

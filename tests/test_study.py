@@ -1,0 +1,106 @@
+"""`agentrl study`: a micro study (one family, two methods, one seed, two steps) end to end, the
+report's structure, resuming without rerunning, and config errors. The science is not checked here
+(docs/results.md holds the measured study)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.config import ConfigError
+from agentrl.study import load_study, run_study
+from agentrl.study_report import band_fraction
+
+
+def test_band_fraction_hand_values():
+    # target 1, band [0.5, 1.5], warm-up 1: steps 1..4 -> 0.7 in, 2.0 out, None out, 1.5 in
+    assert band_fraction([9.0, 0.7, 2.0, None, 1.5], 1.0, (0.5, 1.5), 1) == pytest.approx(0.5)
+    assert math.isnan(band_fraction([1.0], 1.0, (0.5, 1.5), 3))
+
+
+def _write_study(tmp_path: Path, model_dir: Path, methods: dict) -> Path:
+    family = {
+        "model": {"path": str(model_dir)},
+        "env": {"name": "calculator"},
+        "data": {"num_test": 4, "num_train": 16, "options": {"n_operands": 2, "max_value": 9}},
+        "rollout": {
+            "prompts_per_step": 2,
+            "group_size": 4,
+            "max_turns": 2,
+            "max_tokens_per_turn": 12,
+            "max_episode_tokens": 400,
+        },
+        "trainer": {"lr": 1e-3, "micro_batch_size": 8},
+        "logging": {"tensorboard": False, "plots": False},
+    }
+    (tmp_path / "family.yaml").write_text(yaml.safe_dump(family))
+    study = {
+        "name": "micro",
+        "output_dir": str(tmp_path / "runs"),
+        "report_dir": str(tmp_path / "report"),
+        "seeds": [0],
+        "steps": 2,
+        "parallel": 2,
+        "eval_k": 2,
+        "eval_tasks": 2,
+        "warmup_steps": 0,
+        "target": {"rule": "initial", "scale": 1.0, "probe_prompts": 2},
+        "families": {"calc": str(tmp_path / "family.yaml")},
+        "methods": methods,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+METHODS = {
+    "grpo_ds": ["algorithm.name=grpo", "algorithm.loss_agg=token-mean", "algorithm.dynamic_sampling=true"],
+    "stare_pi": ["algorithm.name=stare", "algorithm.stare.controller=pi"],
+}
+
+
+def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_model_dir):
+    path = _write_study(tmp_path, tiny_model_dir, METHODS)
+    logs: list[str] = []
+    report = run_study(load_study(path), log=logs.append)
+    text = report.read_text()
+    assert report == tmp_path / "report" / "results.md"
+    assert "## calc" in text and "H_tgt" in text
+    rows = [
+        line for line in text.splitlines() if line.startswith("| grpo_ds") or line.startswith("| stare_pi")
+    ]
+    assert len(rows) == 2 and all(line.count("|") == 13 for line in rows), rows
+    for panel in ("entropy", "entropy_rollout", "reward", "length"):
+        assert (tmp_path / "report" / "img" / f"study_calc_{panel}.png").stat().st_size > 1000
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    prep = summary["calc"]["prep"]
+    assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(prep["h0"])
+    for method in METHODS:
+        (run,) = summary["calc"]["methods"][method]
+        assert run["steps"] == 2
+        assert 0.0 <= run["mean_at_k"] <= run["pass_at_k"] <= 1.0
+        assert run["policy_tokens"] > 0
+    # the runs' configs carry the measured target and the shared warm-start seed
+    cfg = yaml.safe_load((tmp_path / "runs" / "calc" / "stare_pi" / "s0" / "config.yaml").read_text())
+    assert cfg["algorithm"]["stare"]["target_entropy"] == pytest.approx(prep["target_entropy"], rel=1e-5)
+    assert cfg["sft"]["seed"] == 0 and cfg["run"]["seed"] == 0
+    assert not (tmp_path / "runs" / "calc" / "grpo_ds" / "s0" / "failed.json").exists()
+    # rerun: nothing is trained again, the report is rewritten
+    logs.clear()
+    run_study(load_study(path), log=logs.append)
+    assert any("2 runs, 2 already done" in line for line in logs), logs
+
+
+def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir):
+    path = _write_study(tmp_path, tiny_model_dir, {"bad": ["algorithm.name=grpoo"]})
+    with pytest.raises(ValueError, match="stepz"):
+        load_study(path, ["stepz=3"])
+    with pytest.raises(ValueError, match=r"reduced.methods names \['nope'\]"):
+        load_study(path, ["reduced.methods=[nope]"], reduced=True)
+    with pytest.raises(ConfigError, match="grpoo"):  # a method's override is checked before any work
+        run_study(load_study(path), log=lambda *_: None)
+    assert not (tmp_path / "runs").exists()
