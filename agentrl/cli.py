@@ -248,7 +248,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # dotted overrides may also come after a flag (`study CONFIG --reduced steps=4`)
+    if extra and hasattr(args, "overrides") and all("=" in x and not x.startswith("-") for x in extra):
+        args.overrides = [*args.overrides, *extra]
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from agentrl.config import ConfigError
 
     try:

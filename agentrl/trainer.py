@@ -95,6 +95,7 @@ class Trainer:
         self.share_prefix = (
             cfg.trainer.share_prefix and self.world == 1 and not cfg.model.gradient_checkpointing
         )
+        self.fuse_old_logprobs = True  # see update(); tests turn it off to compare both paths
         t = cfg.trainer
         self.optimizer = torch.optim.AdamW(
             [p for p in self.model.parameters() if p.requires_grad],
@@ -276,10 +277,23 @@ class Trainer:
         )
         mb = t.micro_batch_size
         temperature = cfg.rollout.temperature
-        with torch.no_grad():
-            logp_old, entropy = batch_forward(  # [B, T] each
-                self.model, batch, mb, temperature, bf16=t.bf16, share_prefix=self.share_prefix
-            )
+        # One on-policy pass and no batch-wide token weighting: the old log-probs are the gradient
+        # forward's own values (same weights, same tokens), so the separate no-grad pass is skipped
+        # (as TRL does at num_iterations=1); the loop below fills logp_old and entropy.
+        fused = (
+            self.fuse_old_logprobs
+            and self.weighting == "none"
+            and t.epochs_per_step == 1
+            and t.mini_batches_per_step == 1
+            and a.is_correction == "none"
+        )
+        if fused:
+            logp_old, entropy = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
+        else:
+            with torch.no_grad():
+                logp_old, entropy = batch_forward(  # [B, T] each
+                    self.model, batch, mb, temperature, bf16=t.bf16, share_prefix=self.share_prefix
+                )
         tis = None  # truncated IS weights for the rollout/trainer mismatch, [B, T] (offpolicy.py)
         if a.is_correction == "tis":
             tis = off.tis_weights(logp_old, batch.engine_logp, batch.has_engine_logp, a.is_cap)
@@ -317,6 +331,8 @@ class Trainer:
                         bf16=t.bf16,
                         share_prefix=self.share_prefix,
                     )
+                    if fused:
+                        logp_old[micro, :w], entropy[micro, :w] = logp.detach(), ent.detach()
                     old = logp_old[micro, :w]
                     akl = None if part.abs_kl_weights is None else part.abs_kl_weights[:, :w]
                     loss, s = alg.policy_loss(

@@ -302,3 +302,33 @@ def test_scripted_engine_with_a_function():
     assert [o.token_ids for o in outs] == [[5, 100, 2], [6, 101, 2]]
     engine.load_weights({})
     assert engine.generate([[9]], SamplingParams())[0].weight_version == 1
+
+
+# -- the lean decode step (engines/lean_decode.py) -----------------------------------------------
+def test_lean_decode_is_used_for_qwen2_and_matches_the_transformers_loop(peaky_policy):
+    """Same completions and log-probs (within float rounding) as the transformers decode loop, with
+    left padding (prompts of different lengths), grouped-query attention (4 heads over 2 KV heads)
+    and batch compaction (rows stopping early at different steps)."""
+    model, tok = peaky_policy
+    assert model.config.num_attention_heads != model.config.num_key_value_heads  # GQA exercised
+    prompts = prompts_of(tok)
+    params = [
+        SamplingParams(max_tokens=4 + 6 * i, temperature=1.0, seed=11 + i) for i in range(len(prompts))
+    ]  # different lengths: finished rows are dropped from the batch part-way
+    lean = HFEngine(model, tok, max_batch_size=8)
+    slow = HFEngine(model, tok, max_batch_size=8, lean_decode=False)
+    assert lean.decode_path == "lean" and slow.decode_path == "transformers"
+    a, b = lean.generate(prompts, params), slow.generate(prompts, params)
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+
+
+def test_lean_decode_declines_models_it_does_not_reproduce(tiny_policy):
+    from agentrl.engines.lean_decode import supports
+
+    model, _ = tiny_policy
+    assert supports(model)
+    model.config.use_sliding_window = True
+    assert not supports(model)
+    assert HFEngine(model).decode_path == "transformers"

@@ -3,6 +3,7 @@ forward, and the trainer and SFT give the same numbers with the sharing on or of
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from agentrl.forward import first_loss_column, shared_prefix_len, suffix_logits
@@ -62,7 +63,7 @@ def test_suffix_logits_and_gradients_match_full_forward(tiny_policy):
         assert (p.grad - g_full[n]).abs().max() / scale < 1e-4, n  # every weight, prefix layers too
 
 
-def _one_step(tmp_path, tiny_model_dir, share: bool, name: str):
+def _one_step(tmp_path, tiny_model_dir, share: bool, name: str, fuse: bool = True):
     cfg = small_config(
         tmp_path / str(share),
         tiny_model_dir,
@@ -70,17 +71,32 @@ def _one_step(tmp_path, tiny_model_dir, share: bool, name: str):
         "algorithm.stare.target_entropy=100",
         "trainer.total_steps=1",
         f"trainer.share_prefix={str(share).lower()}",
+        "logging.transcripts=true",
     )
     trainer = Trainer(cfg, log=lambda *_: None)
+    trainer.fuse_old_logprobs = fuse
     assert trainer.share_prefix is share
     history = trainer.train()
     return history[0], {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 
 
-def test_trainer_step_is_the_same_with_and_without_prefix_sharing(tmp_path, tiny_model_dir):
-    m_on, w_on = _one_step(tmp_path, tiny_model_dir, True, "stare")
-    m_off, w_off = _one_step(tmp_path, tiny_model_dir, False, "stare")
-    for key in ("loss/pg_loss", "entropy/mean", "entropy/branching", "stare/entropy_mean", "grad/norm"):
+@pytest.mark.parametrize(
+    "name,variant",
+    [("stare", "share"), ("grpo", "share"), ("grpo", "fuse")],
+    ids=["stare-shared-prefix", "grpo-shared-prefix", "grpo-fused-old-logprobs"],
+)
+def test_trainer_step_is_the_same_with_and_without_the_shortcuts(tmp_path, tiny_model_dir, name, variant):
+    """Shared-prefix forward on/off, and (GRPO, one on-policy pass) the old log-probs taken from the
+    gradient forward instead of a separate no-grad pass: same metrics, same updated weights."""
+    if variant == "share":
+        m_on, w_on = _one_step(tmp_path, tiny_model_dir, True, name)
+        m_off, w_off = _one_step(tmp_path, tiny_model_dir, False, name)
+    else:
+        m_on, w_on = _one_step(tmp_path / "a", tiny_model_dir, True, name, fuse=True)
+        m_off, w_off = _one_step(tmp_path / "b", tiny_model_dir, True, name, fuse=False)
+    keys = ["loss/pg_loss", "entropy/mean", "entropy/branching", "grad/norm", "loss/ratio_mean"]
+    keys += ["stare/entropy_mean"] if name == "stare" else []
+    for key in keys:
         assert key in m_on, key
         assert abs(m_on[key] - m_off[key]) <= 1e-4 * max(1.0, abs(m_off[key])), (key, m_on[key], m_off[key])
     # Adam's first step is lr * g / (|g| + eps): coordinates whose gradient is near eps turn float

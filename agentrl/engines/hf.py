@@ -33,6 +33,8 @@ import torch
 from transformers import DynamicCache
 
 from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
+from agentrl.engines.lean_decode import LeanDecoder
+from agentrl.engines.lean_decode import supports as lean_supports
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
 
@@ -111,6 +113,7 @@ class HFEngine:
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype | None = None,
         max_batch_size: int = 64,
+        lean_decode: bool = True,
     ) -> None:
         self.device = torch.device(device)
         if dtype is not None and torch_dtype(dtype) != next(model.parameters()).dtype:
@@ -121,6 +124,9 @@ class HFEngine:
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._decode = token_decoder(tokenizer) if tokenizer is not None else None
         self._version = 0
+        # decode steps: the lean Qwen2 step (engines/lean_decode.py) when the model is one it
+        # reproduces, else the transformers forward; recorded so benchmarks and logs can say which
+        self.decode_path = "lean" if lean_decode and lean_supports(self.model) else "transformers"
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
 
     @property
@@ -220,6 +226,7 @@ class HFEngine:
         top_k = torch.tensor([int(r.params.top_k) for r in batch], device=self.device)
         top_p = torch.tensor([float(r.params.top_p) for r in batch], device=self.device)
         logits, mask, positions, cache = self._prefill(batch)
+        lean = LeanDecoder.from_cache(self.model, cache, mask, steps) if self.decode_path == "lean" else None
         rows = list(batch)  # requests still in the batch, aligned with tensor rows
         for step in range(steps):
             tokens, lps = sample_next(logits, temperature, top_k, top_p, uniforms[:, step])
@@ -230,7 +237,10 @@ class HFEngine:
                 return
             if 4 * sum(done) >= len(rows):  # compact: drop finished rows everywhere
                 keep = torch.tensor([i for i, d in enumerate(done) if not d], device=self.device)
-                cache.reorder_cache(keep)  # type: ignore[arg-type]
+                if lean is not None:
+                    lean.keep(keep)
+                else:
+                    cache.reorder_cache(keep)  # type: ignore[arg-type]
                 rows = [rows[i] for i in keep.tolist()]
                 tokens, mask, positions = tokens[keep], mask[keep], positions[keep]
                 uniforms, temperature, top_k, top_p = (
@@ -239,13 +249,16 @@ class HFEngine:
                     top_k[keep],
                     top_p[keep],
                 )
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=positions[:, None],
-                past_key_values=cache,
-                use_cache=True,
-            )
-            logits = out.logits[:, -1].float()
+            if lean is not None:
+                logits = lean.step(tokens, positions)
+            else:
+                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+                out = self.model(
+                    input_ids=tokens[:, None],
+                    attention_mask=mask,
+                    position_ids=positions[:, None],
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+                logits = out.logits[:, -1].float()
             positions = positions + 1
