@@ -26,6 +26,8 @@ from agentrl.metrics import read_metrics
 SERIES = {
     "entropy": "entropy/mean",
     "entropy_rollout": "entropy/rollout",
+    "entropy_branching": "entropy/branching",
+    "informative": "groups/informative",
     "reward": "reward/mean",
     "length": "length/policy_tokens",
 }
@@ -64,9 +66,12 @@ def summarize_run(run_dir: Path, target: float, band: tuple[float, float], warmu
     final_eval = result.get("final_eval", {})
     return {
         "series": series,
+        "target": target,
         "steps": len(rows),
         "final_entropy": _tail_mean(series["entropy"], n_tail),
         "final_entropy_rollout": _tail_mean(series["entropy_rollout"], n_tail),
+        "final_entropy_branching": _tail_mean(series["entropy_branching"], n_tail),
+        "informative": _tail_mean(series["informative"], len(rows)),
         "final_reward": _tail_mean(series["reward"], n_tail),
         "final_length": _tail_mean(series["length"], n_tail),
         "in_band": band_fraction(series["entropy"], target, band, warmup),
@@ -108,6 +113,7 @@ def _plot_family(
     panels = [
         ("entropy", "entropy of the trained batch (nats)"),
         ("entropy_rollout", "entropy of fresh rollouts (nats)"),
+        ("entropy_branching", "entropy at branching positions: top 10% of the batch (nats)"),
         ("reward", "training reward"),
         ("length", "policy tokens per episode"),
     ]
@@ -143,6 +149,36 @@ def _plot_family(
     return written
 
 
+def _per_seed_lines(
+    by_method: dict[str, list[dict]], runs: Sequence[Any], family: str, study: Any
+) -> list[str]:
+    """Seed by seed: the baseline's final entropy as a multiple of H_tgt ("collapsed" below the
+    band's floor) and each method's in-band fraction, for the "holds the band on every seed where
+    the baseline collapses" question."""
+    seeds = [r.seed for r in runs if r.family == family and r.method == next(iter(by_method), None)]
+    if not by_method or len(seeds) != len(next(iter(by_method.values()))):
+        return []
+    base = next(iter(by_method))
+    lines = [
+        "",
+        f"Per seed: `{base}` final entropy / H_tgt (collapsed if below {study.band[0]}), then each "
+        "method's in-band fraction.",
+        "",
+        "| seed | " + f"{base} final/H_tgt | " + " | ".join(by_method) + " |",
+        "|---|---|" + "---|" * len(by_method),
+    ]
+    for i, seed in enumerate(seeds):
+        b = by_method[base][i]
+        ratio = b["final_entropy"] / b["target"] if b.get("target") else math.nan
+        mark = " (collapsed)" if ratio < study.band[0] else ""
+        cells = [
+            f"{100 * rs[i]['in_band']:.0f} %" if i < len(rs) and not math.isnan(rs[i]["in_band"]) else "–"
+            for rs in by_method.values()
+        ]
+        lines.append(f"| {seed} | {ratio:.2f}{mark} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_seconds: float) -> Path:
     """Summaries, plots and ``results.md`` in ``study.report_dir``; returns the markdown's path."""
     import platform
@@ -166,6 +202,11 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
         "counts as outside). *Final* values average the last fifth of the steps (at least 3). "
         f"Held-out mean@{k} / pass@{k} are on {study.eval_tasks} test tasks at the end. Values are "
         "mean ± standard deviation over seeds.",
+        "",
+        "The same methods in the tabular entropy lab (V = 16, many correct answers, 3 seeds, 400 steps), "
+        "where the controllers were first measured, are in "
+        "[algorithms.md](algorithms.md#the-entropy-lab--benchentropy_labpy); how the study works is in "
+        "[study.md](study.md).",
         "",
         f"H_tgt rule: `{study.target.rule}`"
         + (
@@ -199,9 +240,10 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
             f"probe reward {prep['probe_reward']:.3f}, held-out mean@{k} {ie['eval/mean@k']:.3f}, "
             f"pass@{k} {ie['eval/pass@k']:.3f} before RL.",
             "",
-            f"| method | final entropy | in band | rollout entropy | rollout in band | STARE gate on | "
-            f"final reward | mean@{k} | pass@{k} | length | time/run | policy tokens/run |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
+            f"| method | final entropy | in band | rollout entropy | rollout in band | branching entropy | "
+            f"STARE gate on | informative groups | final reward | mean@{k} | pass@{k} | length | time/run | "
+            "policy tokens/run |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for method, rs in by_method.items():
 
@@ -211,10 +253,12 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
             lines.append(
                 f"| {method} | {_cell(col('final_entropy'))} | {_cell(col('in_band'), pct=True)} | "
                 f"{_cell(col('final_entropy_rollout'))} | {_cell(col('in_band_rollout'), pct=True)} | "
-                f"{_cell(col('gate_on'), pct=True)} | {_cell(col('final_reward'))} | "
+                f"{_cell(col('final_entropy_branching'))} | {_cell(col('gate_on'), pct=True)} | "
+                f"{_cell(col('informative'), '{:.1f}')} | {_cell(col('final_reward'))} | "
                 f"{_cell(col('mean_at_k'))} | {_cell(col('pass_at_k'))} | {_cell(col('final_length'), '{:.1f}')} | "
                 f"{_cell(col('seconds'), '{:.0f}')} s | {_cell(col('policy_tokens'), '{:.0f}')} |"
             )
+        lines += _per_seed_lines(by_method, runs, family, study)
         if failed:
             lines += ["", f"Runs without a result (failed or not run): {', '.join(failed)}."]
         pngs = _plot_family(family, target, study.band, by_method, img) if by_method else []

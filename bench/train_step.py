@@ -62,7 +62,9 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def run_agentrl(model_dir: str, steps: int, lr: float) -> dict:
+def run_agentrl(model_dir: str, steps: int, lr: float, baseline: bool = False) -> dict:
+    """``baseline``: the step as it was before the lean decode step, the shared-prefix forward and
+    the reuse of the gradient forward's log-probs (all three off), to show what they bring."""
     from agentrl.trainer import Trainer
 
     out = tempfile.mkdtemp(prefix="bench-agentrl-")
@@ -86,18 +88,25 @@ def run_agentrl(model_dir: str, steps: int, lr: float) -> dict:
             "logging.plots=false",
             "logging.transcripts=false",
             "trainer.checkpoint_every=0",
+            f"trainer.share_prefix={str(not baseline).lower()}",
         ],
     )
     trainer = Trainer(cfg, log=lambda *_: None)
-    times, tokens = [], []
+    if baseline:
+        trainer.fuse_old_logprobs = False
+        trainer.engine.decode_path = "transformers"  # type: ignore[attr-defined]
+    times, tokens, rollout = [], [], []
     for step in range(steps):
         t0 = time.perf_counter()
         out_step = trainer.train_step(step)
         times.append(time.perf_counter() - t0)
         tokens.append(out_step.metrics["length/policy_tokens_total"])
+        rollout.append(out_step.metrics["time/rollout_s"])
     t, n = times[1:], tokens[1:]
     return {
         "s_per_step": statistics.median(t),
+        "rollout_s": statistics.median(rollout[1:]),
+        "decode_path": trainer.engine.decode_path,  # type: ignore[attr-defined]
         "tokens_per_s": sum(n) / sum(t),
         "peak_rss_mb": peak_rss_mb(),
         "mean_completion_tokens": sum(n) / len(n) / (PROMPTS * GROUP),
@@ -179,7 +188,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--preset", default="h128-L8")
     p.add_argument("--lr", type=float, default=1e-5)
-    p.add_argument("--only", choices=["agentrl", "trl"])
+    p.add_argument("--only", choices=["agentrl", "agentrl-baseline", "trl"])
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -187,15 +196,16 @@ def main() -> None:
     results = {}
     # each side in its own process so peak memory is measured separately
     if args.only:
-        results[args.only] = (run_agentrl if args.only == "agentrl" else run_trl)(
-            model_dir, args.steps, args.lr
-        )
+        if args.only == "trl":
+            results[args.only] = run_trl(model_dir, args.steps, args.lr)
+        else:
+            results[args.only] = run_agentrl(model_dir, args.steps, args.lr, baseline=args.only != "agentrl")
         print(json.dumps(results[args.only]))
         return
     import subprocess
     import sys
 
-    for side in ("agentrl", "trl"):
+    for side in ("agentrl", "agentrl-baseline", "trl"):
         proc = subprocess.run(
             [
                 sys.executable,
@@ -220,12 +230,17 @@ def main() -> None:
     print(
         f"model {args.preset}, {PROMPTS}x{GROUP} sequences, <= {MAX_NEW} new tokens, {args.steps - 1} timed steps"
     )
-    print(f"{'':10s} {'s/step':>8s} {'tok/s':>8s} {'tokens/seq':>10s} {'peak RSS MB':>12s}")
+    print(f"{'':17s} {'s/step':>8s} {'rollout s':>9s} {'tok/s':>8s} {'tokens/seq':>10s} {'peak RSS MB':>12s}")
     for side, r in results.items():
+        roll = f"{r['rollout_s']:9.2f}" if "rollout_s" in r else f"{'-':>9s}"
         print(
-            f"{side:10s} {r['s_per_step']:8.2f} {r['tokens_per_s']:8.0f} {r['mean_completion_tokens']:10.1f} {r['peak_rss_mb']:12.0f}"
+            f"{side:17s} {r['s_per_step']:8.2f} {roll} {r['tokens_per_s']:8.0f} {r['mean_completion_tokens']:10.1f} {r['peak_rss_mb']:12.0f}"
         )
     print(f"agentrl / TRL wall time per step: {ratio:.2f}x")
+    base = results["agentrl-baseline"]["s_per_step"] / results["trl"]["s_per_step"]
+    print(
+        f"agentrl-baseline (transformers decode, no prefix sharing, separate old-logprob pass) / TRL: {base:.2f}x"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps({"results": results, "ratio": ratio}, indent=2))
 

@@ -10,7 +10,7 @@ bash scripts/setup.sh || exit 1
 eval "$(bash .ci/docker_setup.sh)"
 bash .ci/browser_setup.sh .venv/bin/python >&2
 status=0
-.venv/bin/python -m pytest -m "not vllm" -q "$@" || status=$?
+.venv/bin/python -m pytest -m "not vllm and not study" -q "$@" || status=$?
 bash .ci/docker_setup.sh stop
 if [ "$status" -eq 0 ] && [ "$#" -eq 0 ]; then
   bash scripts/test_vllm.sh || status=$?

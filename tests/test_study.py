@@ -73,9 +73,10 @@ def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_mode
     rows = [
         line for line in text.splitlines() if line.startswith("| grpo_ds") or line.startswith("| stare_pi")
     ]
-    assert len(rows) == 2 and all(line.count("|") == 13 for line in rows), rows
-    for panel in ("entropy", "entropy_rollout", "reward", "length"):
+    assert len(rows) == 2 and all(line.count("|") == 15 for line in rows), rows
+    for panel in ("entropy", "entropy_rollout", "entropy_branching", "reward", "length"):
         assert (tmp_path / "report" / "img" / f"study_calc_{panel}.png").stat().st_size > 1000
+    assert "| seed | grpo_ds final/H_tgt | grpo_ds | stare_pi |" in text  # the per-seed table
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     prep = summary["calc"]["prep"]
     assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(prep["h0"])
@@ -104,3 +105,29 @@ def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir):
     with pytest.raises(ConfigError, match="grpoo"):  # a method's override is checked before any work
         run_study(load_study(path), log=lambda *_: None)
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.study
+def test_reduced_study_command_end_to_end(tmp_path):
+    """The literal `agentrl study configs/study.yaml --reduced` (real tiny model, warm start built or
+    taken from the cache, ~3 min with a cached warm start, ~8 min without), through the CLI."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "study", "configs/study.yaml", "--reduced",
+         f"output_dir={tmp_path / 'runs'}", f"report_dir={tmp_path / 'report'}"],
+        cwd=root, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    study = load_study(root / "configs" / "study.yaml", reduced=True)
+    text = (tmp_path / "report" / "results.md").read_text()
+    for family in study.families:
+        assert f"## {family}" in text
+        for method in study.methods:
+            assert sum(line.startswith(f"| {method} |") for line in text.splitlines()) == 1, method
+            summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+            (run,) = summary[family]["methods"][method]
+            assert run["steps"] == study.steps and 0 <= run["mean_at_k"] <= 1
+    assert "Runs without a result" not in text
