@@ -43,6 +43,10 @@ class TargetRule:
     """H_tgt in nats when ``rule = fixed``."""
     probe_prompts: int = 16
     """Training prompts (× ``rollout.group_size`` episodes) the initial entropy is measured on."""
+    probe: Literal["run_seeds", "sft_seed"] = "run_seeds"
+    """Whose training prompts: ``run_seeds`` = an equal share from each RL seed's task list (what
+    the runs start on); ``sft_seed`` = the warm start's own task list (which it may have memorised;
+    the committed study used it, see study.md)."""
 
 
 @dataclass
@@ -195,6 +199,19 @@ def plan(study: StudyConfig, targets: dict[str, float]) -> list[RunSpec]:
 
 
 # ---------------------------------------------------------------------------- family preparation
+def probe_tasks(cfg: Any, study: StudyConfig) -> list[Any]:
+    """The training prompts H0 is measured on (``target.probe``): an equal share of each RL seed's
+    task list, or the first ``probe_prompts`` of the warm start's."""
+    from agentrl import build
+
+    n = study.target.probe_prompts
+    if study.target.probe == "sft_seed":
+        return build.load_tasks(cfg, "train", seed=study.sft_seed)[:n]
+    share = -(-n // len(study.seeds))  # ceil
+    tasks = [t for s in study.seeds for t in build.load_tasks(cfg, "train", seed=s)[:share]]
+    return tasks[:n]
+
+
 def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Warm start (cached), the initial entropy H0, H_tgt, and the warm start's held-out accuracy.
     Cached in ``OUTPUT/FAMILY/prep.json`` (keyed by the warm start's path and the probe settings)."""
@@ -208,7 +225,12 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     cfg = load_config(study.families[family], family_overrides(study, family))
     path = build.policy_path(cfg, log=log)
     prep_file = Path(study.output_dir) / family / "prep.json"
-    key = {"policy": path, "target": asdict(study.target), "eval": [study.eval_k, study.eval_tasks]}
+    target = asdict(study.target)
+    if target["probe"] == "sft_seed":  # the rule before the option existed: keep its cached results
+        del target["probe"]
+    else:
+        target["seeds"] = list(study.seeds)
+    key = {"policy": path, "target": target, "eval": [study.eval_k, study.eval_tasks]}
     if prep_file.exists():
         prep = json.loads(prep_file.read_text())
         if prep.get("key") == key:
@@ -217,7 +239,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     model, tokenizer = build.load_model(cfg, path)
     model.eval()
     engine = build.build_engine(cfg, model, tokenizer, path)
-    tasks = build.load_tasks(cfg, "train", seed=study.sft_seed)[: study.target.probe_prompts]
+    tasks = probe_tasks(cfg, study)
     runner = build.build_runner(cfg, engine, tokenizer, seed=study.sft_seed + 7)
     G = cfg.rollout.group_size
     try:

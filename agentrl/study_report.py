@@ -56,10 +56,22 @@ def band_fraction(xs: Sequence[float | None], target: float, band: tuple[float, 
     return sum(x is not None and lo <= x <= hi for x in post) / len(post)
 
 
+def _run_target(run_dir: Path, default: float) -> float:
+    """The H_tgt this run was given (its saved config), which the band is measured against."""
+    import yaml
+
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        return default
+    cfg = yaml.safe_load(path.read_text()) or {}
+    return float(cfg.get("algorithm", {}).get("stare", {}).get("target_entropy", default))
+
+
 def summarize_run(run_dir: Path, target: float, band: tuple[float, float], warmup: int) -> dict[str, Any]:
     """One run's numbers for the report, from its ``metrics.jsonl`` and ``result.json``."""
     rows = read_metrics(run_dir)
     result = json.loads((run_dir / "result.json").read_text())
+    target = _run_target(run_dir, target)
     n_tail = max(3, len(rows) // 5)
     series = {name: _values(rows, key) for name, key in SERIES.items()}
     gate = [x for x in _values(rows, "stare/gate_on") if x is not None]
