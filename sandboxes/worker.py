@@ -226,6 +226,12 @@ def _move(src, dst):
 
 def main():
     global _OUT
+    # Timeouts interrupt a cell with SIGINT. A worker started from a process that ignores or blocks
+    # SIGINT (anything launched with `nohup ... &`, some CI runners) inherits that and Python keeps
+    # it, so the interrupt would be lost and the cell killed with the session's state: take SIGINT
+    # back explicitly.
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     in_fd, out_fd, lim = int(sys.argv[1]), int(sys.argv[2]), json.loads(sys.argv[3])
     pin, _OUT = os.dup(in_fd), os.dup(out_fd)  # dup'ed descriptors are close-on-exec
     os.close(in_fd)
