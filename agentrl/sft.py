@@ -100,7 +100,9 @@ def sft_train(
     if not examples:
         raise ValueError("no SFT examples")
     rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.95))
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = all(p.is_floating_point() for p in params) or None  # one kernel for all parameters
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=fused)
     order: list[int] = []
     losses, tokens, t0 = [], 0, time.perf_counter()
     model.train()

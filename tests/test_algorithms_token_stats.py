@@ -38,13 +38,14 @@ def test_chunking_matches_direct(chunk):
     torch.testing.assert_close(ent, entropy_from_logits(logits, 0.7), rtol=0, atol=1e-5)
 
 
-def test_from_hidden_values_and_gradients_match_full_logits():
+@pytest.mark.parametrize("chunk", [5, 100])  # checkpointed chunks; one chunk, not checkpointed
+def test_from_hidden_values_and_gradients_match_full_logits(chunk):
     g = torch.Generator().manual_seed(1)
     hidden = torch.randn(2, 6, 8, generator=g, dtype=torch.float64, requires_grad=True)
     weight = torch.randn(13, 8, generator=g, dtype=torch.float64, requires_grad=True)
     ids = torch.randint(13, (2, 6), generator=g)
-    logp, ent = token_logprobs_and_entropy_from_hidden(hidden, weight, ids, temperature=1.3, chunk_size=5)
-    (logp.sum() + 0.5 * ent.sum()).backward()  # checkpointed chunks
+    logp, ent = token_logprobs_and_entropy_from_hidden(hidden, weight, ids, temperature=1.3, chunk_size=chunk)
+    (logp.sum() + 0.5 * ent.sum()).backward()
     g_h, g_w = hidden.grad.clone(), weight.grad.clone()
     hidden.grad = weight.grad = None
     z = hidden @ weight.T / 1.3  # [2, 6, 13], the unchunked reference

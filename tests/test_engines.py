@@ -82,6 +82,20 @@ def test_sample_next_frequencies_match_the_distribution():
     assert torch.allclose(freq, torch.tensor([4 / 9, 3 / 9, 2 / 9, 0.0], dtype=torch.float64), atol=0.0075)
 
 
+def test_sample_next_plain_hint_gives_the_general_result():
+    """``plain=True`` (every row at temperature 1, no top-k/top-p) skips the temperature and filter
+    steps; it must return exactly what the general path returns."""
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(64, 50, generator=gen) * 3
+    u = torch.rand(64, generator=gen, dtype=torch.float64)
+    args = (logits, torch.ones(64), torch.zeros(64, dtype=torch.long), torch.ones(64), u)
+    tok, lp = sample_next(*args)
+    tok_plain, lp_plain = sample_next(*args, plain=True)
+    tok_hint, lp_hint = sample_next(*args, filtered=False)
+    assert torch.equal(tok, tok_plain) and torch.equal(lp, lp_plain)
+    assert torch.equal(tok, tok_hint) and torch.equal(lp, lp_hint)
+
+
 # -- logprob parity -----------------------------------------------------------------------------
 def reference_logprobs(model, prompt, completion, temperature, top_k, top_p) -> list[float]:
     """Teacher-forced float32 forward of prompt+completion alone (no padding), then the sampling
@@ -169,6 +183,30 @@ def test_completion_does_not_depend_on_the_batch(peaky_policy):
     for prompt, sp, b, s in zip(prompts, params, batched, split):
         alone = engine.generate([prompt], sp)[0]
         assert b.token_ids == alone.token_ids == s.token_ids and len(alone.token_ids) == sp.max_tokens
+        assert max(abs(x - y) for x, y in zip(b.logprobs, alone.logprobs)) < 1e-5
+
+
+@pytest.mark.parametrize("lean", [True, False])
+def test_identical_prompts_are_prefilled_once(peaky_policy, lean):
+    """A GRPO group repeats one prompt: the prefill runs each distinct prompt once and repeats its
+    cache rows, and every request still gets what it would get alone."""
+    model, tok = peaky_policy
+    p0, p1 = prompts_of(tok)[1:3]
+    prompts = [p0, p1, p0, p0, p1]
+    params = [SamplingParams(max_tokens=6, temperature=1.0, seed=40 + i) for i in range(len(prompts))]
+    engine = HFEngine(model, tok, lean_decode=lean)
+    widths = []
+    hook = model.register_forward_hook(
+        lambda m, args, kw, out: widths.append(kw["input_ids"].shape), with_kwargs=True
+    )
+    try:
+        batched = engine.generate(prompts, params)
+    finally:
+        hook.remove()
+    assert widths[0][0] == 2  # the prefill: two distinct prompts
+    for prompt, sp, b in zip(prompts, params, batched):
+        alone = engine.generate([prompt], sp)[0]
+        assert b.token_ids == alone.token_ids
         assert max(abs(x - y) for x, y in zip(b.logprobs, alone.logprobs)) < 1e-5
 
 
@@ -332,3 +370,40 @@ def test_lean_decode_declines_models_it_does_not_reproduce(tiny_policy):
     model.config.use_sliding_window = True
     assert not supports(model)
     assert HFEngine(model).decode_path == "transformers"
+
+
+def test_lean_decode_sees_weights_changed_in_place(peaky_policy):
+    """A colocated trainer updates the shared model in place (optimizer steps, no ``load_weights``).
+    The lean step packs the weights at the start of every batch, so the next batch uses the new
+    weights: it matches the transformers loop after the change, and differs from before it."""
+    model, tok = peaky_policy
+    prompts = prompts_of(tok)
+    params = SamplingParams(max_tokens=8, temperature=1.0, seed=5)
+    lean = HFEngine(model, tok)
+    slow = HFEngine(model, tok, lean_decode=False)
+    before = lean.generate(prompts, params)
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=gen) * 0.05)
+    after, reference = lean.generate(prompts, params), slow.generate(prompts, params)
+    assert [a.token_ids for a in after] == [r.token_ids for r in reference]
+    assert max(abs(x - y) for a, r in zip(after, reference) for x, y in zip(a.logprobs, r.logprobs)) < 1e-5
+    assert [a.logprobs for a in after] != [b.logprobs for b in before]
+
+
+def test_lean_decode_bfloat16_stays_close_to_the_transformers_loop(peaky_policy):
+    """bfloat16: the lean step folds the norm weights into the matmuls, which rounds differently
+    from transformers at bfloat16 precision, so only closeness is asserted (teacher-forced on the
+    same tokens: the lean engine's log-probs against a bfloat16 forward of its own completions)."""
+    model, tok = peaky_policy
+    engine = HFEngine(model, tok, dtype="bfloat16")
+    assert engine.decode_path == "lean"
+    prompts = prompts_of(tok)
+    outs = engine.generate(prompts, SamplingParams(max_tokens=6, temperature=1.0, seed=9))
+    for prompt, out in zip(prompts, outs):
+        ids = torch.tensor([prompt + out.token_ids])
+        with torch.no_grad():
+            logits = engine.model(ids).logits[0, len(prompt) - 1 : -1].float()
+        ref = logits.log_softmax(-1).gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+        assert max(abs(x - y) for x, y in zip(out.logprobs, ref.tolist())) < 0.15

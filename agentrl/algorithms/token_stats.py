@@ -35,7 +35,9 @@ def default_chunk(vocab: int) -> int:
 
 def _stats_from_logits(logits: Tensor, ids: Tensor, temperature: float) -> tuple[Tensor, Tensor]:
     """Rows of logits [N, V] -> (logp of ids [N], entropy [N]), float32."""
-    z = logits.float() / temperature  # [N, V]
+    z = logits.float()  # [N, V]
+    if temperature != 1.0:
+        z = z / temperature
     log_z = torch.logsumexp(z, dim=-1)  # [N]
     logp = z.gather(-1, ids.unsqueeze(-1)).squeeze(-1) - log_z  # [N]
     probs = torch.softmax(z, dim=-1)
@@ -50,10 +52,13 @@ def _hidden_chunk(
 
 
 def _chunked(fn, rows: Tensor, ids: Tensor, chunk_size: int, *args) -> tuple[Tensor, Tensor]:
-    """fn(rows_chunk, ids_chunk, *args) over row chunks; checkpointed when a gradient will flow back."""
+    """fn(rows_chunk, ids_chunk, *args) over row chunks; checkpointed when a gradient will flow back
+    and there is more than one chunk (peak memory is then one chunk's activations)."""
     needs_grad = torch.is_grad_enabled() and (
         rows.requires_grad or any(isinstance(a, Tensor) and a.requires_grad for a in args)
     )
+    # one chunk: nothing to bound, so keep the chunk's activations rather than recompute them
+    needs_grad = needs_grad and rows.shape[0] > chunk_size
     logps, ents = [], []
     # split (not slicing in a loop): its backward concatenates the chunk gradients once, where
     # per-slice backward would write a full-size zero gradient for every chunk.

@@ -40,7 +40,14 @@ from agentrl.models import torch_dtype
 
 
 def sample_next(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, u: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    u: torch.Tensor,
+    *,
+    filtered: bool | None = None,
+    plain: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """One token per row and its log-probability under the sampling distribution.
 
@@ -48,12 +55,25 @@ def sample_next(
     [0, 1). Order: temperature, then top-k, then top-p on the renormalised top-k distribution (the
     order transformers' warpers and vLLM use). Top-p keeps the smallest most-likely prefix whose mass
     reaches ``top_p``. Sampling is by inverse CDF on ``u`` so each row's draw depends only on its own
-    uniform, not on the batch."""
-    greedy = temperature <= 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    uniform, not on the batch.
+
+    Hints a caller may pass once per batch to skip per-step checks: ``filtered`` (whether any row
+    uses top-k or top-p; None = find out) and ``plain`` (every row has temperature exactly 1, no
+    top-k, no top-p)."""
     vocab = logits.shape[-1]
     order = None
-    if bool((top_k > 0).any()) or bool((top_p < 1).any()):
+    if plain:
+        logp = logits.log_softmax(dim=-1)
+        cdf = logp.exp().cumsum(dim=-1)
+        total = cdf[:, -1]
+        target = torch.minimum(u.to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
+        idx = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=vocab - 1)
+        return idx.squeeze(1), logp.gather(1, idx).squeeze(1)
+    greedy = temperature <= 0
+    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+    if filtered is None:
+        filtered = bool((top_k > 0).any()) or bool((top_p < 1).any())
+    if filtered:
         scaled, order = scaled.sort(dim=-1, descending=True)  # (B, V), most likely first
         ranks = torch.arange(vocab, device=logits.device)[None, :]
         k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
@@ -194,13 +214,19 @@ class HFEngine:
     def _prefill(
         self, batch: list[_Request]
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, DynamicCache]:
-        """Left-padded forward over the prompts: (last logits, attention mask, next positions, cache)."""
+        """Left-padded forward over the prompts: (last logits, attention mask, next positions, cache).
+
+        Identical prompts (a GRPO group's samples all start from one) are run once and their cache
+        rows repeated, so a group of G costs one prompt's prefill, not G."""
         width = max(len(r.prompt) for r in batch)
-        ids = torch.full((len(batch), width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for row, r in enumerate(batch):
-            ids[row, width - len(r.prompt) :] = torch.tensor(r.prompt)
-            mask[row, width - len(r.prompt) :] = 1
+        first: dict[tuple[int, ...], int] = {}
+        rows = [first.setdefault(tuple(r.prompt), len(first)) for r in batch]  # row -> unique index
+        unique = list(first)
+        ids = torch.full((len(unique), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(unique), width), dtype=torch.long)
+        for row, prompt in enumerate(unique):
+            ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            mask[row, width - len(prompt) :] = 1
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache(config=self.model.config)  # type: ignore[arg-type]
@@ -212,7 +238,12 @@ class HFEngine:
             use_cache=True,
             logits_to_keep=1,
         )
-        return out.logits[:, -1].float(), mask, positions[:, -1] + 1, cache
+        logits = out.logits[:, -1].float()
+        if len(unique) < len(batch):
+            expand = torch.tensor(rows, device=self.device)
+            cache.reorder_cache(expand)  # index_select along the batch: repeats the shared rows
+            logits, mask, positions = logits[expand], mask[expand], positions[expand]
+        return logits, mask, positions[:, -1] + 1, cache
 
     def _run_batch(self, batch: list[_Request]) -> None:
         steps = max(r.params.max_tokens for r in batch)
@@ -225,11 +256,15 @@ class HFEngine:
         temperature = torch.tensor([float(r.params.temperature) for r in batch], device=self.device)
         top_k = torch.tensor([int(r.params.top_k) for r in batch], device=self.device)
         top_p = torch.tensor([float(r.params.top_p) for r in batch], device=self.device)
+        filtered = any(r.params.top_k > 0 or r.params.top_p < 1 for r in batch)
+        plain = not filtered and all(float(r.params.temperature) == 1.0 for r in batch)
         logits, mask, positions, cache = self._prefill(batch)
         lean = LeanDecoder.from_cache(self.model, cache, mask, steps) if self.decode_path == "lean" else None
         rows = list(batch)  # requests still in the batch, aligned with tensor rows
         for step in range(steps):
-            tokens, lps = sample_next(logits, temperature, top_k, top_p, uniforms[:, step])
+            tokens, lps = sample_next(
+                logits, temperature, top_k, top_p, uniforms[:, step], filtered=filtered, plain=plain
+            )
             done = [
                 r.finish is not None or r.add(t, lp) for r, t, lp in zip(rows, tokens.tolist(), lps.tolist())
             ]
