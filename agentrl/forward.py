@@ -8,11 +8,18 @@ and only the suffixes are run as a batch on top of it. The logits of the suffix 
 same function of the weights as in a full forward (same positions, same causal attention), so
 losses and gradients agree up to float rounding (tests/test_forward.py checks both).
 
+Prefixes shared by groups of rows count too: a GRPO group's episodes all start with the same
+prompt, so a micro-batch of 4 groups × 8 holds 4 distinct prompts. ``prefix_plan`` picks the
+prefix length that saves the most token positions, given how many distinct prefixes of that length
+the rows have; each distinct prefix is run once and its cache rows repeated for its rows.
+
 Right padding stays harmless: pad tokens come after every real token of their row, so causal
 attention never lets a real position see them (as in the full forward).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -32,6 +39,47 @@ def shared_prefix_len(ids: Tensor, lengths: Tensor | None = None, limit: int | N
     return max(n, 0)
 
 
+@dataclass(frozen=True)
+class PrefixPlan:
+    """Run ``ids[:, :share]`` once per distinct prefix: ``owners[i]`` is the first row whose prefix
+    equals row i's (``owners[i] == i`` for the rows whose prefixes are run)."""
+
+    share: int
+    owners: Tensor  # [B] long
+
+    @property
+    def distinct(self) -> int:
+        return int((self.owners == torch.arange(len(self.owners), device=self.owners.device)).sum())
+
+
+def prefix_plan(ids: Tensor, lengths: Tensor | None = None, limit: int | None = None) -> PrefixPlan:
+    """The shared-prefix length s (capped at ``limit``, strictly shorter than the shortest row) that
+    saves the most positions, (B - distinct prefixes of length s) * s, and the row owning each
+    prefix. ``share`` is 0 when nothing is saved."""
+    B = ids.shape[0]
+    shortest = int(lengths.min()) if lengths is not None and B else ids.shape[1]
+    cap = max(min(shortest - 1, ids.shape[1] if limit is None else limit), 0)
+    none = PrefixPlan(0, torch.arange(B, device=ids.device))
+    if B < 2 or cap == 0:
+        return none
+    head = ids[:, :cap]
+    lcp = torch.empty((B, B), dtype=torch.long, device=ids.device)  # longest common prefix, capped
+    for i in range(B):
+        ne = head[i : i + 1] != head  # [B, cap]
+        lcp[i] = torch.where(ne.any(-1), ne.int().argmax(-1), cap)
+    earlier = torch.ones((B, B), dtype=torch.bool, device=ids.device).tril()  # j <= i
+    best, best_s = 0, 0
+    for s in sorted(set(lcp.flatten().tolist()) - {0}):
+        distinct = int((~((lcp >= s) & earlier).tril(-1).any(-1)).sum())
+        if (B - distinct) * s > best:
+            best, best_s = (B - distinct) * s, s
+    if best_s == 0:
+        return none
+    # owner of row i: the first row j <= i with the same prefix of length best_s
+    owners = ((lcp >= best_s) & earlier).int().argmax(-1)
+    return PrefixPlan(best_s, owners)
+
+
 def first_loss_column(mask: Tensor) -> int:
     """The first column with a nonzero entry in any row of ``mask`` [B, T-1] (T-1 if none).
     Column j of an aligned mask is the target token j+1, predicted at position j."""
@@ -40,16 +88,24 @@ def first_loss_column(mask: Tensor) -> int:
     return int(nz[0]) if len(nz) else mask.shape[1]
 
 
-def suffix_logits(model: torch.nn.Module, ids: Tensor, share: int) -> Tensor:
-    """Logits [B, T - share, V] of the positions ``share..T-1`` of ``ids`` [B, T], running the
-    first ``share`` tokens (identical in every row) once. ``share = 0`` is a plain forward."""
+def suffix_logits(model: torch.nn.Module, ids: Tensor, share: int, owners: Tensor | None = None) -> Tensor:
+    """Logits [B, T - share, V] of the positions ``share..T-1`` of ``ids`` [B, T], running each
+    distinct prefix ``ids[:, :share]`` once: ``owners`` as in ``PrefixPlan`` (None: every row shares
+    row 0's prefix). ``share = 0`` is a plain forward."""
     if share <= 0:
         return model(input_ids=ids).logits
     B = ids.shape[0]
-    prefix = model(input_ids=ids[:1, :share], use_cache=True)
+    if owners is None:
+        reps, index = torch.zeros(1, dtype=torch.long, device=ids.device), None
+    else:
+        reps, index = torch.unique(owners, sorted=True, return_inverse=True)  # index: row -> rep
+    prefix = model(input_ids=ids[reps, :share], use_cache=True)
     cache = prefix.past_key_values
     if cache is None:  # e.g. gradient checkpointing turns the cache off: fall back, still correct
         return model(input_ids=ids).logits[:, share:]
-    if B > 1:
-        cache.batch_repeat_interleave(B)
+    if len(reps) == 1:
+        if B > 1:
+            cache.batch_repeat_interleave(B)
+    else:
+        cache.reorder_cache(index)  # index_select along the batch (differentiable)
     return model(input_ids=ids[:, share:], past_key_values=cache, use_cache=False).logits

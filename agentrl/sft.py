@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from agentrl.chat import ChatRenderer
-from agentrl.forward import first_loss_column, shared_prefix_len, suffix_logits
+from agentrl.forward import first_loss_column, prefix_plan, suffix_logits
 
 Message = dict[str, Any]
 
@@ -114,11 +114,12 @@ def sft_train(
             order += rng.sample(range(len(examples)), len(examples))
         batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
         ids, mask = _pad(batch, pad_id)
-        share = 0
+        share, owners = 0, None
         if share_prefix:  # the system prompt every demonstration starts with is run once
             lengths = torch.tensor([len(x) for x, _ in batch])
-            share = shared_prefix_len(ids, lengths, limit=first_loss_column(mask[:, 1:]))
-        logits = suffix_logits(model, ids, share)  # [B, T - share, V], positions share..T-1 (causal)
+            plan = prefix_plan(ids, lengths, limit=first_loss_column(mask[:, 1:]))
+            share, owners = plan.share, plan.owners
+        logits = suffix_logits(model, ids, share, owners)  # [B, T - share, V], positions share..T-1
         target, tmask = ids[:, share + 1 :], mask[:, share + 1 :]
         loss_tok = F.cross_entropy(
             logits[:, :-1].flatten(0, 1).float(), target.clamp(min=0).flatten(), reduction="none"

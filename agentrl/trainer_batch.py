@@ -22,7 +22,7 @@ from torch import Tensor
 from agentrl import algorithms as alg
 from agentrl.env import Task
 from agentrl.episode import Episode
-from agentrl.forward import first_loss_column, shared_prefix_len, suffix_logits
+from agentrl.forward import first_loss_column, prefix_plan, suffix_logits
 
 
 @dataclass
@@ -97,8 +97,9 @@ def batch_forward(
     """Log-probs of the target tokens and full-vocabulary entropies, [B, T-1] each, in micro-batches
     (each trimmed to its own longest sequence). With ``grad`` the result carries gradient.
 
-    ``share_prefix``: the prompt prefix common to a micro-batch is run once (``agentrl.forward``);
-    columns before the micro-batch's first policy token are then left at 0 (prompt tokens: no loss,
+    ``share_prefix``: each distinct prompt prefix of a micro-batch is run once (``agentrl.forward``:
+    the system prompt all rows share, or a group's whole prompt); the shared columns, all before the
+    micro-batch's first policy token, are then left at 0 (prompt tokens: no loss,
     no metric or overlay reads them)."""
     B, T = batch.ids.shape
     logp = torch.zeros((B, T - 1))
@@ -107,15 +108,16 @@ def batch_forward(
     for idx in torch.arange(B).split(micro_batch_size):
         t = int(batch.lengths[idx].max())
         ids = batch.ids[idx, :t]
-        share = 0
+        share, owners = 0, None
         if share_prefix:
             limit = min(  # never past a policy token: untrained rows (mask 0) keep their overlays
                 first_loss_column(batch.mask[idx, : t - 1]),
                 first_loss_column(batch.turn_start[idx, : t - 1]),
             )
-            share = shared_prefix_len(ids, batch.lengths[idx], limit=limit)
+            plan = prefix_plan(ids, batch.lengths[idx], limit=limit)
+            share, owners = plan.share, plan.owners
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = suffix_logits(model, ids, share)[:, :-1]  # [b, t-1-share, V]
+            logits = suffix_logits(model, ids, share, owners)[:, :-1]  # [b, t-1-share, V]
         lp, h = alg.token_logprobs_and_entropy(logits, ids[:, share + 1 :], temperature)
         if grad:
             parts.append((idx, t, share, lp, h))
