@@ -1,0 +1,151 @@
+"""The parts of an RL step that bench/train_step.py times as a whole, each against its slower
+alternative, interleaved in one process (so drift in machine speed hits both sides alike):
+
+- decode: 128 decode steps of 32 rows (the train_step batch) with the ``transformers`` forward and
+  with the lean step of ``engines/lean_decode.py`` (weight packing included);
+- sampling: one ``sample_next`` call on [32, 1024] logits, general path and with the ``plain`` hint;
+- update forward + backward on a GRPO-shaped batch (4 prompts × 8 samples of 150 tokens, prompts of
+  22 tokens agreeing on their first 6): no prefix sharing, the prefix every row shares, and the
+  per-group plan of ``agentrl.forward.prefix_plan``;
+- one AdamW step over the model: torch's default per-tensor loop on CPU and ``fused=True``.
+
+    .venv/bin/python bench/step_parts.py --reps 5
+
+Reported: the median over reps of each variant, and the ratio to the slower alternative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def timed(fn, reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--preset", default="h128-L8")
+    args = ap.parse_args()
+
+    from transformers import DynamicCache
+
+    from agentrl.engines.hf import sample_next
+    from agentrl.engines.lean_decode import LeanDecoder
+    from agentrl.forward import prefix_plan, shared_prefix_len, suffix_logits
+    from agentrl.models import ensure_tiny_base, load_policy
+
+    torch.manual_seed(0)
+    model, _ = load_policy(str(ensure_tiny_base(args.preset)))
+    B, W, steps = 32, 24, 128
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(5, model.config.vocab_size, (B, W), generator=gen)
+    mask = torch.ones(B, W, dtype=torch.long)
+    tokens = torch.randint(5, model.config.vocab_size, (B,), generator=gen)
+
+    def prefill() -> DynamicCache:
+        cache = DynamicCache(config=model.config)
+        model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        return cache
+
+    def decode_transformers() -> None:
+        cache, m = prefill(), mask
+        pos = torch.full((B,), W)
+        for _ in range(steps):
+            m = torch.cat([m, m.new_ones((B, 1))], dim=1)
+            model(
+                input_ids=tokens[:, None], attention_mask=m, position_ids=pos[:, None], past_key_values=cache
+            )
+            pos = pos + 1
+
+    def decode_lean() -> None:
+        lean = LeanDecoder.from_cache(model, prefill(), mask, steps)
+        pos = torch.full((B,), W)
+        for _ in range(steps):
+            lean.step(tokens, pos)
+            pos = pos + 1
+
+    logits = torch.randn(B, model.config.vocab_size, generator=gen)
+    u = torch.rand(B, generator=gen, dtype=torch.float64)
+    temp, top_k, top_p = torch.ones(B), torch.zeros(B, dtype=torch.long), torch.ones(B)
+
+    def sample(plain: bool):
+        return lambda: [sample_next(logits, temp, top_k, top_p, u, plain=plain) for _ in range(100)]
+
+    T, P = 150, 22
+    prompts = torch.randint(5, model.config.vocab_size, (4, P), generator=gen)
+    prompts[:, :6] = prompts[0, :6]
+    rows = torch.randint(5, model.config.vocab_size, (B, T), generator=gen)
+    rows[:, :P] = prompts.repeat_interleave(8, 0)
+    lengths = torch.full((B,), T)
+    plan = prefix_plan(rows, lengths, limit=P - 2)
+    whole = shared_prefix_len(rows, lengths, limit=P - 2)
+
+    def fwd_bwd(share: int, owners):
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            suffix_logits(model, rows, share, owners).float().logsumexp(-1).mean().backward()
+
+        return run
+
+    params = [p for p in model.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p) * 1e-3
+    adam = {
+        "AdamW (per-tensor loop)": torch.optim.AdamW(params, lr=1e-6),
+        "AdamW (fused)": torch.optim.AdamW(params, lr=1e-6, fused=True),
+    }
+
+    def adam_step(opt):
+        return lambda: [opt.step() for _ in range(10)]
+
+    groups = [
+        (
+            f"decode {steps} steps x {B} rows",
+            [("transformers forward", decode_transformers), ("lean step", decode_lean)],
+            1,
+        ),
+        ("sample_next [32, 1024]", [("general", sample(False)), ("plain hint", sample(True))], 100),
+        (
+            f"update forward+backward {B} x {T}",
+            [
+                ("no sharing", fwd_bwd(0, None)),
+                (f"whole-batch prefix ({whole} tokens)", fwd_bwd(whole, None)),
+                (
+                    f"per-group plan ({plan.share} tokens, {plan.distinct} prefixes)",
+                    fwd_bwd(plan.share, plan.owners),
+                ),
+            ],
+            1,
+        ),
+        ("optimizer step", [(name, adam_step(opt)) for name, opt in adam.items()], 10),
+    ]
+    print(f"model {args.preset}, torch threads {torch.get_num_threads()}, {args.reps} reps (median)")
+    for title, variants, per in groups:
+        with torch.inference_mode(mode=title.startswith(("decode", "sample"))):
+            for _, fn in variants:
+                fn()  # warm-up
+            times: dict[str, list[float]] = {name: [] for name, _ in variants}
+            for _ in range(args.reps):
+                for name, fn in variants:
+                    times[name] += timed(fn, 1)
+        base = statistics.median(times[variants[0][0]]) / per
+        print(f"\n{title}")
+        for name, _ in variants:
+            t = statistics.median(times[name]) / per
+            unit = f"{t * 1e3:9.2f} ms" if t >= 1e-3 else f"{t * 1e6:9.1f} us"
+            print(f"  {name:48s} {unit}   {base / t:5.2f}x")
+
+
+if __name__ == "__main__":
+    main()
