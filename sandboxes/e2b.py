@@ -3,8 +3,9 @@
 By default every session gets its own cloud sandbox (killed on close); with ``share_sandbox=True``
 sessions are separate contexts in one sandbox (cheaper, weaker isolation between episodes). Memory
 and process limits are the template's (E2B has no per-run knobs); wall time is the SDK's ``timeout``,
-and output is capped here. After a timeout the context is restarted (variables are lost:
-``ExecResult.restarted``), because the kernel may still be running the cell.
+and output is capped here. After a timeout, whether the SDK gave up waiting or the server reported a
+``TimeoutError``, the context is restarted and ``ExecResult.restarted`` is set (variables are lost):
+the kernel may still be running the cell, or may have lost its state, and the protocol cannot say.
 
 Offline: ``debug=True`` plus ``sandbox_url`` pointing at ``sandboxes.e2b_local.LocalCodeInterpreterServer``
 runs the real SDK against our own sandbox. The cloud needs ``E2B_API_KEY``.
@@ -57,9 +58,8 @@ class E2BSession(SessionBase):
                 timeout=limits.wall_s + self._sb.timeout_margin_s,
                 request_timeout=self._sb.request_timeout_s,
             )
-        except TimeoutException:
-            with contextlib.suppress(Exception):
-                self.sbx.restart_code_context(self.ctx)
+        except TimeoutException:  # the SDK gave up waiting: the kernel may still be running the cell
+            self._restart_after_timeout()
             err = ExecError("TimeoutError", f"the cell ran longer than {limits.wall_s:g}s")
             return ExecResult(
                 error=err, exit_code=None, timed_out=True, restarted=True, duration_s=limits.wall_s
@@ -68,7 +68,17 @@ class E2BSession(SessionBase):
             raise SandboxError(f"E2B run_code failed: {type(e).__name__}: {e}") from e
         res = to_result(ex, limits)
         res.duration_s = time.monotonic() - t0
+        if res.timed_out:
+            # The server timed the cell out itself. The protocol does not say whether the kernel's
+            # state survived (an interrupt may or may not have landed), so the context is restarted
+            # and the result says so: ``restarted`` is then always true after a timeout, never a guess.
+            self._restart_after_timeout()
+            res.restarted = True
         return res
+
+    def _restart_after_timeout(self) -> None:
+        with contextlib.suppress(Exception):
+            self.sbx.restart_code_context(self.ctx)
 
     def reset(self) -> None:
         with self._lock:
