@@ -105,6 +105,8 @@ def warm_start_key(cfg: Config, base: str) -> str:
         "seed": sft_seed(cfg),
         "version": 1,
     }
+    if cfg.sft.exclude_train_seeds:  # only when set, so existing keys (and caches) stay valid
+        payload["exclude_train_seeds"] = sorted(cfg.sft.exclude_train_seeds)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

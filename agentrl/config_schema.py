@@ -338,6 +338,8 @@ class SFTConfig:
     """Reuse a warm start made earlier with the same model, demonstrations and settings."""
     seed: int | None = None
     """Seed of the warm start (demonstrations, their order, the SFT run); None = ``run.seed``. Fix it to share one warm start across RL seeds, as ``agentrl study`` does."""
+    exclude_train_seeds: list[int] = field(default_factory=list)
+    """Keep the demonstrations off RL's training tasks: demonstrations are then drawn from a separate task stream, minus every task whose prompt is among the training tasks RL draws with these run seeds. Empty = demonstrations come from the training tasks of the SFT seed (the default; with a small problem space the warm start can then memorise the problems RL trains on)."""
 
 
 @dataclass

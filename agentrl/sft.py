@@ -150,7 +150,7 @@ def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[tor
 
 def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
     """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks."""
-    from agentrl.build import env_factory, load_tasks, sft_seed
+    from agentrl.build import env_factory, sft_seed
 
     env = env_factory(cfg)()
     try:
@@ -160,7 +160,7 @@ def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]
     if cfg.sft.demos:
         demos = load_demonstrations(cfg.sft.demos)
     else:
-        tasks = load_tasks(cfg, "train", seed=sft_seed(cfg))
+        tasks = demo_tasks(cfg)
         rng = random.Random(sft_seed(cfg))
         tasks = [
             tasks[i % len(tasks)]
@@ -168,6 +168,30 @@ def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]
         ]
         demos = type(env).demonstrations(tasks, seed=sft_seed(cfg))
     return [tokenize_conversation(renderer, d) for d in demos]
+
+
+# A separate task stream for demonstrations kept off RL's tasks (an offset far from any run seed).
+_DEMO_STREAM = 1_000_003
+
+
+def demo_tasks(cfg: Any) -> list[Any]:
+    """The tasks demonstrations are made from: the SFT seed's training tasks, or, with
+    ``sft.exclude_train_seeds``, tasks from a separate stream minus every task whose prompt RL
+    trains on under those run seeds. Raises when the exclusion leaves nothing."""
+    from agentrl.build import load_tasks, sft_seed
+
+    seeds = list(cfg.sft.exclude_train_seeds)
+    if not seeds:
+        return load_tasks(cfg, "train", seed=sft_seed(cfg))
+    taken = {t.prompt for s in seeds for t in load_tasks(cfg, "train", seed=s)}
+    pool = load_tasks(cfg, "train", seed=sft_seed(cfg) + _DEMO_STREAM)
+    kept = [t for t in pool if t.prompt not in taken]
+    if not kept:
+        raise ValueError(
+            f"sft.exclude_train_seeds={seeds}: all {len(pool)} candidate tasks are among RL's training "
+            "tasks (the environment's problem space is too small to keep them apart)"
+        )
+    return kept
 
 
 def run_sft(cfg: Any, base_path: str, out_dir: Path, log: Callable[[str], None] = print) -> SFTResult:

@@ -1,0 +1,34 @@
+"""Which tasks SFT demonstrations are made from (``sft.exclude_train_seeds``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from agentrl.build import load_tasks, warm_start_key
+from agentrl.config import load_config
+from agentrl.sft import demo_tasks
+
+
+def test_default_demonstrations_come_from_the_sft_seeds_training_tasks():
+    cfg = load_config("configs/short_cot_cpu.yaml", ["sft.seed=0"])
+    assert [t.prompt for t in demo_tasks(cfg)] == [t.prompt for t in load_tasks(cfg, "train", seed=0)]
+
+
+def test_excluded_seeds_training_prompts_never_reach_the_demonstrations():
+    cfg = load_config("configs/short_cot_cpu.yaml", ["sft.seed=0", "sft.exclude_train_seeds=[0,1,2]"])
+    taken = {t.prompt for s in (0, 1, 2) for t in load_tasks(cfg, "train", seed=s)}
+    demos = demo_tasks(cfg)
+    assert len(demos) > 100 and not any(t.prompt in taken for t in demos)
+    # the warm start built this way is cached apart from the default one; the default key is unchanged
+    plain = load_config("configs/short_cot_cpu.yaml", ["sft.seed=0"])
+    assert warm_start_key(cfg, "base") != warm_start_key(plain, "base")
+    assert warm_start_key(plain, "base") == warm_start_key(
+        load_config("configs/short_cot_cpu.yaml", ["sft.seed=0", "sft.exclude_train_seeds=[]"]), "base"
+    )
+
+
+def test_exclusion_that_leaves_nothing_is_an_error():
+    # 2x1-digit multiplication: 600 training tasks per seed cover the small space
+    cfg = load_config("configs/long_cot_cpu.yaml", ["sft.exclude_train_seeds=[0,1,2]"])
+    with pytest.raises(ValueError, match="problem space is too small"):
+        demo_tasks(cfg)
