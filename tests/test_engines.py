@@ -10,6 +10,7 @@ import torch
 
 from agentrl.engines.base import Engine, SamplingParams
 from agentrl.engines.hf import HFEngine, sample_next
+from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 
@@ -370,6 +371,8 @@ def test_lean_decode_declines_models_it_does_not_reproduce(tiny_policy):
     model.config.use_sliding_window = True
     assert not supports(model)
     assert HFEngine(model).decode_path == "transformers"
+    with pytest.raises(ValueError, match="Qwen2-style"):
+        LeanDecoder(model, [], [], torch.zeros(1, 1, 1, 1), 0, 1)
 
 
 def test_lean_decode_sees_weights_changed_in_place(peaky_policy):

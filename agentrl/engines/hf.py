@@ -61,19 +61,14 @@ def sample_next(
     uses top-k or top-p; None = find out) and ``plain`` (every row has temperature exactly 1, no
     top-k, no top-p)."""
     vocab = logits.shape[-1]
-    order = None
-    if plain:
-        logp = logits.log_softmax(dim=-1)
-        cdf = logp.exp().cumsum(dim=-1)
-        total = cdf[:, -1]
-        target = torch.minimum(u.to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
-        idx = torch.searchsorted(cdf, target[:, None], right=True).clamp_(max=vocab - 1)
-        return idx.squeeze(1), logp.gather(1, idx).squeeze(1)
-    greedy = temperature <= 0
-    scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-    if filtered is None:
-        filtered = bool((top_k > 0).any()) or bool((top_p < 1).any())
-    if filtered:
+    order, greedy = None, None
+    scaled = logits  # plain: temperature 1, nothing filtered, no greedy row
+    if not plain:
+        greedy = temperature <= 0
+        scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
+        if filtered is None:
+            filtered = bool((top_k > 0).any()) or bool((top_p < 1).any())
+    if filtered and not plain:
         scaled, order = scaled.sort(dim=-1, descending=True)  # (B, V), most likely first
         ranks = torch.arange(vocab, device=logits.device)[None, :]
         k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
@@ -90,8 +85,9 @@ def sample_next(
     idx = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=vocab - 1)  # (B, 1)
     token_lp = logp.gather(1, idx).squeeze(1)
     tokens = (order.gather(1, idx) if order is not None else idx).squeeze(1)
-    tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
-    token_lp = torch.where(greedy, torch.zeros_like(token_lp), token_lp)
+    if greedy is not None:
+        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
+        token_lp = torch.where(greedy, torch.zeros_like(token_lp), token_lp)
     return tokens, token_lp
 
 
