@@ -11,6 +11,8 @@ rotate-half images of q and k come out of one GEMM, gate and up out of another, 
 pre-transposed, each RMSNorm weight is folded into the matrix that reads its output, and the
 attention scale into the rotary tables of the queries. Keys are stored transposed in a
 preallocated buffer, so a score is one small GEMM per (row, KV head); padding is an additive bias.
+Intermediate results are written into a per-batch workspace (``_Workspace``) through views made once,
+so a step allocates almost nothing and slices little (the results are bit-identical).
 Rotary cos/sin come from the model's own ``rotary_emb`` (any rope scaling its config declares is
 honoured). The prompt is still prefilled by ``transformers``; its cache is copied into the buffer.
 
@@ -101,7 +103,8 @@ class _Layer:
         self.gate_up_t = (w2[:, None] * torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()).contiguous()
         self.down_t = m.down_proj.weight.t().contiguous()
         act = type(m.act_fn).__name__
-        self.act = F.silu if act in ("SiLU", "SiLUActivation") else m.act_fn
+        silu = act in ("SiLU", "SiLUActivation")
+        self.act = (lambda x: F.silu(x, inplace=True)) if silu else m.act_fn  # x: workspace scratch
 
 
 class LeanDecoder:
@@ -186,46 +189,86 @@ class LeanDecoder:
         self._views()
 
     def _views(self) -> None:
-        """[B kvH, ...] views of the buffers, one GEMM batch per (row, KV head)."""
+        """[B kvH, ...] views of the buffers, one GEMM batch per (row, KV head), and the step's
+        workspace (``_Workspace``) for the current number of rows."""
         B, nKV, D, cap = self.keys[0].shape
         self.keys3 = [k.view(B * nKV, D, cap) for k in self.keys]
         self.values3 = [v.view(B * nKV, cap, D) for v in self.values]
         self.bias3 = self.bias.view(B * nKV, 1, cap)
+        self.ws = _Workspace(self, B)
 
     def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
         """Logits [B, V] (float32) of the next token after appending ``tokens`` [B] at rotary
-        ``positions`` [B]. (Written with locals and ``narrow``/``select``: at small sizes the
-        Python around each call is a measurable share of a step.)"""
+        ``positions`` [B]. Intermediate results go to the workspace's buffers through views made
+        once per batch (``out=`` and in-place calls): at these sizes, allocations and the Python
+        around each call are a measurable share of a step."""
         col = self.length
         if col >= self.bias.shape[-1]:
             raise RuntimeError("LeanDecoder: KV buffer full (more steps than reserved)")
-        B, nH, nKV, D, eps = tokens.shape[0], self.n_heads, self.n_kv, self.head_dim, self.eps
-        g, L, heads = nH // nKV, col + 1, nH + nKV
-        qk_end, v_end = heads * D, (heads + nKV) * D
-        h = F.embedding(tokens, self.embed)  # [B, H]
-        cos, sin = self.cos.index_select(0, positions), self.sin.index_select(0, positions)
+        ws, L = self.ws, col + 1
+        h = F.embedding(tokens, self.embed)  # [B, H], the residual stream, updated in place
+        torch.index_select(self.cos, 0, positions, out=ws.cos)
+        torch.index_select(self.sin, 0, positions, out=ws.sin)
         bias = self.bias3.narrow(2, 0, L)
         f32 = h.dtype == torch.float32
         for lw, k4, k3, v4, v3 in zip(self.layers, self.keys, self.keys3, self.values, self.values3):
-            qkv = torch.addmm(lw.qkv_b, _normed(h, eps), lw.qkv_t)  # [q k | v | rot(q) rot(k)]
-            qk = torch.addcmul(qkv.narrow(1, 0, qk_end) * cos, qkv.narrow(1, v_end, qk_end), sin)
-            qk = qk.view(B, heads, D)  # rotary applied; queries also scaled
-            k4.select(3, col).copy_(qk.narrow(1, nH, nKV))
-            v4.select(2, col).copy_(qkv.narrow(1, qk_end, nKV * D).view(B, nKV, D))
-            q = qk.narrow(1, 0, nH).reshape(B * nKV, g, D)  # grouped by the KV head they read
-            scores = torch.bmm(q, k3.narrow(2, 0, L)).add_(bias)  # [B kvH, g, L]
+            torch.addmm(lw.qkv_b, ws.normed(h), lw.qkv_t, out=ws.qkv)  # [q k | v | rot(q) rot(k)]
+            # rotary (queries also scaled); the keys go straight into the cache column
+            torch.mul(ws.q_raw, ws.cos_q, out=ws.q).addcmul_(ws.q_rot, ws.sin_q)
+            torch.mul(ws.k_raw, ws.cos_k, out=k4.select(3, col)).addcmul_(ws.k_rot, ws.sin_k)
+            v4.select(2, col).copy_(ws.v)
+            scores = torch.baddbmm(bias, ws.q3, k3.narrow(2, 0, L))  # [B kvH, g, L]
             if f32:
                 probs = torch.softmax(scores, dim=-1)
             else:  # eager attention's softmax runs in float32
                 probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
-            h = torch.addmm(h, torch.bmm(probs, v3.narrow(1, 0, L)).view(B, nH * D), lw.o_t)
+            torch.bmm(probs, v3.narrow(1, 0, L), out=ws.attn)
+            h.addmm_(ws.attn2, lw.o_t)
             if lw.o_b is not None:
-                h = h + lw.o_b
-            gu = torch.mm(_normed(h, eps), lw.gate_up_t)
-            inter = gu.shape[1] // 2
-            h = torch.addmm(h, lw.act(gu.narrow(1, 0, inter)).mul_(gu.narrow(1, inter, inter)), lw.down_t)
+                h.add_(lw.o_b)
+            torch.mm(ws.normed(h), lw.gate_up_t, out=ws.gate_up)
+            h.addmm_(lw.act(ws.gate).mul_(ws.up), lw.down_t)
         self.length = L
-        logits = torch.mm(_normed(h, eps), self.head_t)
+        logits = torch.mm(ws.normed(h), self.head_t)
         if self.head_b is not None:
             logits = logits + self.head_b
         return logits.float()
+
+
+class _Workspace:
+    """Buffers for one decode step of B rows, and views into them made once: the packed GEMM's
+    output split into raw and rotated q, k and v, the rotary tables' query and key columns, the
+    queries grouped by KV head ([B kvH, g, D]) and the attention output seen as [B, nH D]."""
+
+    def __init__(self, d: LeanDecoder, B: int) -> None:
+        nH, nKV, D = d.n_heads, d.n_kv, d.head_dim
+        heads, qd, kd = nH + nKV, nH * D, nKV * D
+        dt, dev = d.keys[0].dtype, d.keys[0].device
+        new = lambda *shape, dtype=dt: torch.empty(shape, dtype=dtype, device=dev)  # noqa: E731
+        self.eps = d.eps
+        self.qkv = new(B, d.layers[0].qkv_t.shape[1])
+        v_end = (heads + nKV) * D
+        self.q_raw, self.q_rot = self.qkv.narrow(1, 0, qd), self.qkv.narrow(1, v_end, qd)
+        self.k_raw = self.qkv.narrow(1, qd, kd).view(B, nKV, D)
+        self.k_rot = self.qkv.narrow(1, v_end + qd, kd).view(B, nKV, D)
+        self.v = self.qkv.narrow(1, heads * D, kd).view(B, nKV, D)
+        self.cos, self.sin = new(B, heads * D), new(B, heads * D)
+        self.cos_q, self.sin_q = self.cos.narrow(1, 0, qd), self.sin.narrow(1, 0, qd)
+        self.cos_k = self.cos.narrow(1, qd, kd).view(B, nKV, D)
+        self.sin_k = self.sin.narrow(1, qd, kd).view(B, nKV, D)
+        self.q = new(B, qd)
+        self.q3 = self.q.view(B * nKV, nH // nKV, D)  # heads j*g..j*g+g-1 read KV head j
+        self.attn = new(B * nKV, nH // nKV, D)
+        self.attn2 = self.attn.view(B, qd)
+        inter = d.layers[0].gate_up_t.shape[1] // 2
+        self.gate_up = new(B, 2 * inter)
+        self.gate, self.up = self.gate_up.narrow(1, 0, inter), self.gate_up.narrow(1, inter, inter)
+        self.n = new(B, d.embed.shape[1])
+        self.rms = new(B, 1, 1, dtype=torch.float32)
+
+    def normed(self, x: Tensor) -> Tensor:
+        """``_normed(x)`` into the workspace (float32; other dtypes take the allocating path)."""
+        if x.dtype != torch.float32:
+            return _normed(x, self.eps)
+        torch.baddbmm(self.eps, x[:, None, :], x[:, :, None], alpha=1.0 / x.shape[-1], out=self.rms)
+        return torch.mul(x, self.rms.rsqrt_().view(-1, 1), out=self.n)
