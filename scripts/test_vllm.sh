@@ -15,7 +15,7 @@ skip() { echo "SKIPPED vLLM tests: $*"; exit 0; }
 
 if [ ! -f "$VENV/.agentrl-ready" ]; then
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV" || skip "cannot create $VENV"
-  pip_() { "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$@"; }
+  pip_() { "$VENV/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$@"; }
   # torch first (the local CPU wheel), then vLLM, which pins the same torch.
   pip_ "torch==2.13.0" || skip "pip install torch==2.13.0 failed"
   pip_ "$VLLM_SPEC" || skip "pip install $VLLM_SPEC failed"
