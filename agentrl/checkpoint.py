@@ -1,11 +1,15 @@
 """Checkpoints that make a killed run resumable with no transcript lost or written twice.
 
 A checkpoint is a directory ``RUN/checkpoints/step_N/`` holding the policy in HF format, the
-tokenizer, and ``trainer_state.pt`` (optimizer, RNG states, sampler position, algorithm state such
-as STARE's controller, the step, and the byte lengths of ``metrics.jsonl`` and
-``transcripts.jsonl`` at that step). It is written to a temporary directory and renamed, so a kill
-during a save leaves the previous checkpoint intact. On resume the two JSONL files are cut back to
-the recorded lengths: steps after the checkpoint are re-run and their lines written once.
+tokenizer, and ``trainer_state.pt`` (optimizer, sampler position, algorithm state such as STARE's
+controller, the step, and under ``ranks`` one part per data-parallel rank: its RNG states and the
+byte lengths of its own ``metrics.jsonl`` and ``transcripts.jsonl`` at that step). It is written to a
+temporary directory and renamed, so a kill during a save leaves the previous checkpoint intact.
+
+Under torchrun only rank 0 writes checkpoints, with every rank's part gathered into the same state
+file: the one rename makes all parts complete together, so no kill can leave a checkpoint some rank
+cannot resume from. On resume the JSONL files are cut back to the recorded lengths: steps after the
+checkpoint are re-run and their lines written once.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from agentrl.config import ConfigError
 
 STATE_FILE = "trainer_state.pt"
 
@@ -36,10 +42,33 @@ def file_length(path: Path) -> int:
     return path.stat().st_size if path.exists() else 0
 
 
+def rank_state(run_dir: Path) -> dict[str, Any]:
+    """What a rank restores for itself on resume: its RNG states and the byte lengths of the JSONL
+    files in its own run directory (``RUN/ranks/r/`` for rank r > 0)."""
+    return {
+        "rng": rng_state(),
+        "metrics_bytes": file_length(run_dir / "metrics.jsonl"),
+        "transcripts_bytes": file_length(run_dir / "transcripts.jsonl"),
+    }
+
+
+def saved_rank_state(state: dict[str, Any], rank: int, world: int, ckpt: Path) -> dict[str, Any]:
+    """Rank ``rank``'s part of a checkpoint's state; a clear error when a different number of ranks
+    wrote it (rank r's RNG states and files have no counterpart under another world size)."""
+    parts = state.get("ranks") or [state]  # written before per-rank parts existed: one process
+    if len(parts) != world:
+        raise ConfigError(
+            f"{ckpt} was written by {len(parts)} data-parallel rank(s) but this run has {world}: "
+            f"resume with the same world size (torchrun --nproc_per_node {len(parts)}, or no torchrun for 1)"
+        )
+    return parts[rank]
+
+
 def save_checkpoint(
     run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 2
 ) -> Path:
-    """Write ``checkpoints/step_{step}`` atomically, then drop all but the newest ``keep``."""
+    """Write ``checkpoints/step_{step}`` atomically, then drop all but the newest ``keep``. ``state``
+    holds ``ranks``: every rank's ``rank_state``, in rank order."""
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -47,7 +76,7 @@ def save_checkpoint(
     shutil.rmtree(tmp, ignore_errors=True)
     model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
-    torch.save({**state, "step": step, "rng": rng_state()}, tmp / STATE_FILE)
+    torch.save({**state, "step": step}, tmp / STATE_FILE)
     _fsync_dir(tmp)
     if final.exists():
         shutil.rmtree(final)
@@ -73,7 +102,9 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
-    return torch.load(ckpt / STATE_FILE, weights_only=False)
+    # on the CPU: every rank reads rank 0's file; optimizer.load_state_dict moves each tensor to its
+    # parameter's device
+    return torch.load(ckpt / STATE_FILE, weights_only=False, map_location="cpu")
 
 
 def truncate_to(path: Path, length: int) -> int:

@@ -90,6 +90,25 @@ def gather_episodes(run: Callable[[list], list], requests: Sequence[Any]) -> lis
     return [ep for part in parts for ep in part]
 
 
+def gather_to_rank0(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` in rank order on rank 0, None on the others ([obj] on one process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    parts: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, parts, dst=0)
+    return parts
+
+
+def broadcast_from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank, so all ranks take rank 0's decision (which checkpoint to
+    resume from, whether the wall-clock budget is spent)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def accumulate_policy_gradient(
     model: torch.nn.Module,
     batch: Batch,

@@ -38,10 +38,11 @@ from agentrl import algorithms as alg
 from agentrl import build, ddp
 from agentrl import offpolicy as off
 from agentrl.checkpoint import (
-    file_length,
     latest_checkpoint,
     load_state,
+    rank_state,
     save_checkpoint,
+    saved_rank_state,
     set_rng_state,
     truncate_to,
 )
@@ -74,16 +75,16 @@ class Trainer:
     def __init__(self, cfg: Config, log=print) -> None:
         self.cfg, self.log = cfg, log
         self.rank, self.world = ddp.init_from_env()  # data-parallel ranks under torchrun (ddp.py)
-        self.run_dir = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")
-        if self.rank:  # other ranks keep their own copy of the run's files
-            self.run_dir = self.run_dir / "ranks" / str(self.rank)
+        self.root_dir = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")  # rank 0's; checkpoints
+        # other ranks keep their own copy of the run's files
+        self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
         save_config(cfg, self.run_dir)
         _seed_everything(cfg.run.seed)
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True)
         self.start_step = self.step = 0
-        ckpt = latest_checkpoint(self.run_dir) if cfg.run.resume else None
+        ckpt, state = self._resume_point() if cfg.run.resume else (None, None)
         path = str(ckpt) if ckpt else build.policy_path(cfg, log=log)
         self.model, self.tokenizer = build.load_model(cfg, path)
         self.model.train()
@@ -113,8 +114,8 @@ class Trainer:
         self.weighting = weighting_name(cfg)
         self.weighting_state: Any = None
         self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
-        if ckpt:
-            self._resume(ckpt)  # cuts metrics/transcripts back to the checkpoint before we append
+        if ckpt and state:
+            self._resume(ckpt, state)  # cuts metrics/transcripts back to the checkpoint before we append
         self.transcripts = TranscriptWriter(self.run_dir / "transcripts.jsonl")
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -141,7 +142,10 @@ class Trainer:
                 history.append(out.metrics)
                 progress.update(step, out.metrics)
                 elapsed = (time.perf_counter() - t_start) / 60
-                if cfg.trainer.max_wall_minutes and elapsed > cfg.trainer.max_wall_minutes:
+                # rank 0's clock decides, so every rank stops after the same step
+                if cfg.trainer.max_wall_minutes and ddp.broadcast_from_rank0(
+                    elapsed > cfg.trainer.max_wall_minutes
+                ):
                     self.log(
                         f"stopping: trainer.max_wall_minutes={cfg.trainer.max_wall_minutes} reached at step {step + 1}"
                     )
@@ -397,21 +401,35 @@ class Trainer:
         return evaluate(self.cfg, self.engine, self.tokenizer, tasks)[0]
 
     def checkpoint(self, step: int) -> Path:
+        """Every rank calls this. Rank 0 writes the checkpoint (weights, optimizer, sampler, algorithm
+        state: the same on every rank) with each rank's own RNG states and JSONL lengths gathered into
+        it, so the one atomic rename of ``save_checkpoint`` completes all ranks' parts together."""
+        parts = ddp.gather_to_rank0(rank_state(self.run_dir))
+        if self.rank:
+            return self.root_dir / "checkpoints" / f"step_{step}"
         state = {
             "optimizer": self.optimizer.state_dict(),
             "sampler": self.sampler.state(),
             "weighting": self.weighting,
             "weighting_state": _state_dict(self.weighting_state),
             "engine_version": int(self.engine.version),
-            "metrics_bytes": file_length(self.run_dir / "metrics.jsonl"),
-            "transcripts_bytes": file_length(self.run_dir / "transcripts.jsonl"),
+            "ranks": parts,
         }
         return save_checkpoint(
-            self.run_dir, step, self.model, self.tokenizer, state, keep=self.cfg.trainer.keep_checkpoints
+            self.root_dir, step, self.model, self.tokenizer, state, keep=self.cfg.trainer.keep_checkpoints
         )
 
-    def _resume(self, ckpt: Path) -> None:
-        state = load_state(ckpt)
+    def _resume_point(self) -> tuple[Path | None, dict[str, Any] | None]:
+        """Rank 0's newest complete checkpoint and its state: rank 0 picks it for every rank."""
+        ckpt = ddp.broadcast_from_rank0(latest_checkpoint(self.root_dir) if self.rank == 0 else None)
+        if ckpt is None:
+            return None, None
+        state = load_state(ckpt)  # every rank reads rank 0's directory (one node or a shared filesystem)
+        saved_rank_state(state, self.rank, self.world, ckpt)  # another world size: fail before loading
+        return ckpt, state
+
+    def _resume(self, ckpt: Path, state: dict[str, Any]) -> None:
+        own = saved_rank_state(state, self.rank, self.world, ckpt)  # this rank's RNG and file lengths
         self.start_step = int(state["step"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.load(state["sampler"])
@@ -420,9 +438,9 @@ class Trainer:
         self.engine.load_weights(self.model.state_dict())
         while int(self.engine.version) < state["engine_version"]:
             self.engine.load_weights(self.model.state_dict())  # keep version numbers continuous
-        cut_m = truncate_to(self.run_dir / "metrics.jsonl", state["metrics_bytes"])
-        cut_t = truncate_to(self.run_dir / "transcripts.jsonl", state["transcripts_bytes"])
-        set_rng_state(state["rng"])
+        cut_m = truncate_to(self.run_dir / "metrics.jsonl", own["metrics_bytes"])
+        cut_t = truncate_to(self.run_dir / "transcripts.jsonl", own["transcripts_bytes"])
+        set_rng_state(own["rng"])
         self.log(
             f"resumed from {ckpt} at step {self.start_step}"
             + (

@@ -1,12 +1,19 @@
-"""Environments for the Ray tests, loaded in the workers through ``env.module`` (a file path).
+"""Environments for the Ray and torchrun tests, loaded in the workers through ``env.module`` (a file
+path).
 
 ``crashy`` kills its worker process in ``reset`` for tasks whose metadata says so: once (a flag file
 records that the crash happened, so a retry succeeds) or always.
+
+``noisy`` records draws from the process's global ``random`` as a weight-0 reward, after burning a
+task-dependent number of draws in ``reset``: data-parallel ranks running different tasks end each
+step with different RNG states, so a resumed rank restored with the wrong rank's state (or none)
+records different noise than the uninterrupted run.
 """
 
 from __future__ import annotations
 
 import os
+import random
 from pathlib import Path
 
 from agentrl.env import Environment, Reward, StepResult, Task, register, registered
@@ -38,5 +45,30 @@ class Crashy(Environment):
         ]
 
 
+class Noisy(Environment):
+    name = "test_noisy"
+    max_turns = 1
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        return [Task(id=f"{split}-{i}", prompt=f"Say something {i}.") for i in range(n or 8)]
+
+    def step(self, action: str) -> StepResult:
+        return StepResult([], 0.0, True, False, {"answer": action})
+
+    def reset(self, task, seed):
+        for _ in range(int(task.id.rsplit("-", 1)[1]) + 1):  # ranks' RNG streams drift apart
+            random.random()
+        return super().reset(task, seed)
+
+    def rewards(self):
+        return [
+            Reward("variety", lambda task, s: len(set(s.final_text or "")) / 10.0),
+            Reward("noise", lambda task, state: random.random(), weight=0.0),
+        ]
+
+
 if "test_crashy" not in registered():
     register(Crashy)
+if "test_noisy" not in registered():
+    register(Noisy)

@@ -1,12 +1,15 @@
-"""Data-parallel training: 2 gloo processes launched by torchrun give the single-process gradient."""
+"""Data-parallel training: 2 gloo processes launched by torchrun give the single-process gradient,
+and a killed 2-rank run resumes to the uninterrupted run's metrics and transcripts."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -111,3 +114,111 @@ def test_torchrun_trainer_step_equals_single_process(tmp_path, tiny_model_dir):
     diff = torch.cat([(a[n] - b[n]).abs().flatten() for n in a])
     assert float(diff.max()) <= 2.0e-3 + 1e-6
     assert float((diff > 1e-6).float().mean()) < 0.01
+
+
+def _torchrun(*args: str) -> list[str]:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2"]
+    return [*cmd, "--master_addr=127.0.0.1", f"--master_port={_free_port()}", "-m", "agentrl.cli", *args]
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _steps(run: Path) -> list[int]:
+    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
+    return [json.loads(x)["step"] for x in lines if x.endswith("}")]  # a torn last line is not a step
+
+
+def _episodes(run: Path) -> list[dict]:
+    return [json.loads(x) for x in (run / "transcripts.jsonl").read_text().splitlines()]
+
+
+def _timeless(run: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens/s"))} for r in rows]
+
+
+@pytest.mark.slow
+def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_model_dir, capsys):
+    """A 2-rank run killed with SIGKILL after a step that followed its checkpoint, resumed with
+    ``--resume`` under torchrun, ends with the metrics and transcripts of the uninterrupted run on
+    both ranks: the step count continues, lines written after the checkpoint are cut, every step's
+    episodes appear once, and each rank's RNG continues its own stream (``test_noisy`` records draws
+    from each rank's global ``random``; the ranks' streams differ after step 0)."""
+    n_steps = 4
+    ranks = lambda run: [run, run / "ranks" / "1"]  # noqa: E731
+    # checkpoints after steps 1 and 3 (step_2, step_4): the kill lands in between, after rank 1 has
+    # logged step 2, so the resume must also cut what was written after its checkpoint
+    extra = ["env.name=test_noisy", f"trainer.total_steps={n_steps}", "trainer.checkpoint_every=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+
+    ref = tmp_path / "ref"
+    proc = subprocess.run(
+        _torchrun("train", *_overrides(ref, tiny_model_dir), *extra),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+
+    run = tmp_path / "run"
+    with open(tmp_path / "killed.log", "w") as log:
+        killed = subprocess.Popen(
+            _torchrun("train", *_overrides(run, tiny_model_dir), *extra), env=env, stdout=log, stderr=log
+        )
+        try:
+            deadline = time.time() + 300
+            while 2 not in _steps(run / "ranks" / "1"):
+                assert killed.poll() is None, "the run ended before it could be killed"
+                assert time.time() < deadline, "rank 1 did not log step 2 within 300 s"
+                time.sleep(0.02)
+            for pid in _children(killed.pid):  # both ranks, at once, as on a lost node
+                os.kill(pid, signal.SIGKILL)
+            assert not (run / "checkpoints" / "step_4").exists(), "killed too late: the run finished"
+        finally:
+            if killed.poll() is None:
+                for pid in _children(killed.pid):
+                    os.kill(pid, signal.SIGKILL)
+            killed.wait(timeout=120)
+    assert killed.returncode != 0
+    assert (run / "checkpoints" / "step_2" / "trainer_state.pt").exists()
+    assert 2 in _steps(run / "ranks" / "1")  # a step after the checkpoint that resume must cut
+
+    done = subprocess.run(
+        _torchrun("train", "--resume", str(run)), env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert (done.stdout + done.stderr).count("at step 2") == 2  # "resumed from ... at step 2", per rank
+
+    noise = lambda eps, step: sorted(  # noqa: E731  (threads may hand a rank's draws out in any order)
+        e["reward_components"]["noise"] for e in eps if e["step"] == step
+    )
+    for got, want in zip(ranks(run), ranks(ref)):
+        assert _steps(got) == list(range(n_steps))
+        eps, ref_eps = _episodes(got), _episodes(want)
+        ids = [e["id"] for e in eps]
+        assert len(ids) == len(set(ids)) == n_steps * 2 * 2  # steps × prompts × group, each once
+        assert ids == [e["id"] for e in ref_eps]
+        for step in range(n_steps):
+            assert noise(eps, step) == noise(ref_eps, step), f"{got}: step {step}'s RNG draws differ"
+        same = lambda e: {  # noqa: E731  (metrics hold wall times; noise is compared above)
+            **e,
+            "metrics": None,
+            "reward_components": {k: v for k, v in e["reward_components"].items() if k != "noise"},
+        }
+        assert [same(e) for e in eps] == [same(e) for e in ref_eps]  # tokens, rewards, overlays
+        # exactly equal, not close: same weights, optimizer state and episodes after the resume, and
+        # gloo sums the 2 ranks' gradients in a fixed order
+        assert _timeless(got) == _timeless(want)  # reward, loss, grad norm, entropy, per step
+    # the ranks' RNG states in the checkpoint resumed from differ, so a rank 1 given rank 0's (or a
+    # fresh seed) would have drawn other noise above
+    parts = torch.load(run / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)["ranks"]
+    assert len(parts) == 2 and parts[0]["rng"]["python"] != parts[1]["rng"]["python"]
+
+    from agentrl.cli import main
+
+    assert "RANK" not in os.environ  # this process is one rank: the run was written by two
+    assert main(["train", "--resume", str(run)]) == 2
+    assert "written by 2 data-parallel rank(s) but this run has 1" in capsys.readouterr().err
