@@ -13,21 +13,33 @@ import sys
 from pathlib import Path
 
 
+def _only_overrides(args: argparse.Namespace) -> None:
+    """``agentrl train a.b=1 c=2``: the first override landed in ``config``; move it back."""
+    if args.config and "=" in args.config and not os.path.exists(args.config):
+        args.overrides, args.config = [args.config, *args.overrides], None
+
+
 def _config(args: argparse.Namespace, extra: list[str] = ()):  # type: ignore[assignment]
     from agentrl.config import load_config
 
-    if args.config and "=" in args.config and not os.path.exists(args.config):
-        args.overrides, args.config = [args.config, *args.overrides], None  # only overrides were given
+    _only_overrides(args)
     return load_config(args.config, list(args.overrides) + list(extra))
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def train_config(args: argparse.Namespace):
+    """The config ``agentrl train`` runs: with ``--resume RUN`` and no config file, the run's own
+    resolved config, then any overrides (e.g. a larger ``trainer.total_steps``)."""
+    _only_overrides(args)
     extra = []
     if args.resume:
         extra = ["run.resume=true", f"run.output_dir={args.resume}"]
         if args.config is None:
             args.config = args.resume  # a run directory holds its resolved config
-    cfg = _config(args, extra)
+    return _config(args, extra)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    cfg = train_config(args)
     from agentrl.trainer import train
 
     try:

@@ -109,6 +109,15 @@ def broadcast_from_rank0(obj: Any) -> Any:
     return box[0]
 
 
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on any rank (a signal may reach only some ranks)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
 def accumulate_policy_gradient(
     model: torch.nn.Module,
     batch: Batch,

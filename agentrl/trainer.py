@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 import random
 import signal
+import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass
@@ -114,6 +115,7 @@ class Trainer:
         self.weighting = weighting_name(cfg)
         self.weighting_state: Any = None
         self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
+        self.stop_requested = False  # set by a first SIGTERM/SIGINT (``train``): stop after this step
         if ckpt and state:
             self._resume(ckpt, state)  # cuts metrics/transcripts back to the checkpoint before we append
         self.transcripts = TranscriptWriter(self.run_dir / "transcripts.jsonl")
@@ -149,10 +151,14 @@ class Trainer:
                     self.log(
                         f"stopping: trainer.max_wall_minutes={cfg.trainer.max_wall_minutes} reached at step {step + 1}"
                     )
-                    self.checkpoint(step + 1)
                     break
-        if not cfg.trainer.checkpoint_every or cfg.trainer.total_steps % cfg.trainer.checkpoint_every:
-            self.checkpoint(min(cfg.trainer.total_steps, self.start_step + len(history)))
+                if ddp.any_rank(self.stop_requested):  # a signal on any rank stops every rank here
+                    self.stop_requested = True
+                    self.log(f"stopping on a signal after step {step + 1}, with a checkpoint")
+                    break
+        done, every = self.start_step + len(history), cfg.trainer.checkpoint_every
+        if history and not (every and done % every == 0):  # no periodic checkpoint at the last step
+            self.checkpoint(done)
         self.metrics.close()
         if cfg.logging.plots:
             plot_run(self.run_dir)
@@ -508,11 +514,29 @@ def _token_metrics(logp_old: torch.Tensor, entropy: torch.Tensor, batch: Batch) 
 
 
 def train(cfg: Config, log=print) -> list[dict[str, float]]:
-    """Run training to ``trainer.total_steps`` (or resume to it). SIGTERM checkpoints and stops."""
+    """Run training to ``trainer.total_steps`` (or resume to it).
+
+    A first SIGTERM or SIGINT (Ctrl-C) lets the current step finish, writes a checkpoint at it and
+    then raises ``KeyboardInterrupt`` (so the CLI exits with 130 and says how to resume); a second
+    one raises ``KeyboardInterrupt`` at once, and the run resumes from its last checkpoint."""
     trainer = Trainer(cfg, log=log)
 
     def _graceful(signum, frame):
-        raise KeyboardInterrupt
+        if trainer.stop_requested:
+            raise KeyboardInterrupt
+        trainer.stop_requested = True
+        log(
+            f"{signal.Signals(signum).name}: finishing step {trainer.step + 1}, then checkpointing and "
+            "stopping (send it again to stop now, losing the step)"
+        )
 
-    signal.signal(signal.SIGTERM, _graceful)
-    return trainer.train()
+    main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
+    previous = {sig: signal.signal(sig, _graceful) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
+    try:
+        history = trainer.train()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if trainer.stop_requested:
+        raise KeyboardInterrupt
+    return history

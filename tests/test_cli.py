@@ -6,6 +6,7 @@ import json
 
 from agentrl.cli import main
 from agentrl.episode import Episode
+from tests.jsonl import lines
 
 
 def common(tmp_path, model_dir):
@@ -39,7 +40,7 @@ def test_rollout_writes_episodes(tmp_path, tiny_model_dir, capsys):
         )
         == 0
     )
-    eps = [Episode.from_json(x) for x in out.read_text().splitlines()]
+    eps = [Episode.from_json(x) for x in lines(out)]
     assert len(eps) == 3 * 2 and all(e.env == "calculator" for e in eps)
     assert "episodes/count" in capsys.readouterr().out
 
@@ -90,3 +91,21 @@ def test_bad_config_fails_before_work(tmp_path, capsys):
     assert not (tmp_path / "x").exists()
     assert main(["train", "configs/quickstart.yaml", "algorithm.name=grp"]) == 2
     assert "did you mean 'grpo'" in capsys.readouterr().err
+
+
+def test_resume_with_overrides_keeps_the_runs_own_config(tmp_path):
+    """``agentrl train --resume RUN trainer.total_steps=N`` resumes with the run's resolved config
+    plus the override (the override used to be taken for the config, and the run's config dropped)."""
+    from agentrl.cli import build_parser, train_config
+    from agentrl.config import load_config, save_config
+
+    run = tmp_path / "run"
+    save_config(
+        load_config("configs/quickstart.yaml", ["rollout.group_size=3", f"run.output_dir={run}"]), run
+    )
+    for argv in (["--resume", str(run), "trainer.total_steps=7"], ["--resume", str(run)]):
+        cfg = train_config(build_parser().parse_args(["train", *argv]))
+        assert cfg.rollout.group_size == 3 and cfg.run.resume and cfg.run.output_dir == str(run)
+    assert cfg.trainer.total_steps != 7
+    cfg = train_config(build_parser().parse_args(["train", "--resume", str(run), "trainer.total_steps=7"]))
+    assert cfg.trainer.total_steps == 7

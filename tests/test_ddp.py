@@ -17,6 +17,7 @@ import torch
 
 from agentrl.ddp import selfcheck_gradient, shard_rows
 from agentrl.models import load_policy
+from tests.jsonl import lines
 
 
 def test_shards_cover_rows_once():
@@ -100,14 +101,14 @@ def test_torchrun_trainer_step_equals_single_process(tmp_path, tiny_model_dir):
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    rows = [json.loads((d / "metrics.jsonl").read_text().splitlines()[0]) for d in (single, dp)]
+    rows = [json.loads(lines(d / "metrics.jsonl")[0]) for d in (single, dp)]
     assert rows[0]["reward/mean"] == pytest.approx(rows[1]["reward/mean"], abs=1e-9)  # same episodes
     assert rows[0]["length/policy_tokens_total"] == rows[1]["length/policy_tokens_total"]
     assert rows[0]["grad/norm"] > 1e-3
     assert rows[1]["grad/norm"] == pytest.approx(rows[0]["grad/norm"], rel=1e-4)  # the gradients agree
     ckpt = "checkpoints/step_1/model.safetensors"
     a, b = load_file(single / ckpt), load_file(dp / ckpt)
-    rank1 = json.loads((dp / "ranks" / "1" / "metrics.jsonl").read_text().splitlines()[0])
+    rank1 = json.loads(lines(dp / "ranks" / "1" / "metrics.jsonl")[0])
     assert rank1["grad/norm"] == rows[1]["grad/norm"]  # both ranks stepped with the same gradient
     # AdamW's first step is lr·g/(|g|+ε) ≈ ±lr per weight: only weights whose gradient is ~0 (sign
     # decided by rounding) may differ, by at most 2·lr
@@ -126,16 +127,16 @@ def _children(pid: int) -> list[int]:
 
 
 def _steps(run: Path) -> list[int]:
-    lines = (run / "metrics.jsonl").read_text().splitlines() if (run / "metrics.jsonl").exists() else []
-    return [json.loads(x)["step"] for x in lines if x.endswith("}")]  # a torn last line is not a step
+    rows = lines(run / "metrics.jsonl") if (run / "metrics.jsonl").exists() else []
+    return [json.loads(x)["step"] for x in rows if x.endswith("}")]  # a torn last line is not a step
 
 
 def _episodes(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "transcripts.jsonl").read_text().splitlines()]
+    return [json.loads(x) for x in lines(run / "transcripts.jsonl")]
 
 
 def _timeless(run: Path) -> list[dict]:
-    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in lines(run / "metrics.jsonl")]
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens/s"))} for r in rows]
 
 

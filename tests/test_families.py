@@ -10,6 +10,7 @@ import pytest
 from agentrl.config import load_config
 from agentrl.episode import Episode
 from agentrl.trainer import Trainer
+from tests.jsonl import lines
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,10 +37,8 @@ def test_family_config_trains_two_steps(tmp_path, tiny_model_dir, family):
     )
     history = Trainer(cfg, log=lambda *_: None).train()
     assert len(history) == 2 and all("update/skipped" not in h for h in history)
-    episodes = [
-        Episode.from_json(x) for x in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
-    ]
+    episodes = [Episode.from_json(x) for x in lines(tmp_path / "run" / "transcripts.jsonl")]
     assert len(episodes) == 2 * 2 * 2
     assert all(e.failure is None for e in episodes), [e.failure for e in episodes if e.failure]
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in lines(tmp_path / "run" / "metrics.jsonl")]
     assert all("reward/correct" in r for r in rows)

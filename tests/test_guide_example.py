@@ -9,6 +9,7 @@ from agentrl.config import load_config
 from agentrl.env import import_environment_module
 from agentrl.env_check import check_environment
 from agentrl.trainer import Trainer
+from tests.jsonl import lines
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "docs" / "examples" / "lookup_env.py"
@@ -39,5 +40,5 @@ def test_guide_example_trains(tmp_path, tiny_model_dir, monkeypatch):
     )
     history = Trainer(cfg, log=lambda *_: None).train()
     assert len(history) == 2
-    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in lines(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all("reward/correct" in r for r in rows)

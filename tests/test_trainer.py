@@ -18,6 +18,7 @@ from agentrl.config import load_config
 from agentrl.env import Environment, Reward, StepResult, Task, register
 from agentrl.episode import Episode
 from agentrl.trainer import Trainer
+from tests.jsonl import lines
 
 ALGORITHMS = [
     "grpo",
@@ -86,11 +87,11 @@ def test_two_step_smoke_run_per_algorithm(tmp_path, tiny_model_dir, name):
     history = Trainer(cfg, log=lambda *_: None).train()
     assert len(history) == 2
     run = tmp_path / "run"
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in lines(run / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1]
     assert all("update/skipped" not in r for r in rows), "both steps should have trained"
     assert all(r["entropy/mean"] > 0 for r in rows)
-    episodes = [Episode.from_json(line) for line in (run / "transcripts.jsonl").read_text().splitlines()]
+    episodes = [Episode.from_json(line) for line in lines(run / "transcripts.jsonl")]
     assert len(episodes) == 2 * 2 * 4
     trained = [e for e in episodes if e.overlays]
     assert trained, "overlays are attached to trained episodes"
@@ -120,7 +121,7 @@ def test_every_parameter_changes_after_one_update(tmp_path, tiny_model_dir):
 
 
 def _metrics_without_time(run: Path) -> list[dict]:
-    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(line) for line in lines(run / "metrics.jsonl")]
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens/s"))} for r in rows]
 
 
@@ -134,6 +135,67 @@ def test_seeded_runs_reproduce(tmp_path, tiny_model_dir):
     tb = (tmp_path / "b" / "run" / "transcripts.jsonl").read_text()
     strip = lambda t: [{**json.loads(x), "metrics": None} for x in t.splitlines()]  # noqa: E731
     assert strip(ta) == strip(tb)
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_dir):
+    """SIGTERM (as a scheduler sends before preempting) lets the current step finish, writes a
+    checkpoint at it even with periodic checkpoints off, and exits with 130 naming the resume
+    command; the resumed run continues at that step with every step written once."""
+    run = tmp_path / "run"
+    args = [
+        f"model.path={tiny_model_dir}",
+        "env.name=calculator",
+        f"run.output_dir={run}",
+        "run.device=cpu",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8",
+        "algorithm.name=grpo",
+        "algorithm.dynamic_sampling=false",
+        "trainer.total_steps=200",
+        "trainer.checkpoint_every=0",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        "sft.enabled=false",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    metrics, deadline = run / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
+        assert proc.poll() is None, "the run ended before the signal"
+        assert time.time() < deadline, "no step within 300 s"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out[-2000:]
+    assert f"agentrl train --resume {run}" in out
+    steps = [json.loads(x)["step"] for x in lines(metrics)]
+    n = len(steps)
+    assert steps == list(range(n)) and n < 200
+    assert [p.name for p in (run / "checkpoints").iterdir()] == [f"step_{n}"]  # the only one
+    transcripts = run / "transcripts.jsonl"
+    before = [json.loads(x)["id"] for x in lines(transcripts)]
+    assert sorted({i.split("-")[0] for i in before}) == sorted(f"s{k}" for k in range(n))
+    done = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "train", "--resume", str(run), f"trainer.total_steps={n + 2}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"at step {n}" in done.stdout + done.stderr
+    steps = [json.loads(x)["step"] for x in lines(metrics)]
+    assert steps == list(range(n + 2))
+    ids = [json.loads(x)["id"] for x in lines(transcripts)]
+    assert ids[: len(before)] == before and len(ids) == len(set(ids))
+    assert sorted({i.split("-")[0] for i in ids}) == sorted(f"s{k}" for k in range(n + 2))
 
 
 def test_kill_minus_9_then_resume(tmp_path, tiny_model_dir):
@@ -169,9 +231,7 @@ def test_kill_minus_9_then_resume(tmp_path, tiny_model_dir):
         time.sleep(0.05)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    steps_before = {
-        json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines() if x.strip()
-    }
+    steps_before = {json.loads(x)["step"] for x in lines(run / "metrics.jsonl") if x.strip()}
     assert 1 in steps_before
     done = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "train", "--resume", str(run)],
@@ -182,8 +242,8 @@ def test_kill_minus_9_then_resume(tmp_path, tiny_model_dir):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "resumed from" in done.stdout + done.stderr
-    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [json.loads(x)["step"] for x in lines(run / "metrics.jsonl")]
     assert steps == [0, 1, 2, 3, 4, 5]
-    ids = [json.loads(x)["id"] for x in (run / "transcripts.jsonl").read_text().splitlines()]
+    ids = [json.loads(x)["id"] for x in lines(run / "transcripts.jsonl")]
     assert len(ids) == len(set(ids)) == 6 * 2 * 2
     assert sorted({i.split("-")[0] for i in ids}) == [f"s{k}" for k in range(6)]
