@@ -254,7 +254,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     with torch.no_grad():
         _, ent = batch_forward(model, batch, cfg.trainer.micro_batch_size, cfg.rollout.temperature)
     h0 = float((ent * batch.mask).sum() / batch.mask.sum().clamp(min=1))
-    target = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
+    h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = build.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
     metrics, _ = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
     prep = {
@@ -263,7 +263,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         "config": study.families[family],
         "policy": path,
         "h0": h0,
-        "target_entropy": target,
+        "target_entropy": h_tgt,
         "probe_episodes": len(episodes),
         "probe_reward": sum(e.reward for e in episodes) / max(len(episodes), 1),
         "initial_eval": metrics,
@@ -271,7 +271,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     }
     prep_file.parent.mkdir(parents=True, exist_ok=True)
     prep_file.write_text(json.dumps(prep, indent=1))
-    log(f"{family}: H0 = {h0:.4f} nats, H_tgt = {target:.4f}; warm start mean@{study.eval_k} "
+    log(f"{family}: H0 = {h0:.4f} nats, H_tgt = {h_tgt:.4f}; warm start mean@{study.eval_k} "
         f"{metrics['eval/mean@k']:.3f}")  # fmt: skip
     return prep
 

@@ -162,19 +162,33 @@ def test_async_and_lockstep_runners_on_vllm(engine, tiny_tokenizer):
     assert all(not e.failed and e.num_policy_tokens > 0 for e in a + b)
 
 
-def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir):
+def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine, monkeypatch):
+    """One RL step with ``rollout.engine=vllm``: the trainer builds its engine from the config (the
+    arguments are checked) and pushes its weights into it after the update. The engine it builds is
+    the module's: a second vLLM engine would cost a minute of start-up on this CPU."""
     from agentrl.engines.vllm import VLLMEngine
     from agentrl.trainer import Trainer
     from tests.test_trainer import small_config
 
+    built: dict = {}
+
+    def share_the_module_engine(self, path, **kwargs):
+        built.update(kwargs, path=path)
+        self.__dict__ = engine.__dict__  # the same vLLM instance, version counter and locks
+
+    monkeypatch.setattr(VLLMEngine, "__init__", share_the_module_engine)
     cfg = small_config(tmp_path, tiny_model_dir, "rollout.engine=vllm", "trainer.total_steps=1")
+    v0 = engine.version
     trainer = Trainer(cfg, log=lambda *_: None)
     assert isinstance(trainer.engine, VLLMEngine)
+    assert built["path"] == str(tiny_model_dir) and built["device"] == "cpu"
+    assert built["dtype"] == "float32" and built["enforce_eager"] and built["seed"] == cfg.run.seed
     out = trainer.train_step(0)
-    assert "update/skipped" not in out.metrics and trainer.engine.version == 1
+    assert "update/skipped" not in out.metrics and engine.version == v0 + 1
     # float32 vLLM vs the float32 trainer forward with the same weights: rounding-level mismatch
     assert out.metrics["mismatch/abs_logp_mean"] < 1e-3
-    del trainer.engine.llm
+    original, _ = load_policy(tiny_model_dir)
+    engine.load_weights(original.state_dict())  # the module's engine serves the next tests
 
 
 def test_seeded_batch_over_the_step_token_budget(engine, prompts):

@@ -237,7 +237,7 @@ class HFEngine:
         logits = out.logits[:, -1].float()
         if len(unique) < len(batch):
             expand = torch.tensor(rows, device=self.device)
-            cache.reorder_cache(expand)  # index_select along the batch: repeats the shared rows
+            cache.reorder_cache(expand)  # type: ignore[arg-type]  # index_select: repeats shared rows
             logits, mask, positions = logits[expand], mask[expand], positions[expand]
         return logits, mask, positions[:, -1] + 1, cache
 

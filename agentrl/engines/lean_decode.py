@@ -134,22 +134,24 @@ class LeanDecoder:
                 "LeanDecoder reproduces Qwen2-style models with full attention and no MLP biases only "
                 "(check lean_decode.supports(model) first)"
             )
-        self.model = model
-        self.inner = model.model  # type: ignore[attr-defined]
+        m: Any = model  # a Qwen2ForCausalLM (supports() checked); its attributes are typed loosely
+        self.model, self.inner = m, m.model
         self.keys, self.values = keys, values  # per layer [B, kvH, D, capacity], [B, kvH, capacity, D]
         self.bias = bias  # [B, kvH, 1, capacity]: -inf on left padding, 0 elsewhere
         self.length = length  # columns filled
-        cfg = model.config  # type: ignore[attr-defined]
-        self.n_heads, self.n_kv = cfg.num_attention_heads, cfg.num_key_value_heads
+        cfg = m.config
+        self.n_heads: int = cfg.num_attention_heads
+        self.n_kv: int = cfg.num_key_value_heads
         attn = self.inner.layers[0].self_attn
-        self.head_dim, self.scale = attn.head_dim, attn.scaling
+        self.head_dim: int = attn.head_dim
+        self.scale: float = attn.scaling
         eps = self.inner.layers[0].input_layernorm.variance_epsilon
         self.eps = torch.full((1, 1, 1), eps, dtype=torch.float32, device=bias.device)
         self.layers = [_Layer(layer, self.n_heads, self.n_kv, self.head_dim) for layer in self.inner.layers]
         w = self.inner.norm.weight
-        self.head_t = (w[:, None] * model.lm_head.weight.t()).contiguous()  # type: ignore[attr-defined]
-        self.head_b = getattr(model.lm_head, "bias", None)  # type: ignore[attr-defined]
-        self.embed = self.inner.embed_tokens.weight
+        self.head_t = (w[:, None] * m.lm_head.weight.t()).contiguous()
+        self.head_b: Tensor | None = getattr(m.lm_head, "bias", None)
+        self.embed: Tensor = self.inner.embed_tokens.weight
         self._rope_tables(positions_needed)
         self._views()
 
