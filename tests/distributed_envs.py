@@ -45,16 +45,11 @@ class Crashy(Environment):
         ]
 
 
-class Noisy(Environment):
+class Noisy(Crashy):
+    """Draws from the process's global ``random`` (a number of draws that depends on the task), so
+    each rank's RNG state matters for what its rewards record."""
+
     name = "test_noisy"
-    max_turns = 1
-
-    @classmethod
-    def load_tasks(cls, split, n=None, seed=0, **options):
-        return [Task(id=f"{split}-{i}", prompt=f"Say something {i}.") for i in range(n or 8)]
-
-    def step(self, action: str) -> StepResult:
-        return StepResult([], 0.0, True, False, {"answer": action})
 
     def reset(self, task, seed):
         for _ in range(int(task.id.rsplit("-", 1)[1]) + 1):  # ranks' RNG streams drift apart

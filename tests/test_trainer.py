@@ -137,13 +137,11 @@ def test_seeded_runs_reproduce(tmp_path, tiny_model_dir):
     assert strip(ta) == strip(tb)
 
 
-def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_dir):
-    """SIGTERM (as a scheduler sends before preempting) lets the current step finish, writes a
-    checkpoint at it even with periodic checkpoints off, and exits with 130 naming the resume
-    command; the resumed run continues at that step with every step written once."""
-    run = tmp_path / "run"
-    args = [
-        f"model.path={tiny_model_dir}",
+def _cli_args(run, model_dir, *extra: str) -> list[str]:
+    """``agentrl train`` overrides for the subprocess tests: the tiny model on the calculator, 2 × 2
+    episodes of up to 8 tokens per step, no plots or TensorBoard."""
+    return [
+        f"model.path={model_dir}",
         "env.name=calculator",
         f"run.output_dir={run}",
         "run.device=cpu",
@@ -151,13 +149,25 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_
         "rollout.group_size=2",
         "rollout.max_tokens_per_turn=8",
         "algorithm.name=grpo",
-        "algorithm.dynamic_sampling=false",
-        "trainer.total_steps=200",
-        "trainer.checkpoint_every=0",
         "logging.tensorboard=false",
         "logging.plots=false",
         "sft.enabled=false",
+        *extra,
     ]
+
+
+def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_dir):
+    """SIGTERM (as a scheduler sends before preempting) lets the current step finish, writes a
+    checkpoint at it even with periodic checkpoints off, and exits with 130 naming the resume
+    command; the resumed run continues at that step with every step written once."""
+    run = tmp_path / "run"
+    args = _cli_args(
+        run,
+        tiny_model_dir,
+        "algorithm.dynamic_sampling=false",
+        "trainer.total_steps=200",
+        "trainer.checkpoint_every=0",
+    )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "train", *args],
@@ -202,21 +212,7 @@ def test_kill_minus_9_then_resume(tmp_path, tiny_model_dir):
     """A run killed with SIGKILL after its second checkpoint resumes at the checkpoint's step; every
     step's episodes and metrics appear exactly once."""
     run = tmp_path / "run"
-    args = [
-        f"model.path={tiny_model_dir}",
-        "env.name=calculator",
-        f"run.output_dir={run}",
-        "run.device=cpu",
-        "rollout.prompts_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_tokens_per_turn=8",
-        "algorithm.name=grpo",
-        "trainer.total_steps=6",
-        "trainer.checkpoint_every=1",
-        "logging.tensorboard=false",
-        "logging.plots=false",
-        "sft.enabled=false",
-    ]
+    args = _cli_args(run, tiny_model_dir, "trainer.total_steps=6", "trainer.checkpoint_every=1")
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "train", *args],

@@ -12,7 +12,8 @@ pre-transposed, each RMSNorm weight is folded into the matrix that reads its out
 attention scale into the rotary tables of the queries. Keys are stored transposed in a
 preallocated buffer, so a score is one small GEMM per (row, KV head); padding is an additive bias.
 Intermediate results are written into a per-batch workspace (``_Workspace``) through views made once,
-so a step allocates almost nothing and slices little (the results are bit-identical).
+so a step allocates almost nothing and slices little (the same operations in the same order as
+allocating each result).
 Rotary cos/sin come from the model's own ``rotary_emb`` (any rope scaling its config declares is
 honoured). The prompt is still prefilled by ``transformers``; its cache is copied into the buffer.
 
