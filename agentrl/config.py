@@ -232,11 +232,24 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
                 f"algorithm.overlong.max_length={alg.overlong.max_length}"
             ),
         )
+    t = cfg.trainer
+    if alg.name == "stare" and st.scope == "micro" and t.epochs_per_step > 1 and t.mini_batches_per_step > 1:
+        yield (
+            "algorithm.stare.scope",
+            (
+                "algorithm.stare.scope='micro' ranks within the micro-batches the update runs, but with "
+                f"trainer.epochs_per_step={t.epochs_per_step} and trainer.mini_batches_per_step="
+                f"{t.mini_batches_per_step} every epoch reshuffles them, so there is no single set of "
+                "micro-batches to rank in: use scope 'batch', one epoch, or one mini-batch per step"
+            ),
+        )
     pairs = [
         ("algorithm.clip_cov.lb", alg.clip_cov.lb, "algorithm.clip_cov.ub", alg.clip_cov.ub),
         ("algorithm.stare.pi.W_min", st.pi.W_min, "algorithm.stare.pi.W_max", st.pi.W_max),
         ("algorithm.stare.pi.M_min", st.pi.M_min, "algorithm.stare.pi.M_max", st.pi.M_max),
     ]
+    if st.controller == "pi" and st.pi.P_max is not None:
+        pairs.append(("algorithm.stare.P", st.P, "algorithm.stare.pi.P_max", st.pi.P_max))
     if st.controller == "adaptive":
         pairs += [
             ("algorithm.stare.W", st.W, "algorithm.stare.adaptive.W_max", st.adaptive.W_max),

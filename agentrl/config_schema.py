@@ -160,20 +160,22 @@ class PIConfig:
     """Proportional gain on the relative entropy error (H_tgt − H̄)/H_tgt."""
     ki: float = knob(0.2, ge=0)
     """Integral gain on the accumulated relative error (with anti-windup at the bounds)."""
-    W_min: float = knob(1.0, ge=0)
-    """Lower bound of W."""
+    W_min: float = knob(1.0, ge=1)
+    """W at the smallest positive strength: W = W_min + u·(W_max − W_min) for strength u ∈ (0, 1] (weights are 1 at u = 0)."""
     W_max: float = knob(3.0, ge=1)
-    """Upper bound of W."""
+    """W at full strength (u = 1)."""
     M_min: float = knob(0.0, ge=0, le=1)
-    """Lower bound of M."""
+    """M at full strength (u = 1)."""
     M_max: float = knob(1.0, ge=0, le=1)
-    """Upper bound of M."""
+    """M at the smallest positive strength: M = M_max − u·(M_max − M_min)."""
+    P_max: float | None = knob(None, gt=0, le=1)
+    """P grows from ``stare.P`` to this with the strength: P = P + u·(P_max − P). None = P stays fixed."""
 
 
 @dataclass
 class StareConfig:
-    variant: Literal["O1", "C2"] = "C2"
-    """O1 boosts high-surprisal positive tokens only; C2 also damps high-surprisal negative tokens."""
+    variant: Literal["O1", "C2"] = "O1"
+    """O1 boosts high-surprisal positive tokens only (the released code's 7B default); C2 also damps high-surprisal negative tokens."""
     target_entropy: float = knob(0.3, gt=0)
     """H_tgt in nats: reweighting is on while the batch's token-mean entropy is below it."""
     P: float = knob(0.1, gt=0, le=1)

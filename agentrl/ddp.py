@@ -65,6 +65,17 @@ def local_rows(rows: Tensor, rank: int, world: int) -> tuple[Tensor, float]:
     return (mine, float(world)) if len(mine) else (rows[:1], 0.0)
 
 
+def micro_batches(minis: Sequence[Tensor], micro_batch_size: int, world: int) -> list[Tensor]:
+    """Every rank's micro-batches of these mini-batches, as ``local_rows`` and ``split`` cut them:
+    the row groups a per-micro-batch selection (STARE ``scope: micro``) ranks within."""
+    out = []
+    for mini in minis:
+        for rank in range(world):
+            rows = mini[shard_rows(len(mini), rank, world)] if world > 1 else mini
+            out += list(rows.split(micro_batch_size))
+    return out
+
+
 def sync_if(model: torch.nn.Module, last: bool) -> Any:
     """DDP all-reduces on the last micro-batch of a mini-batch only; the others accumulate locally
     (ranks may have different numbers of micro-batches: each syncs exactly once)."""

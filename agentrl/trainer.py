@@ -223,23 +223,26 @@ class Trainer:
                 eps = ddp.gather_episodes(runner.run, requests)  # each rank runs its share
             finally:
                 runner.close()
-            self.shape_rewards(eps)
             all_eps += eps
             # off-policy guard: episodes sampled more than max_weight_lag versions ago are not trained on
             stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_weight_lag)
             n_stale += sum(stale)
             lag_max = max([lag_max] + [off.version_lag(e, self.engine.version) for e in eps])
+            usable = [ep for ep, too_old in zip(eps, stale) if not ep.failed and not too_old]
+            n_groups_seen += len({ep.group for ep in usable})
+            # Dynamic sampling keys on the task outcome, the reward *before* DAPO's overlong shaping
+            # (DAPO and verl filter on accuracy): an all-correct group whose members differ only in
+            # their length penalty carries no outcome signal and is dropped.
+            keep = (
+                alg.dynamic_sampling_keep([ep.reward for ep in usable], [ep.group for ep in usable])
+                if a.dynamic_sampling
+                else range(len(usable))
+            )
+            self.shape_rewards(eps)
             groups = defaultdict(list)
-            for ep, too_old in zip(eps, stale):
-                if not ep.failed and not too_old:
-                    groups[ep.group].append(ep)
-            n_groups_seen += len(groups)
-            for g in groups.values():
-                if len(g) < 2:
-                    continue
-                if a.dynamic_sampling and len({e.reward for e in g}) < 2:
-                    continue
-                kept_groups.append(g)
+            for i in keep:
+                groups[usable[i].group].append(usable[i])
+            kept_groups += [g for g in groups.values() if len(g) >= 2]  # a group of one has no baseline
             if len(kept_groups) >= cfg.rollout.prompts_per_step:
                 break
         kept_groups = kept_groups[: cfg.rollout.prompts_per_step]
@@ -312,21 +315,22 @@ class Trainer:
         if a.is_correction == "tis":
             tis = off.tis_weights(logp_old, batch.engine_logp, batch.has_engine_logp, a.is_cap)
         inputs = alg.WeightingInputs.build(logp_old, entropy, batch.advantages, batch.mask)
-        params = weighting_params(cfg, self.weighting, self.weighting_state, mb)
+        plan = self._update_plan(batch.size)  # [epoch][mini-batch] -> rows
+        params = weighting_params(
+            cfg,
+            self.weighting,
+            self.weighting_state,
+            seed=_mix(cfg.run.seed, self.step, 29),  # a fresh draw every step, the same on resume
+            row_groups=ddp.micro_batches(plan[0], mb, self.world),  # every rank's, as trained
+        )
         tw = alg.compute_weights(self.weighting, inputs, **params)
         self.weighting_state = tw.state if tw.state is not None else self.weighting_state
         max_len = cfg.algorithm.overlong.max_length or batch.ids.shape[1]
         clip_status = torch.zeros_like(logp_old)
         stats: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        rng = torch.Generator().manual_seed(_mix(cfg.run.seed, self.step, 17))
         grad_norms = []
-        for _epoch in range(t.epochs_per_step):
-            order = (
-                torch.randperm(batch.size, generator=rng)
-                if t.mini_batches_per_step > 1
-                else torch.arange(batch.size)
-            )
-            for mini in order.chunk(t.mini_batches_per_step):
+        for minis in plan:
+            for mini in minis:
                 norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
                 self.optimizer.zero_grad(set_to_none=True)
                 rows, scale = ddp.local_rows(mini, self.rank, self.world)  # this rank's rows, loss × W
@@ -390,6 +394,21 @@ class Trainer:
                 )
             attach_overlays(batch, logp_old, logp_new, entropy, tw, clip_status)
         return out
+
+    def _update_plan(self, batch_size: int) -> list[list[torch.Tensor]]:
+        """The rows of each optimizer step, per epoch: one mini-batch of all rows, or
+        ``mini_batches_per_step`` mini-batches of a fresh seeded shuffle every epoch."""
+        t = self.cfg.trainer
+        rng = torch.Generator().manual_seed(_mix(self.cfg.run.seed, self.step, 17))
+        plan = []
+        for _epoch in range(t.epochs_per_step):
+            order = (
+                torch.randperm(batch_size, generator=rng)
+                if t.mini_batches_per_step > 1
+                else torch.arange(batch_size)
+            )
+            plan.append(list(order.chunk(t.mini_batches_per_step)))
+        return plan
 
     def _set_lr(self) -> None:
         t, step = self.cfg.trainer, self.step

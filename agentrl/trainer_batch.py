@@ -248,8 +248,12 @@ class TaskSampler:
         self._order = self._perm()
 
 
-def weighting_params(cfg: Any, name: str, state: Any, micro_batch_size: int) -> dict[str, Any]:
-    """Keyword arguments of the token weighting ``name``, read from the config in this one place."""
+def weighting_params(
+    cfg: Any, name: str, state: Any, *, seed: int, row_groups: Sequence[Tensor]
+) -> dict[str, Any]:
+    """Keyword arguments of the token weighting ``name``, read from the config in this one place.
+    ``seed``: this step's seed for random selections (Clip-Cov); ``row_groups``: the micro-batches
+    the update will run (STARE ``scope: micro`` ranks within each)."""
     a = cfg.algorithm
     if name == "stare":
         s = a.stare
@@ -262,10 +266,11 @@ def weighting_params(cfg: Any, name: str, state: Any, micro_batch_size: int) -> 
             alpha=s.adaptive.alpha,
             w_max=bounds.W_max,
             m_min=bounds.M_min,
+            w_min=s.pi.W_min if s.controller == "pi" else 1.0,
+            m_max=s.pi.M_max if s.controller == "pi" else 1.0,
             kp=s.pi.kp,
             ki=s.pi.ki,
-            u_min=getattr(s.pi, "u_min", 0.0),
-            p_max=getattr(s.pi, "P_max", None),
+            p_max=s.pi.P_max if s.controller == "pi" else None,
         )
         return {
             "variant": s.variant,
@@ -273,14 +278,14 @@ def weighting_params(cfg: Any, name: str, state: Any, micro_batch_size: int) -> 
             "controller": controller,
             "state": state,
             "scope": s.scope,
-            "micro_batch_size": micro_batch_size if s.scope == "micro" else None,
+            "row_groups": [g.tolist() for g in row_groups] if s.scope == "micro" else None,
         }
     if name == "steer":
         return {"mode": a.steer.mode, "w_min": a.steer.w_min, "w_max": a.steer.w_max}
     if name == "stapo":
         return {"prob_threshold": a.stapo.tau_p, "entropy_quantile": a.stapo.entropy_quantile}
     if name == "clip_cov":
-        gen = torch.Generator().manual_seed(cfg.run.seed)
+        gen = torch.Generator().manual_seed(seed)
         return {"ratio": a.clip_cov.ratio, "lower": a.clip_cov.lb, "upper": a.clip_cov.ub, "generator": gen}
     if name == "kl_cov":
         return {"ratio": a.kl_cov.ratio, "beta": a.kl_cov.coef}

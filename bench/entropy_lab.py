@@ -163,7 +163,7 @@ def train_step(policy, opt, cfg: LabConfig, method: Method, state, gen: torch.Ge
     inputs = WeightingInputs.build(logp_old, ent, adv, mask)
     params = dict(method.params)
     if method.weighting == "stare":
-        params.update(target_entropy=cfg.target_entropy, state=state)
+        params.update(variant="C2", target_entropy=cfg.target_entropy, state=state)
     tw = compute_weights(method.weighting, inputs, **params)
     logp, _ = token_logprobs_and_entropy(policy.logits(prompts, tokens), tokens)
     loss, _ = policy_loss(

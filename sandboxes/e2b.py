@@ -7,6 +7,13 @@ and output is capped here. After a timeout, whether the SDK gave up waiting or t
 ``TimeoutError``, the context is restarted and ``ExecResult.restarted`` is set (variables are lost):
 the kernel may still be running the cell, or may have lost its state, and the protocol cannot say.
 
+A kernel that dies inside a cell (``os._exit``, the memory limit's OOM kill) is restarted by the
+server with empty state, and the protocol reports only an error. So each context holds a sentinel
+variable with a per-session token, planted when the context is made: after any cell that ends in an
+error, or whose execution count is not the next one (a restarted kernel counts from 1 again), the
+session checks the sentinel; when it is gone, the cell's result says ``restarted`` and the sentinel
+is planted again. ``restarted`` is then true exactly when the variables are gone, as on bwrap.
+
 Offline: ``debug=True`` plus ``sandbox_url`` pointing at ``sandboxes.e2b_local.LocalCodeInterpreterServer``
 runs the real SDK against our own sandbox. The cloud needs ``E2B_API_KEY``.
 """
@@ -18,6 +25,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from typing import Any
 
 from sandboxes.base import (
@@ -34,32 +42,52 @@ from sandboxes.base import (
 
 log = logging.getLogger(__name__)
 
+SENTINEL = "__agentrl_session__"
+"""The variable each context holds so a session can tell a restarted (empty) kernel from a live one."""
+
 
 class E2BSession(SessionBase):
     def __init__(self, sb: E2BSandbox, limits: Limits) -> None:
         super().__init__(limits)
         self._sb = sb
         self._owned = not sb.share_sandbox
+        self._token = uuid.uuid4().hex
+        self._count: int | None = None  # the kernel's execution count after our last cell
         try:
             self.sbx = sb._new_cloud_sandbox() if self._owned else sb._shared()
             self.ctx = self.sbx.create_code_context()
+            self._plant_sentinel()
         except Exception as e:
             self.close()
             raise SandboxError(f"could not create an E2B sandbox/context: {type(e).__name__}: {e}") from e
+
+    def _exec(self, code: str, timeout: float | None = None) -> Any:
+        ex = self.sbx.run_code(
+            code, context=self.ctx, timeout=timeout, request_timeout=self._sb.request_timeout_s
+        )
+        self._count = ex.execution_count
+        return ex
+
+    def _plant_sentinel(self) -> None:
+        self._exec(f"{SENTINEL} = {self._token!r}")
+
+    def _state_survived(self) -> bool:
+        """Whether the context still holds this session's sentinel (its variables survived)."""
+        try:
+            ex = self._exec(f"globals().get({SENTINEL!r})")
+        except Exception:
+            return False
+        return ex.error is None and ex.text == repr(self._token)
 
     def _run(self, code: str, limits: Limits) -> ExecResult:
         from e2b import TimeoutException
 
         t0 = time.monotonic()
+        expected = None if self._count is None else self._count + 1
         try:
-            ex = self.sbx.run_code(
-                code,
-                context=self.ctx,
-                timeout=limits.wall_s + self._sb.timeout_margin_s,
-                request_timeout=self._sb.request_timeout_s,
-            )
+            ex = self._exec(code, timeout=limits.wall_s + self._sb.timeout_margin_s)
         except TimeoutException:  # the SDK gave up waiting: the kernel may still be running the cell
-            self._restart_after_timeout()
+            self._restart()
             err = ExecError("TimeoutError", f"the cell ran longer than {limits.wall_s:g}s")
             return ExecResult(
                 error=err, exit_code=None, timed_out=True, restarted=True, duration_s=limits.wall_s
@@ -72,18 +100,26 @@ class E2BSession(SessionBase):
             # The server timed the cell out itself. The protocol does not say whether the kernel's
             # state survived (an interrupt may or may not have landed), so the context is restarted
             # and the result says so: ``restarted`` is then always true after a timeout, never a guess.
-            self._restart_after_timeout()
+            self._restart()
             res.restarted = True
+        elif (res.error is not None or ex.execution_count != expected) and not self._state_survived():
+            # the kernel died in (or before) this cell and came back empty: say so, and re-arm
+            res.restarted = True
+            self._restart()
         return res
 
-    def _restart_after_timeout(self) -> None:
+    def _restart(self) -> None:
+        """A fresh context state with the sentinel planted (best effort: a failure here shows up as a
+        ``SandboxError`` on the next cell)."""
         with contextlib.suppress(Exception):
             self.sbx.restart_code_context(self.ctx)
+            self._plant_sentinel()
 
     def reset(self) -> None:
         with self._lock:
             try:
                 self.sbx.restart_code_context(self.ctx)
+                self._plant_sentinel()
             except Exception as e:
                 raise SandboxError(f"E2B could not restart the context: {e}") from e
 

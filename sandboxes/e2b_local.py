@@ -132,6 +132,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self._send(404, b"context not found", "text/plain")
                 return
             found[1].reset()
+            with self.srv.lock:
+                self.srv.counts[found[0]] = 0
             self._send(200, b"{}")
         else:
             self._send(404, b"not found", "text/plain")
@@ -153,10 +155,14 @@ class _Handler(BaseHTTPRequestHandler):
             return
         r = session.run(str(body.get("code", "")))
         with self.srv.lock:
-            self.srv.counts[cid] = self.srv.counts.get(cid, 0) + 1
+            # as a Jupyter kernel: a cell that killed the interpreter gets no execution count, and the
+            # restarted interpreter counts from 1 again
+            self.srv.counts[cid] = 0 if r.restarted else self.srv.counts.get(cid, 0) + 1
             count = self.srv.counts[cid]
         ts = time.time_ns()
-        events: list[dict[str, Any]] = [{"type": "number_of_executions", "execution_count": count}]
+        events: list[dict[str, Any]] = (
+            [] if r.restarted else [{"type": "number_of_executions", "execution_count": count}]
+        )
         if r.stdout:
             events.append({"type": "stdout", "text": r.stdout, "timestamp": ts})
         if r.stderr:

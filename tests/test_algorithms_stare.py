@@ -57,7 +57,7 @@ def test_hand_example_c2_and_o1():
 def test_hand_example_p_half():
     # P = 0.5: k± = ceil(2) = 2 -> L+ = {(0,4) s=3, (0,1) s=2}; L- = {(1,2) s=4, (1,0) s=1}.
     ctl = StareController(w=2.0, m=0.5, p=0.5)
-    tw = stare_weights(hand_batch(0.1), controller=ctl, target_entropy=0.3)
+    tw = stare_weights(hand_batch(0.1), variant="C2", controller=ctl, target_entropy=0.3)
     expected = torch.ones(3, 5)
     expected[0, 4] = expected[0, 1] = 2.0
     expected[1, 2] = expected[1, 0] = 0.5
@@ -165,8 +165,10 @@ def test_batch_scope_identical_weights_and_gradients_for_any_split():
 def test_micro_scope_ranks_within_each_micro_batch():
     inputs = random_inputs(seed=8)
     ctl = StareController(w=2.0, m=0.5, p=0.1)
-    micro = stare_weights(inputs, controller=ctl, target_entropy=0.3, scope="micro", micro_batch_size=2)
-    groups = stare_weights(inputs, controller=ctl, target_entropy=0.3, scope="micro",
+    micro = stare_weights(
+        inputs, variant="C2", controller=ctl, target_entropy=0.3, scope="micro", micro_batch_size=2
+    )
+    groups = stare_weights(inputs, variant="C2", controller=ctl, target_entropy=0.3, scope="micro",
                            row_groups=[[0, 1], [2, 3], [4, 5], [6, 7]])  # fmt: skip
     assert torch.equal(micro.weights, groups.weights)
     # each micro-batch, ranked on its own, gives the same weights as its rows given as a batch of 2
@@ -174,10 +176,10 @@ def test_micro_scope_ranks_within_each_micro_batch():
         sub = WeightingInputs(
             *(x[rows] for x in (inputs.logp_old, inputs.entropy, inputs.advantages, inputs.mask))
         )
-        alone = stare_weights(sub, controller=ctl, target_entropy=0.3)
+        alone = stare_weights(sub, variant="C2", controller=ctl, target_entropy=0.3)
         # the gate is global (H̄ of the whole batch); with H̄ ≈ 0.1 both gates are on
         assert torch.equal(alone.weights, micro.weights[rows])
-    batch = stare_weights(inputs, controller=ctl, target_entropy=0.3)
+    batch = stare_weights(inputs, variant="C2", controller=ctl, target_entropy=0.3)
     assert not torch.equal(micro.weights, batch.weights)  # the scope matters on this batch
     with pytest.raises(ValueError, match="micro"):
         stare_weights(inputs, scope="micro")
@@ -239,3 +241,39 @@ def test_state_round_trip_and_threading_through_steps():
     tw2 = stare_weights(random_inputs(seed=10), controller=ctl, target_entropy=0.3, state=restored)
     assert tw2.state.steps == 2 and tw2.state.integral > tw1.state.integral > 0
     assert tw2.state.p > 0.1  # P grows with the strength when p_max is set
+
+
+def test_default_variant_is_o1_as_released():
+    # The released code and its README use O1 (L+ only) as the 7B default: a default call leaves the
+    # high-surprisal negative tokens at weight 1.
+    tw = stare_weights(hand_batch(0.1), target_entropy=0.3)
+    assert tw.weights[1].tolist() == [1.0] * 5 and tw.weights[0, 4] == pytest.approx(1.1)
+
+
+@pytest.mark.parametrize("law", ["gate", "adaptive", "pi"])
+def test_empty_mask_skips_the_controller(law):
+    # No policy token kept (every episode void or truncated): the mean entropy is undefined. The
+    # released controller gets NaN and skips its update; a 0 would turn the gate (and PI) fully on.
+    ctl = StareController(law=law, alpha=0.05, w_max=3.0, m_min=0.0)
+    state = StareState.initial(ctl)
+    inputs = random_inputs(seed=3)
+    empty = WeightingInputs.build(inputs.logp_old, inputs.entropy, inputs.advantages,
+                                  torch.zeros_like(inputs.mask))  # fmt: skip
+    tw = stare_weights(empty, controller=ctl, target_entropy=0.3, state=state)
+    assert tw.state == state and not tw.state.gate_on and tw.state.steps == 0
+    assert math.isnan(tw.stats["entropy_mean"]) and tw.stats["gate_on"] == 0.0
+    assert torch.equal(tw.weights, torch.ones_like(tw.weights))
+
+
+def test_pi_w_min_and_m_max_set_the_weakest_reweighting():
+    # W moves from W_min to W_max and M from M_max to M_min as u goes 0 -> 1; u = 0 is off (1, 1).
+    ctl = StareController(law="pi", kp=2.0, ki=0.0, w_min=1.1, w_max=2.1, m_min=0.5, m_max=0.9)
+    s = update_stare_state(StareState.initial(ctl), 0.9, 1.0, ctl)  # e = .1 -> u = .2
+    assert s.strength == pytest.approx(0.2)
+    assert (s.w, s.m) == (pytest.approx(1.1 + 0.2 * 1.0), pytest.approx(0.9 - 0.2 * 0.4))
+    off = update_stare_state(StareState.initial(ctl), 1.2, 1.0, ctl)  # above target: u = 0
+    assert (off.w, off.m, off.gate_on) == (1.0, 1.0, False)
+    with pytest.raises(ValueError, match="w_min"):
+        StareController(law="pi", w_min=0.9)
+    with pytest.raises(ValueError, match="m_max"):
+        StareController(law="pi", m_min=0.6, m_max=0.5)

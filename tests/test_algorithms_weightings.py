@@ -145,3 +145,12 @@ def test_registry_rejects_unknown_names():
     with pytest.raises(ValueError, match="unknown token weighting"):
         compute_weights("nope", random_inputs())
     assert set(WEIGHTINGS) == {"none", "stare", "steer", "stapo", "clip_cov", "kl_cov", "high_entropy"}
+
+
+def test_stapo_tau_zero_drops_nothing():
+    # τ_p = 0 (allowed by the config): no probability is below 0, so no token is spurious. This was
+    # log(0) -> "math domain error" before.
+    logp_old = torch.log(torch.tensor([[1e-9, 0.001, 0.5]]))
+    inputs = WeightingInputs.build(logp_old, torch.zeros(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
+    tw = compute_weights("stapo", inputs, prob_threshold=0.0)
+    assert tw.mask.tolist() == [[True, True, True]] and tw.stats["n_dropped"] == 0

@@ -139,9 +139,12 @@ def test_memory_bomb_is_contained(sandbox):
         s.run("keep = 7")
         r = s.run("chunks = []\nwhile True:\n    chunks.append(bytearray(16 << 20))")
         assert r.error is not None and r.error.name == "MemoryError", r
-        # in-process MemoryError (RLIMIT_DATA / container limit) leaves the session usable
-        r2 = s.run("del chunks\nkeep")
-        assert r2.value == "7" or r2.restarted, r2
+        # an in-process MemoryError (RLIMIT_DATA / container limit) leaves the session usable; if the
+        # interpreter was killed instead, the bomb's result must say so: ``restarted`` is true
+        # exactly when the variables are gone (for every backend, E2B included)
+        r2 = s.run("chunks = None\nkeep")
+        assert (r2.value == "7") == (not r.restarted), (r, r2)
+        assert not r2.restarted, r2
         # a child process blowing the limit is contained too
         r3 = s.run(
             "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'b = bytearray(2 << 30)']).returncode"
@@ -165,6 +168,16 @@ def test_infinite_loop_times_out_and_session_survives(sandbox):
             assert after.value == "42", after
         if sandbox.name == "e2b":
             assert r.restarted, r
+
+
+def test_a_dead_interpreter_is_reported_on_the_cell_that_killed_it(sandbox):
+    with sandbox.session() as s:
+        assert s.run("x = 41").ok
+        r = s.run("import os\nos._exit(3)")
+        assert r.restarted and not r.ok, r  # the model is told its variables are gone
+        after = s.run("x + 1")
+        assert after.error is not None and after.error.name == "NameError" and not after.restarted, after
+        assert s.run("y = 1\ny + 1").value == "2"  # and the session works on
 
 
 def test_huge_print_is_truncated(sandbox):

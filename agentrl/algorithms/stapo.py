@@ -24,7 +24,7 @@ def stapo_weights(
     """Drop spurious tokens from the loss mask; weights stay 1."""
     m = inputs.mask
     h_q = masked_quantile(inputs.entropy, m, entropy_quantile)
-    if math.isnan(h_q):
+    if math.isnan(h_q) or prob_threshold <= 0:  # τ_p = 0: no probability is below it, nothing is dropped
         spurious = torch.zeros_like(m)
     else:
         low_prob = inputs.logp_old < math.log(prob_threshold)

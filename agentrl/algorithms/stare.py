@@ -72,7 +72,7 @@ def stare_selection(
 def stare_weights(
     inputs: WeightingInputs,
     *,
-    variant: str = "C2",
+    variant: str = "O1",
     target_entropy: float = 0.3,
     controller: StareController | None = None,
     state: StareState | None = None,
@@ -82,15 +82,18 @@ def stare_weights(
 ) -> TokenWeights:
     """STARE weights for the whole batch; ``TokenWeights.state`` is the controller's new state.
 
-    ``controller`` holds the law and its settings (default: the paper's gate with W = 1.1,
-    M = 0.9, P = 0.1); ``state`` is what the caller kept from the previous step (None: start
+    ``variant`` defaults to O1, the released code's and its README's 7B default. ``controller`` holds
+    the law and its settings (default: the paper's gate with W = 1.1, M = 0.9, P = 0.1); ``state`` is what the caller kept from the previous step (None: start
     from ``StareState.initial(controller)``).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown STARE variant {variant!r}; choose one of {VARIANTS}")
     controller = controller or StareController()
     state = state if state is not None else StareState.initial(controller)
-    mean_entropy = float(masked_mean(inputs.entropy.double(), inputs.mask))  # float64: exact gate
+    # float64: an exact gate. No policy token at all (every kept episode void or truncated): the mean
+    # is undefined, so NaN, and the controller skips this step as the released code does (a 0 would
+    # read as "entropy collapsed" and switch reweighting on at full strength).
+    mean_entropy = float(masked_mean(inputs.entropy.double(), inputs.mask)) if inputs.mask.any() else math.nan
     state = update_stare_state(state, mean_entropy, target_entropy, controller)
 
     groups = _row_groups(inputs.mask.shape[0], scope, row_groups, micro_batch_size)

@@ -13,9 +13,11 @@ Laws (``StareController.law``):
   error e_k = (H_tgt - H̄_k)/H_tgt drives one strength u ∈ [u_min, 1]:
       I_k = clip(I_{k-1} + k_i·e_k, u_min, 1)          (clamped integrator = anti-windup)
       u_k = clip(k_p·e_k + I_k, u_min, 1)
-      W = 1 + u·(W_max - 1),  M = 1 - u·(1 - M_min),  P = P + max(u, 0)·(P_max - P)
-  (for u < 0 the roles mirror: W = 1 - |u|(1 - M_min), M = 1 + |u|(W_max - 1); weights stay > 0)
-  Reweighting is on whenever u_k ≠ 0 (there is no separate gate). With u_min = 0 (default) the
+      W = W_min + u·(W_max - W_min),  M = M_max - u·(M_max - M_min),  P = P + max(u, 0)·(P_max - P)
+  (for u < 0 the roles mirror: W = M_max - |u|(M_max - M_min), M = W_min + |u|(W_max - W_min);
+  weights stay > 0). W_min = M_max = 1 (default) makes u the fraction of full strength; W_min > 1
+  or M_max < 1 make the weakest reweighting the PI applies (at any u > 0) that strength, e.g. the
+  paper's W 1.1 / M 0.9. Reweighting is on whenever u_k ≠ 0 (there is no separate gate). With u_min = 0 (default) the
   controller never pushes entropy down, like the paper's gate; u_min < 0 lets it (W < 1, M > 1)
   when entropy overshoots the target. The relative error makes the gains independent of the
   entropy scale. The integral finds the standing strength that balances the entropy drift, which
@@ -48,6 +50,10 @@ class StareController:
     """Upper bound of W (adaptive and pi)."""
     m_min: float = 0.5
     """Lower bound of M (adaptive and pi)."""
+    w_min: float = 1.0
+    """PI: W at the smallest positive strength (W moves from ``w_min`` to ``w_max`` as u goes 0 -> 1)."""
+    m_max: float = 1.0
+    """PI: M at the smallest positive strength (M moves from ``m_max`` to ``m_min`` as u goes 0 -> 1)."""
     kp: float = 2.0
     """PI proportional gain on the relative entropy error (measured in bench/entropy_lab.py)."""
     ki: float = 0.2
@@ -58,8 +64,11 @@ class StareController:
     def __post_init__(self) -> None:
         if not -1.0 <= self.u_min <= 0.0:
             raise ValueError(f"u_min must be in [-1, 0], got {self.u_min}")
-        if self.w_max < 1.0 or not 0.0 <= self.m_min <= 1.0:
-            raise ValueError(f"need w_max >= 1 and 0 <= m_min <= 1, got {self.w_max}, {self.m_min}")
+        if not 1.0 <= self.w_min <= self.w_max or not 0.0 <= self.m_min <= self.m_max <= 1.0:
+            raise ValueError(
+                "need 1 <= w_min <= w_max and 0 <= m_min <= m_max <= 1, got "
+                f"w_min={self.w_min}, w_max={self.w_max}, m_min={self.m_min}, m_max={self.m_max}"
+            )
 
     p_max: float | None = None
     """PI: P grows from ``p`` to ``p_max`` with u (None: P fixed)."""
@@ -122,11 +131,14 @@ def pi_law(state: StareState, mean_entropy: float, target: float, ctl: StareCont
 
 
 def strength_to_weights(u: float, ctl: StareController) -> tuple[float, float]:
-    """u ∈ [0, 1] -> (W, M) = (1 + u(W_max - 1), 1 - u(1 - M_min)); u < 0 mirrors the roles
-    (W shrinks towards M_min, M grows towards W_max), so weights stay positive."""
-    if u >= 0:
-        return 1.0 + u * (ctl.w_max - 1.0), 1.0 - u * (1.0 - ctl.m_min)
-    return 1.0 + u * (1.0 - ctl.m_min), 1.0 - u * (ctl.w_max - 1.0)
+    """u ∈ (0, 1] -> (W, M) = (W_min + u(W_max - W_min), M_max - u(M_max - M_min)); u = 0 -> (1, 1)
+    (off); u < 0 mirrors the roles (W shrinks from M_max towards M_min, M grows from W_min towards
+    W_max), so weights stay positive."""
+    if u == 0:
+        return 1.0, 1.0
+    if u > 0:
+        return ctl.w_min + u * (ctl.w_max - ctl.w_min), ctl.m_max - u * (ctl.m_max - ctl.m_min)
+    return ctl.m_max + u * (ctl.m_max - ctl.m_min), ctl.w_min - u * (ctl.w_max - ctl.w_min)
 
 
 CONTROL_LAWS: dict[str, Callable[[StareState, float, float, StareController], StareState]] = {
