@@ -145,7 +145,7 @@ def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, path: str)
     update through ``load_weights`` exactly like vLLM's, so both paths behave the same. With
     ``rollout.workers`` > 0 it is a pool of Ray workers, each holding such an engine."""
     if cfg.rollout.workers > 0:
-        from agentrl.distributed import RolloutPool
+        from agentrl.ray_workers import RolloutPool
 
         return RolloutPool.from_config(cfg, path)
     if cfg.rollout.engine == "hf":
@@ -174,7 +174,7 @@ def sampling_params(cfg: Config, seed: int | None = None, temperature: float | N
 def build_runner(
     cfg: Config, engine: Engine, tokenizer: Any, seed: int | None = None, temperature: float | None = None
 ) -> EpisodeRunner:
-    from agentrl.distributed import RayEpisodeRunner, RolloutPool
+    from agentrl.ray_workers import RayEpisodeRunner, RolloutPool
 
     if isinstance(engine, RolloutPool):
         return RayEpisodeRunner(engine, seed, temperature)  # type: ignore[return-value]

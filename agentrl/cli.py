@@ -165,7 +165,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from agentrl.inspect import inspect_command
+    from agentrl.viewer.page import inspect_command
 
     return inspect_command(args.run_dir, output=args.output, max_episodes=args.max_episodes)
 

@@ -27,7 +27,7 @@ from typing import Any
 import yaml
 from omegaconf import DictConfig, OmegaConf
 
-from agentrl import schema
+from agentrl import dataclass_tree
 from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections from here)
     AdaptiveConfig,
     AlgorithmConfig,
@@ -155,15 +155,15 @@ def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
     origin: dict[str, str] = {}
     errors: list[str] = []
     for where, raw in sources:
-        checked, errs = schema.check_tree(raw, Config, where)
+        checked, errs = dataclass_tree.check_tree(raw, Config, where)
         errors += errs
         _deep_merge(merged, checked)
         origin.update(dict.fromkeys(_paths(checked), where))
     if errors:
         raise ConfigError(errors)
-    cfg: Config = schema.build(Config, merged)
+    cfg: Config = dataclass_tree.build(Config, merged)
     _resolve(cfg)
-    problems = [*schema.check_ranges(cfg), *_cross_checks(cfg)]
+    problems = [*dataclass_tree.check_ranges(cfg), *_cross_checks(cfg)]
     if problems:
         raise ConfigError([f"{msg} [{origin[p]}]" if p in origin else msg for p, msg in problems])
     return cfg
@@ -337,12 +337,12 @@ def describe_config() -> str:
     def default_text(path: str, default: Any) -> str | None:
         return f"*{_PRESET_NOTE}*" if path in preset_keys else None
 
-    table = schema.describe_table(Config, default_text)
+    table = dataclass_tree.describe_table(Config, default_text)
     names = list(PRESETS)
     head = "| `algorithm.name` | " + " | ".join(f"`{n}`" for n in names) + " |"
     rows = [head, "|---" * (len(names) + 1) + "|"]
     for key in PRESETS["grpo"]:
-        cells = " | ".join(schema._yaml_scalar(PRESETS[n][key]) for n in names)
+        cells = " | ".join(dataclass_tree._yaml_scalar(PRESETS[n][key]) for n in names)
         rows.append(f"| `algorithm.{key}` | {cells} |")
     rows.append(
         "| token weighting | " + " | ".join(n if n in WEIGHTING_NAMES else "none" for n in names) + " |"

@@ -34,7 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, NamedTuple
 
-from agentrl.tools import ToolCall, ToolError, check_arguments, parse_tool_calls, tool_schema
+from agentrl.errors import ToolError
+from agentrl.tools import ToolCall, check_arguments, parse_tool_calls, tool_schema
 
 Message = dict[str, Any]
 """A chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}``."""

@@ -11,6 +11,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
+from agentrl.errors import Failure
+
 Role = Literal["prompt", "policy", "tool", "env", "scaffold"]
 """Who wrote a segment: the task prompt (rendered with the chat template), the policy (sampled by
 the engine), a tool's output, an environment message, or template scaffolding the runner inserted
@@ -22,11 +24,6 @@ StopReason = Literal["answered", "max_turns", "token_budget", "void_turn", "trun
 per-episode token budget ran out, a turn with neither an answer nor a tool call (SimpleTIR's void
 turn), the environment truncated it, or a failure (see ``Episode.failure``)."""
 STOP_REASONS: tuple[str, ...] = get_args(StopReason)
-
-Boundary = Literal["model", "tool", "sandbox", "env", "reward", "worker"]
-"""Where a failure happened (``worker``: the rollout worker process running the episode died, e.g. a
-Ray actor lost with its node, and the episode could not be retried elsewhere)."""
-BOUNDARIES: tuple[str, ...] = get_args(Boundary)
 
 SCHEMA_VERSION = 1
 
@@ -61,16 +58,6 @@ class Segment:
     @property
     def trainable(self) -> bool:
         return self.role == "policy"
-
-
-@dataclass
-class Failure:
-    boundary: Boundary
-    message: str
-
-    def __post_init__(self) -> None:
-        if self.boundary not in BOUNDARIES:
-            raise ValueError(f"failure boundary {self.boundary!r} is not one of {BOUNDARIES}")
 
 
 @dataclass

@@ -19,7 +19,8 @@ from typing import Any
 from agentrl.chat import ChatRenderer, Piece
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment, EpisodeState, Message, StepResult, Task
-from agentrl.episode import Episode, Failure, Segment
+from agentrl.episode import Episode, Segment
+from agentrl.errors import Boundary, Failure, boundary_of
 
 
 @dataclass(frozen=True)
@@ -60,12 +61,6 @@ class _Live:
     @property
     def length(self) -> int:
         return sum(len(s.token_ids) for s in self.episode.segments)
-
-
-def boundary_of(exc: BaseException, default: str) -> str:
-    """Where an exception belongs: its ``boundary`` attribute if it has one."""
-    b = getattr(exc, "boundary", None)
-    return b if b in ("model", "tool", "sandbox", "env", "reward") else default
 
 
 class EpisodeRunner:
@@ -255,10 +250,10 @@ class EpisodeRunner:
             lv.episode.stop_reason = reason  # type: ignore[assignment]
             lv.done = True
 
-    def _fail(self, lv: _Live, boundary: str, exc: BaseException) -> None:
+    def _fail(self, lv: _Live, boundary: Boundary, exc: BaseException) -> None:
         if lv.episode.failure is None:
             tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            lv.episode.failure = Failure(boundary, tb)  # type: ignore[arg-type]
+            lv.episode.failure = Failure(boundary, tb)
         lv.episode.stop_reason = "error"
         lv.done = True
 

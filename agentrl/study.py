@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl import schema
+from agentrl import dataclass_tree
 
 
 @dataclass
@@ -112,10 +112,10 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), reduced: bool = 
     if overrides:
         dotted = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
         raw = OmegaConf.to_container(OmegaConf.merge(raw, dotted), resolve=True)
-    values, errors = schema.check_tree(raw, StudyConfig, str(path))
+    values, errors = dataclass_tree.check_tree(raw, StudyConfig, str(path))
     if errors:
         raise ValueError("\n".join(errors))
-    cfg = schema.build(StudyConfig, _complete(StudyConfig(), values))
+    cfg = dataclass_tree.build(StudyConfig, _complete(StudyConfig(), values))
     if not cfg.families or not cfg.methods:
         raise ValueError(f"{path}: a study needs at least one entry in 'families' and in 'methods'")
     if cfg.target.rule == "fixed" and cfg.target.value is None:
@@ -134,7 +134,7 @@ def _complete(default: Any, given: dict[str, Any]) -> dict[str, Any]:
             if (
                 isinstance(v, dict)
                 and isinstance(base.get(k), dict)
-                and schema.is_section(type(getattr(default, k, None)))
+                and dataclass_tree.is_section(type(getattr(default, k, None)))
             ):
                 merge(base[k], v)
             else:

@@ -22,12 +22,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class ToolError(Exception):
-    """A tool raised while running: recorded as an episode failure at the ``tool`` boundary."""
-
-    boundary = "tool"
-
-
 @dataclass
 class ToolCall:
     name: str | None

@@ -62,7 +62,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--tool-ms", type=float, default=20.0)
     args = ap.parse_args()
-    from agentrl.distributed import init_ray
+    from agentrl.ray_workers import init_ray
 
     init_ray(num_cpus=os.cpu_count())
     reqs = requests(args.episodes)

@@ -25,10 +25,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
+from agentrl.errors import BoundaryError
+
 MiB = 1 << 20
 
 
-class SandboxError(Exception):
+class SandboxError(BoundaryError):
     """The sandbox itself failed (could not start, lost its engine, protocol broken). Not raised for
     errors in the executed code, which are reported in ``ExecResult``. The runner records it at the
     ``sandbox`` boundary (``boundary`` attribute)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import config_schema, schema
+from agentrl import config_schema, dataclass_tree
 from agentrl.config import (
     CONFIG_FILE,
     DOC_BEGIN,
@@ -320,7 +320,7 @@ def test_config_to_yaml_is_plain_yaml():
 def _all_classes(cls):
     yield cls
     for f in dataclasses.fields(cls):
-        tp = schema.hints(cls)[f.name]
+        tp = dataclass_tree.hints(cls)[f.name]
         if dataclasses.is_dataclass(tp):
             yield from _all_classes(tp)
 
@@ -330,7 +330,7 @@ def test_every_field_has_a_docstring():
         f"{cls.__name__}.{f.name}"
         for cls in _all_classes(Config)
         for f in dataclasses.fields(cls)
-        if not schema.field_docs(cls).get(f.name)
+        if not dataclass_tree.field_docs(cls).get(f.name)
     ]
     assert not missing, missing
 
@@ -345,6 +345,6 @@ def test_docs_are_up_to_date():
 
 def test_describe_config_lists_every_key():
     table = describe_config()
-    for path in schema.leaf_paths(Config):
+    for path in dataclass_tree.leaf_paths(Config):
         assert f"| `{path}` |" in table, path
     assert "| `algorithm.clip_high` | float or null, >= 0 | *from the preset* |" in table

@@ -8,7 +8,8 @@ from pathlib import Path
 from rich.console import Console
 
 from agentrl.env import Environment, EpisodeState, Reward, Task, register, tool
-from agentrl.episode import Episode, Failure, Segment
+from agentrl.episode import Episode, Segment
+from agentrl.errors import Failure
 from agentrl.replay import replay_command, rerun_episode, rescore_episode
 from agentrl.tools import format_tool_call
 from agentrl.transcripts import TranscriptWriter

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.episode import Episode, Failure, Segment
+from agentrl.episode import Episode, Segment
+from agentrl.errors import Failure
 from agentrl.transcripts import (
     TranscriptWarning,
     TranscriptWriter,

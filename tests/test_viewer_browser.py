@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.inspect import inspect_command
 from agentrl.transcripts import iter_episodes
+from agentrl.viewer.page import inspect_command
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]

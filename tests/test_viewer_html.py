@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.episode import Episode, Segment
-from agentrl.inspect import (
+from agentrl.transcripts import TranscriptWarning, iter_episodes
+from agentrl.viewer.page import (
     PieceDecoder,
     build_data,
     episode_payload,
@@ -19,7 +20,6 @@ from agentrl.inspect import (
     sample_rows,
     selection_cutoffs,
 )
-from agentrl.transcripts import TranscriptWarning, iter_episodes
 
 RUN = Path(__file__).parent / "data" / "transcripts" / "run"
 

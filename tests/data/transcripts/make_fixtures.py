@@ -26,7 +26,8 @@ from pathlib import Path
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from agentrl.episode import Episode, Failure, Segment
+from agentrl.episode import Episode, Segment
+from agentrl.errors import Failure
 
 HERE = Path(__file__).parent
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>", "<tool_call>",

@@ -49,7 +49,7 @@ def ray_config(tmp_path: Path, model_dir: Path, *extra: str):
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    from agentrl.distributed import init_ray
+    from agentrl.ray_workers import init_ray
 
     init_ray(num_cpus=2)
     yield ray
@@ -64,7 +64,7 @@ def requests(n: int, **metadata) -> list[EpisodeRequest]:
 
 
 def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model_dir):
-    from agentrl.distributed import RolloutPool
+    from agentrl.ray_workers import RolloutPool
     from agentrl.trainer import Trainer
 
     cfg = ray_config(tmp_path, tiny_model_dir)

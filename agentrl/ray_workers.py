@@ -25,7 +25,8 @@ from typing import Any
 import torch
 
 from agentrl.engines.base import Completion, SamplingParams
-from agentrl.episode import Episode, Failure
+from agentrl.episode import Episode
+from agentrl.errors import Failure
 from agentrl.runner import EpisodeRequest
 
 LOOPBACK = "127.0.0.1"

@@ -190,7 +190,7 @@ def selection_cutoffs(
 
 # -- the page -----------------------------------------------------------------------------------
 def _asset(name: str) -> str:
-    return resources.files("agentrl").joinpath("viewer", name).read_text(encoding="utf-8")
+    return resources.files("agentrl.viewer").joinpath(name).read_text(encoding="utf-8")
 
 
 def render_html(data: dict[str, Any]) -> str:
