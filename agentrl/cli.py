@@ -64,7 +64,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl import build
-    from agentrl.trainer_batch import evaluate
+    from agentrl.evaluation import evaluate
 
     path = args.checkpoint or build.policy_path(cfg)
     model, tokenizer = build.load_model(cfg, path)
@@ -106,7 +106,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with TranscriptWriter(out) as w:
         w.write(episodes)
-    from agentrl.trainer_batch import episode_metrics
+    from agentrl.metrics import episode_metrics
 
     m = episode_metrics(episodes)
     print(f"{len(episodes)} episodes -> {out}")

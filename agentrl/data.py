@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -225,3 +225,37 @@ def load_tasks_from_source(source: str, path: str, adapter: str = "auto", column
         raise ValueError(f"unknown adapter {adapter!r}; valid: auto, {', '.join(ADAPTERS)}")
     fn = ADAPTERS[name]
     return [fn(rows[i], i, split, columns, **options) for i in index]
+
+
+# -- task sampling ------------------------------------------------------------------------------
+class TaskSampler:
+    """Epochs over the task list in a seeded order; its position is checkpointed."""
+
+    def __init__(self, tasks: Sequence[Task], seed: int) -> None:
+        if not tasks:
+            raise ValueError("no training tasks")
+        self.tasks, self.seed = list(tasks), seed
+        self.epoch, self.pos = 0, 0
+        self._order = self._perm()
+
+    def _perm(self) -> list[int]:
+        order = list(range(len(self.tasks)))
+        random.Random(f"{self.seed}-{self.epoch}").shuffle(order)
+        return order
+
+    def next(self, n: int) -> list[Task]:
+        out: list[Task] = []
+        while len(out) < n:
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._perm()
+            out.append(self.tasks[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load(self, state: dict[str, int]) -> None:
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._perm()

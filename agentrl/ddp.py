@@ -28,8 +28,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from agentrl import algorithms as alg
+from agentrl.batch import Batch, batch_forward, build_batch
 from agentrl.episode import Episode, Segment
-from agentrl.trainer_batch import Batch, batch_forward, build_batch
 
 
 def init_from_env(backend: str | None = None) -> tuple[int, int]:

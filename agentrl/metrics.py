@@ -7,9 +7,13 @@ import json
 import math
 import os
 import warnings
-from collections.abc import Mapping
+from collections import Counter, defaultdict
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
+
+from agentrl.episode import Episode
+from agentrl.transcripts import read_metrics
 
 PLOTS: dict[str, list[str]] = {
     "entropy": ["entropy/mean", "entropy/branching", "entropy/rollout", "stare/target"],
@@ -18,6 +22,46 @@ PLOTS: dict[str, list[str]] = {
     "clip": ["clip/low_frac", "clip/high_frac", "clip/dual_frac"],
     "stare_gate": ["stare/gate", "stare/W", "stare/M", "stare/mean_weight"],
 }
+
+
+def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Metrics over all episodes of the step (fresh rollouts, before any filter)."""
+    ok = [e for e in episodes if not e.failed]
+    out: dict[str, float] = {"episodes/count": float(len(episodes))}
+    out["episodes/failed_frac"] = 1 - len(ok) / max(len(episodes), 1)
+    for boundary, n in Counter(e.failure.boundary for e in episodes if e.failure).items():
+        out[f"failures/{boundary}"] = float(n)
+    for reason, n in Counter(e.stop_reason for e in episodes).items():
+        out[f"stop/{reason}"] = n / len(episodes)
+    if ok:
+        out["reward/mean"] = sum(e.reward for e in ok) / len(ok)
+        comps = defaultdict(list)
+        for e in ok:
+            for k, v in e.reward_components.items():
+                comps[k].append(v)
+        out.update({f"reward/{k}": sum(v) / len(v) for k, v in comps.items()})
+        out["length/policy_tokens"] = sum(e.num_policy_tokens for e in ok) / len(ok)
+        out["length/turns"] = sum(e.num_turns for e in ok) / len(ok)
+        out["tools/calls"] = sum(e.metrics.get("tool_calls", 0) for e in ok) / len(ok)
+        groups = defaultdict(list)
+        for e in ok:
+            groups[e.group].append(is_correct(e))
+        out["groups/all_correct"] = sum(all(g) for g in groups.values()) / len(groups)
+        out["groups/all_wrong"] = sum(not any(g) for g in groups.values()) / len(groups)
+    out["length/policy_tokens_total"] = float(sum(e.num_policy_tokens for e in episodes))
+    surprisal = [-lp for e in episodes for s in e.segments if s.logprobs for lp in s.logprobs]
+    if surprisal:
+        # E[-log p(y)] over sampled tokens is the sampling distribution's entropy, averaged over the
+        # positions visited: the entropy of fresh rollouts, with no extra forward pass.
+        out["entropy/rollout"] = sum(surprisal) / len(surprisal)
+    return out
+
+
+def is_correct(ep: Episode) -> bool:
+    """A solved episode: its ``correct`` reward component is positive, or (without one) its reward."""
+    if "correct" in ep.reward_components:
+        return ep.reward_components["correct"] > 0
+    return ep.reward > 0
 
 
 class MetricsLogger:
@@ -67,20 +111,6 @@ def _clean(v: Any) -> Any:
     if isinstance(v, float) and not math.isfinite(v):
         return None
     return v
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    rows: list[dict[str, Any]] = []
-    path = Path(run_dir) / "metrics.jsonl"
-    if not path.exists():
-        return rows
-    with open(path) as f:
-        for line in f:
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:
-                continue  # a torn last line from a killed run
-    return rows
 
 
 def plot_run(run_dir: Path) -> list[Path]:

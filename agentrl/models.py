@@ -11,7 +11,7 @@ every digit its own token, then byte-level), so even a loader that rebuilds the 
 vocabulary gets the same ids. We still load it with ``PreTrainedTokenizerFast``: transformers' AutoTokenizer
 maps ``model_type=qwen2`` to ``Qwen2Tokenizer``, which rebuilds the pipeline and drops anything that is
 not Qwen's (docs/MACHINE.md pitfall). Our tokenizers carry ``"agentrl_tiny": true`` in
-tokenizer_config.json so ``load_tokenizer`` can tell them apart.
+tokenizer_config.json so ``agentrl.tokenizer.load_tokenizer`` can tell them apart.
 
 Special tokens: ``<|endoftext|>`` (id 0, padding), ``<|im_start|>`` (1), ``<|im_end|>`` (2, end of turn
 and EOS); ``<tool_call>`` (3) and ``</tool_call>`` (4) are plain added tokens, as in Qwen2.5.
@@ -20,7 +20,6 @@ The chat template is ``agentrl/assets/chat_template.jinja`` (ChatML; tool result
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -34,7 +33,6 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_
 from tokenizers.models import BPE
 from transformers import (
     AutoModelForCausalLM,
-    AutoTokenizer,
     PreTrainedModel,
     PreTrainedTokenizerBase,
     PreTrainedTokenizerFast,
@@ -43,6 +41,7 @@ from transformers import (
 )
 
 from agentrl.corpus import generate_corpus
+from agentrl.tokenizer import TINY_MARKER, load_tokenizer
 
 PAD_TOKEN, IM_START, IM_END = "<|endoftext|>", "<|im_start|>", "<|im_end|>"
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -50,7 +49,6 @@ SPECIAL_TOKENS = (PAD_TOKEN, IM_START, IM_END)
 """Control tokens; ``skip_special_tokens`` removes them when decoding."""
 ADDED_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
 """Single tokens that are ordinary text (kept by ``skip_special_tokens``), as in Qwen2.5."""
-TINY_MARKER = "agentrl_tiny"
 TINY_FORMAT = 1
 """Bumped whenever the corpus, template or build changes, so stale caches are not reused."""
 CHAT_TEMPLATE_PATH = Path(__file__).parent / "assets" / "chat_template.jinja"
@@ -129,22 +127,6 @@ def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:
         clean_up_tokenization_spaces=False,
         **{TINY_MARKER: True},
     )
-
-
-def is_tiny_tokenizer_dir(path: str | os.PathLike) -> bool:
-    cfg = Path(path) / "tokenizer_config.json"
-    if not cfg.is_file():
-        return False
-    return bool(json.loads(cfg.read_text()).get(TINY_MARKER, False))
-
-
-def load_tokenizer(path_or_name: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """Our tiny tokenizers through ``PreTrainedTokenizerFast`` (ids exactly as trained), anything else
-    through ``AutoTokenizer``."""
-    path_or_name = resolve_model_path(str(path_or_name))
-    if is_tiny_tokenizer_dir(path_or_name):
-        return PreTrainedTokenizerFast.from_pretrained(path_or_name)
-    return AutoTokenizer.from_pretrained(path_or_name)
 
 
 # -- tiny models --------------------------------------------------------------------------------

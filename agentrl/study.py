@@ -218,9 +218,10 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     import torch
 
     from agentrl import build
+    from agentrl.batch import batch_forward, build_batch
     from agentrl.config import load_config
+    from agentrl.evaluation import evaluate
     from agentrl.runner import EpisodeRequest
-    from agentrl.trainer_batch import batch_forward, build_batch, evaluate
 
     cfg = load_config(study.families[family], family_overrides(study, family))
     path = build.policy_path(cfg, log=log)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.metrics import read_metrics
+from agentrl.transcripts import read_metrics
 
 SERIES = {
     "entropy": "entropy/mean",

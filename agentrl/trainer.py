@@ -38,6 +38,7 @@ import torch
 from agentrl import algorithms as alg
 from agentrl import build, ddp
 from agentrl import offpolicy as off
+from agentrl.batch import Batch, batch_forward, build_batch, token_metrics
 from agentrl.checkpoint import (
     latest_checkpoint,
     load_state,
@@ -48,19 +49,12 @@ from agentrl.checkpoint import (
     truncate_to,
 )
 from agentrl.config import Config, save_config, weighting_name
+from agentrl.data import TaskSampler
 from agentrl.episode import Episode
-from agentrl.metrics import MetricsLogger, plot_run
+from agentrl.evaluation import evaluate
+from agentrl.metrics import MetricsLogger, episode_metrics, plot_run
+from agentrl.overlays import attach_overlays
 from agentrl.runner import EpisodeRequest
-from agentrl.trainer_batch import (
-    Batch,
-    TaskSampler,
-    attach_overlays,
-    batch_forward,
-    build_batch,
-    episode_metrics,
-    evaluate,
-    weighting_params,
-)
 from agentrl.transcripts import TranscriptWriter
 
 TRUNCATED = ("token_budget", "max_turns", "truncated")
@@ -381,7 +375,7 @@ class Trainer:
                 self.optimizer.step()
         out = {f"loss/{k}": _weighted(v) for k, v in stats.items() if k != "n_tokens"}
         out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
-        out.update(_token_metrics(logp_old, entropy, batch))
+        out.update(token_metrics(logp_old, entropy, batch))
         if tis is not None and (m := (batch.mask > 0) & batch.has_engine_logp).any():
             out["offpolicy/tis_mean"] = float(tis[m].mean())
             out["offpolicy/tis_capped_frac"] = float((tis[m] >= a.is_cap).float().mean())
@@ -476,6 +470,52 @@ class Trainer:
         )
 
 
+def weighting_params(
+    cfg: Any, name: str, state: Any, *, seed: int, row_groups: list[torch.Tensor]
+) -> dict[str, Any]:
+    """Keyword arguments of the token weighting ``name``, read from the config in this one place.
+    ``seed``: this step's seed for random selections (Clip-Cov); ``row_groups``: the micro-batches
+    the update will run (STARE ``scope: micro`` ranks within each)."""
+    a = cfg.algorithm
+    if name == "stare":
+        s = a.stare
+        bounds = s.pi if s.controller == "pi" else s.adaptive
+        controller = alg.StareController(
+            law=s.controller,
+            w=s.W,
+            m=s.M,
+            p=s.P,
+            alpha=s.adaptive.alpha,
+            w_max=bounds.W_max,
+            m_min=bounds.M_min,
+            w_min=s.pi.W_min if s.controller == "pi" else 1.0,
+            m_max=s.pi.M_max if s.controller == "pi" else 1.0,
+            kp=s.pi.kp,
+            ki=s.pi.ki,
+            p_max=s.pi.P_max if s.controller == "pi" else None,
+        )
+        return {
+            "variant": s.variant,
+            "target_entropy": s.target_entropy,
+            "controller": controller,
+            "state": state,
+            "scope": s.scope,
+            "row_groups": [g.tolist() for g in row_groups] if s.scope == "micro" else None,
+        }
+    if name == "steer":
+        return {"mode": a.steer.mode, "w_min": a.steer.w_min, "w_max": a.steer.w_max}
+    if name == "stapo":
+        return {"prob_threshold": a.stapo.tau_p, "entropy_quantile": a.stapo.entropy_quantile}
+    if name == "clip_cov":
+        gen = torch.Generator().manual_seed(seed)
+        return {"ratio": a.clip_cov.ratio, "lower": a.clip_cov.lb, "upper": a.clip_cov.ub, "generator": gen}
+    if name == "kl_cov":
+        return {"ratio": a.kl_cov.ratio, "beta": a.kl_cov.coef}
+    if name == "high_entropy":
+        return {"rho": a.high_entropy.rho}
+    return {}
+
+
 # -- helpers --------------------------------------------------------------------------------------
 def _seed_everything(seed: int) -> None:
     random.seed(seed)
@@ -509,27 +549,6 @@ def _clip_status(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, 
     if a.dual_clip:
         status = torch.where((adv < 0) & (r > a.dual_clip), 3.0, status)
     return status
-
-
-def _token_metrics(logp_old: torch.Tensor, entropy: torch.Tensor, batch: Batch) -> dict[str, float]:
-    """Entropy over the training batch's policy tokens: token mean, at branching positions (top 10%
-    by entropy, and the first token of each turn), and rollout/trainer logprob mismatch."""
-    m = batch.mask > 0
-    out: dict[str, float] = {}
-    if not m.any():
-        return out
-    ent = entropy[m]
-    out["entropy/mean"] = float(ent.mean())
-    k = max(1, int(0.1 * ent.numel()))
-    out["entropy/branching"] = float(ent.topk(k).values.mean())
-    first = batch.turn_start & m
-    if first.any():
-        out["entropy/turn_start"] = float(entropy[first].mean())
-    gap = (logp_old - batch.engine_logp).abs()[m & batch.has_engine_logp]
-    if gap.numel():
-        out["mismatch/abs_logp_mean"] = float(gap.mean())
-        out["mismatch/abs_logp_max"] = float(gap.max())
-    return out
 
 
 def train(cfg: Config, log=print) -> list[dict[str, float]]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.episode import Episode, _decode_floats
+from agentrl.tokenizer import load_tokenizer
 
 FORMAT_VERSION = 1
 OVERLAY_KEYS: tuple[str, ...] = (
@@ -218,20 +219,6 @@ def _int_suffix(name: str) -> int:
     return int(m.group(1)) if m else -1
 
 
-def load_tokenizer(path: str) -> Any:
-    """A tokenizer for reading ids back. A directory with a ``tokenizer.json`` loads it exactly as
-    saved through ``PreTrainedTokenizerFast`` (never a class that rebuilds the pre-tokenizer and
-    changes ids); ``tiny:PRESET`` and other directories go through ``agentrl.models``, which imports
-    the modelling stack (seconds), so we avoid it when we can."""
-    if (Path(path) / "tokenizer.json").is_file():
-        from transformers import PreTrainedTokenizerFast
-
-        return PreTrainedTokenizerFast.from_pretrained(path)
-    from agentrl.models import load_tokenizer as models_load_tokenizer
-
-    return models_load_tokenizer(path)
-
-
 def first_tokenizer(candidates: Iterable[str]) -> tuple[Any, str | None, list[str]]:
     """Load the first candidate that works: (tokenizer or None, where from, errors seen)."""
     errors = []
@@ -240,6 +227,10 @@ def first_tokenizer(candidates: Iterable[str]) -> tuple[Any, str | None, list[st
             errors.append(f"{c}: not a local path")
             continue
         try:
+            if c.startswith("tiny:"):  # the cached tiny model's directory (built on first use)
+                from agentrl.models import resolve_model_path
+
+                c = resolve_model_path(c)
             return load_tokenizer(c), c, errors
         except Exception as e:  # a broken candidate must not stop us trying the next one
             errors.append(f"{c}: {type(e).__name__}: {e}")

@@ -3,7 +3,7 @@
 RL needs signal: after a few minutes of SFT on the solver's demonstrations, held-out accuracy
 should sit between "never" and "always" (we aim for roughly 30-60% mean@k). For each environment
 this warm-starts the CPU quickstart's tiny model on the environment's demonstrations (the real
-``agentrl.sft`` code) and runs ``trainer_batch.evaluate`` on the test split, printing mean@k and
+``agentrl.sft`` code) and runs ``agentrl.evaluation.evaluate`` on the test split, printing mean@k and
 pass@k per family, with the SFT time.
 
 Usage: .venv/bin/python bench/task_difficulty.py [--envs countdown shop] [--set sft.steps=300 ...]
@@ -33,9 +33,9 @@ def measure(
 
     from agentrl import build
     from agentrl.config import load_config
+    from agentrl.evaluation import evaluate
     from agentrl.models import resolve_model_path
     from agentrl.sft import build_examples, sft_train
-    from agentrl.trainer_batch import evaluate
 
     cfg = load_config(config, [f"env.name={name}", *FAMILIES[name], *overrides])
     base = resolve_model_path(cfg.model.path)

@@ -14,13 +14,12 @@ from agentrl.models import (
     PRESETS,
     build_tiny_model,
     ensure_tiny_base,
-    is_tiny_tokenizer_dir,
     load_policy,
-    load_tokenizer,
     resolve_model_path,
     tiny_config,
     train_tokenizer,
 )
+from agentrl.tokenizer import is_tiny_tokenizer_dir, load_tokenizer
 
 TEXTS = [
     "What is 12 + 345 * 6? The answer is \\boxed{2082}.",

@@ -1,0 +1,51 @@
+"""Evaluation: mean@k and pass@k of a policy on held-out tasks, as the trainer, ``agentrl eval`` and
+the study run it."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from agentrl import build
+from agentrl.config import Config
+from agentrl.engines.base import Engine
+from agentrl.env import Task
+from agentrl.episode import Episode
+from agentrl.metrics import is_correct
+from agentrl.runner import EpisodeRequest
+
+
+def evaluate(
+    cfg: Config, engine: Engine, tokenizer: Any, tasks: Sequence[Task], k: int | None = None
+) -> tuple[dict[str, float], list[Episode]]:
+    """mean@k (average correctness over k samples per task) and pass@k (any of k correct) on ``tasks``."""
+    k = k or cfg.eval.k
+    runner = build.build_runner(
+        cfg, engine, tokenizer, seed=cfg.run.seed + 10_007, temperature=cfg.eval.temperature
+    )
+    try:
+        reqs = [
+            EpisodeRequest(t, seed=i * k + j, group=f"eval-{t.id}", episode_id=f"eval-{t.id}-{j}")
+            for i, t in enumerate(tasks)
+            for j in range(k)
+        ]
+        episodes = runner.run(reqs)
+    finally:
+        runner.close()
+    by_task = defaultdict(list)
+    for e in episodes:
+        by_task[e.task_id].append(is_correct(e) and not e.failed)
+    mean_k = sum(sum(v) / len(v) for v in by_task.values()) / max(len(by_task), 1)
+    pass_k = sum(any(v) for v in by_task.values()) / max(len(by_task), 1)
+    rewards = [e.reward for e in episodes if not e.failed]
+    metrics = {
+        "eval/mean@k": mean_k,
+        "eval/pass@k": pass_k,
+        "eval/k": float(k),
+        "eval/tasks": float(len(by_task)),
+        "eval/reward": sum(rewards) / len(rewards) if rewards else math.nan,
+        "eval/failed_frac": sum(e.failed for e in episodes) / max(len(episodes), 1),
+    }
+    return metrics, episodes
