@@ -63,13 +63,13 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl import build
+    from agentrl import build, components
     from agentrl.evaluation import evaluate
 
     path = args.checkpoint or build.policy_path(cfg)
-    model, tokenizer = build.load_model(cfg, path)
+    model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
-    tasks = build.load_tasks(cfg, cfg.eval.split)
+    tasks = components.load_tasks(cfg, cfg.eval.split)
     if cfg.eval.num_tasks:
         tasks = tasks[: cfg.eval.num_tasks]
     metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
@@ -87,14 +87,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl import build
+    from agentrl import build, components
     from agentrl.runner import EpisodeRequest
     from agentrl.transcripts import TranscriptWriter
 
     path = build.policy_path(cfg)
-    model, tokenizer = build.load_model(cfg, path)
+    model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
-    tasks = build.load_tasks(cfg, args.split)[: args.tasks]
+    tasks = components.load_tasks(cfg, args.split)[: args.tasks]
     runner = build.build_runner(cfg, engine, tokenizer, seed=cfg.run.seed)
     try:
         g = cfg.rollout.group_size

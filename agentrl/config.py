@@ -20,6 +20,7 @@ import copy
 import dataclasses
 import difflib
 import sys
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,10 @@ CONFIG_FILE = "config.yaml"
 
 WEIGHTING_NAMES = ("stare", "steer", "stapo", "clip_cov", "kl_cov", "high_entropy")
 """Algorithm names that reweight or select tokens; the others use the plain clipped surrogate."""
+
+
+RENAMED: dict[str, str] = {"sandbox.pool_size": "sandbox.warm_sessions"}
+"""Old key -> new key. An old key still works for one release, with a warning naming the new one."""
 
 
 class ConfigError(ValueError):
@@ -155,6 +160,8 @@ def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
     origin: dict[str, str] = {}
     errors: list[str] = []
     for where, raw in sources:
+        raw, errs = _renamed_keys(raw, where)
+        errors += errs
         checked, errs = dataclass_tree.check_tree(raw, Config, where)
         errors += errs
         _deep_merge(merged, checked)
@@ -167,6 +174,31 @@ def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
     if problems:
         raise ConfigError([f"{msg} [{origin[p]}]" if p in origin else msg for p, msg in problems])
     return cfg
+
+
+def _renamed_keys(raw: Any, where: str) -> tuple[Any, list[str]]:
+    """Move keys listed in ``RENAMED`` to their new names, with a warning; both set is an error."""
+    if not isinstance(raw, Mapping):
+        return raw, []
+    raw, errors = copy.deepcopy(dict(raw)), []
+    for old, new in RENAMED.items():
+        *old_sections, old_leaf = old.split(".")
+        parent = raw
+        for section in old_sections:
+            parent = parent.get(section) if isinstance(parent, dict) else None
+        if not isinstance(parent, dict) or old_leaf not in parent:
+            continue
+        value = parent.pop(old_leaf)
+        *new_sections, new_leaf = new.split(".")
+        target = raw
+        for section in new_sections:
+            target = target.setdefault(section, {})
+        if new_leaf in target:
+            errors.append(f"'{old}' is the old name of '{new}'; set only '{new}' [{where}]")
+            continue
+        target[new_leaf] = value
+        warnings.warn(f"config key '{old}' is deprecated, use '{new}' [{where}]", FutureWarning, stacklevel=2)
+    return raw, errors
 
 
 def _resolve(cfg: Config) -> None:

@@ -378,8 +378,8 @@ class SandboxConfig:
     """Code execution: ``bwrap`` = bubblewrap on this machine, ``docker``, ``e2b`` (cloud), ``unisolated`` = plain subprocess."""
     allow_unisolated: bool = False
     """DANGEROUS: permit ``backend: unisolated``, which runs model-written code as your user with your files and network. Only for trusted code in a throwaway machine."""
-    pool_size: int = knob(4, ge=1)
-    """Persistent interpreters kept warm."""
+    warm_sessions: int = knob(0, ge=0)
+    """Interpreter sessions started ahead of time in each rollout process, so an episode's first cell does not wait for a container or interpreter to start (renamed from ``pool_size``)."""
     limits: LimitsConfig = field(default_factory=LimitsConfig)
     """Resource limits per execution."""
     docker_image: str = "agentrl-sandbox:local"

@@ -36,6 +36,7 @@ from typing import Any, ClassVar, NamedTuple
 
 from agentrl.errors import ToolError
 from agentrl.tools import ToolCall, check_arguments, parse_tool_calls, tool_schema
+from sandboxes.base import SandboxSpec
 
 Message = dict[str, Any]
 """A chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}``."""
@@ -111,11 +112,15 @@ class Environment:
     extra_tools: ClassVar[Sequence[Callable]] = ()
     """Plain functions exposed as tools in addition to ``@tool`` methods."""
 
-    def __init__(self, **options: Any) -> None:
+    def __init__(self, *, sandbox: SandboxSpec | None = None, **options: Any) -> None:
+        """``options`` (the config's ``env.options``) set class attributes of the same name; an
+        unknown one is an error. ``sandbox`` is where code runs (the run's ``sandbox`` section); the
+        environments that run code use it, the others ignore it."""
         for k, v in options.items():
             if not hasattr(self, k):
                 raise TypeError(f"{type(self).__name__} has no option {k!r}")
             setattr(self, k, v)
+        self.sandbox = sandbox or SandboxSpec()
         self.task: Task | None = None
         self.seed = 0
 

@@ -24,6 +24,8 @@ from typing import Any
 
 import torch
 
+from agentrl import components
+from agentrl.config import Config
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.episode import Episode
 from agentrl.errors import Failure
@@ -52,7 +54,7 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
         )
 
 
-def worker_config(cfg: Any) -> Any:
+def worker_config(cfg: Config) -> Config:
     """The config a worker runs with: the same run, rollouts in-process (no nested workers)."""
     return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, workers=0))
 
@@ -61,12 +63,10 @@ class RolloutWorker:
     """One Ray actor's state: policy weights in an engine, an environment factory, a tokenizer.
     Plain class so it can also be used (and tested) without Ray."""
 
-    def __init__(self, cfg: Any, model_path: str) -> None:
-        from agentrl import build
-
+    def __init__(self, cfg: Config, model_path: str) -> None:
         self.cfg = worker_config(cfg)
-        model, self.tokenizer = build.load_model(self.cfg, model_path)
-        self.engine = build.build_engine(self.cfg, model, self.tokenizer, model_path)
+        model, self.tokenizer = components.load_model(self.cfg, model_path)
+        self.engine = components.local_engine(self.cfg, model, self.tokenizer, model_path)
         del model  # the engine holds its own copy
 
     def pid(self) -> int:
@@ -84,9 +84,7 @@ class RolloutWorker:
         return int(self.engine.version)
 
     def run(self, requests: Sequence[EpisodeRequest], seed: int | None, temperature: float | None) -> list:
-        from agentrl import build
-
-        runner = build.build_runner(self.cfg, self.engine, self.tokenizer, seed=seed, temperature=temperature)
+        runner = components.local_runner(self.cfg, self.engine, self.tokenizer, seed, temperature)
         try:
             return runner.run(requests)
         finally:

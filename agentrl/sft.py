@@ -18,8 +18,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+from agentrl import components
 from agentrl.chat import ChatRenderer
+from agentrl.config import Config
+from agentrl.env import Task
 from agentrl.forward import first_loss_column, prefix_plan, suffix_logits
 
 Message = dict[str, Any]
@@ -148,11 +152,14 @@ def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[tor
     return ids, mask
 
 
-def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks."""
-    from agentrl.build import env_factory, sft_seed
+def sft_seed(cfg: Config) -> int:
+    """The warm start's seed: ``sft.seed``, else ``run.seed``."""
+    return cfg.run.seed if cfg.sft.seed is None else cfg.sft.seed
 
-    env = env_factory(cfg)()
+
+def build_examples(cfg: Config, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
+    """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks."""
+    env = components.env_factory(cfg)()
     try:
         renderer = ChatRenderer(tokenizer, env.tool_schemas() or None)
     finally:
@@ -174,17 +181,15 @@ def build_examples(cfg: Any, tokenizer: Any) -> list[tuple[list[int], list[int]]
 _DEMO_STREAM = 1_000_003
 
 
-def demo_tasks(cfg: Any) -> list[Any]:
+def demo_tasks(cfg: Config) -> list[Task]:
     """The tasks demonstrations are made from: the SFT seed's training tasks, or, with
     ``sft.exclude_train_seeds``, tasks from a separate stream minus every task whose prompt RL
     trains on under those run seeds. Raises when the exclusion leaves nothing."""
-    from agentrl.build import load_tasks, sft_seed
-
     seeds = list(cfg.sft.exclude_train_seeds)
     if not seeds:
-        return load_tasks(cfg, "train", seed=sft_seed(cfg))
-    taken = {t.prompt for s in seeds for t in load_tasks(cfg, "train", seed=s)}
-    pool = load_tasks(cfg, "train", seed=sft_seed(cfg) + _DEMO_STREAM)
+        return components.load_tasks(cfg, "train", seed=sft_seed(cfg))
+    taken = {t.prompt for s in seeds for t in components.load_tasks(cfg, "train", seed=s)}
+    pool = components.load_tasks(cfg, "train", seed=sft_seed(cfg) + _DEMO_STREAM)
     kept = [t for t in pool if t.prompt not in taken]
     if not kept:
         raise ValueError(
@@ -194,14 +199,10 @@ def demo_tasks(cfg: Any) -> list[Any]:
     return kept
 
 
-def run_sft(cfg: Any, base_path: str, out_dir: Path, log: Callable[[str], None] = print) -> SFTResult:
+def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], None] = print) -> SFTResult:
     """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from agentrl.build import load_model, sft_seed
-
     torch.manual_seed(sft_seed(cfg))
-    model, tokenizer = load_model(cfg, base_path)
+    model, tokenizer = components.load_model(cfg, base_path)
     examples = build_examples(cfg, tokenizer)
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
     n_tok = sum(sum(m) for _, m in examples)

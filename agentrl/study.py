@@ -202,13 +202,13 @@ def plan(study: StudyConfig, targets: dict[str, float]) -> list[RunSpec]:
 def probe_tasks(cfg: Any, study: StudyConfig) -> list[Any]:
     """The training prompts H0 is measured on (``target.probe``): an equal share of each RL seed's
     task list, or the first ``probe_prompts`` of the warm start's."""
-    from agentrl import build
+    from agentrl import components
 
     n = study.target.probe_prompts
     if study.target.probe == "sft_seed":
-        return build.load_tasks(cfg, "train", seed=study.sft_seed)[:n]
+        return components.load_tasks(cfg, "train", seed=study.sft_seed)[:n]
     share = -(-n // len(study.seeds))  # ceil
-    tasks = [t for s in study.seeds for t in build.load_tasks(cfg, "train", seed=s)[:share]]
+    tasks = [t for s in study.seeds for t in components.load_tasks(cfg, "train", seed=s)[:share]]
     return tasks[:n]
 
 
@@ -217,7 +217,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     Cached in ``OUTPUT/FAMILY/prep.json`` (keyed by the warm start's path and the probe settings)."""
     import torch
 
-    from agentrl import build
+    from agentrl import build, components
     from agentrl.batch import batch_forward, build_batch
     from agentrl.config import load_config
     from agentrl.evaluation import evaluate
@@ -237,7 +237,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         if prep.get("key") == key:
             return prep
     t0 = time.perf_counter()
-    model, tokenizer = build.load_model(cfg, path)
+    model, tokenizer = components.load_model(cfg, path)
     model.eval()
     engine = build.build_engine(cfg, model, tokenizer, path)
     tasks = probe_tasks(cfg, study)
@@ -256,7 +256,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         _, ent = batch_forward(model, batch, cfg.trainer.micro_batch_size, cfg.rollout.temperature)
     h0 = float((ent * batch.mask).sum() / batch.mask.sum().clamp(min=1))
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
-    test = build.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
+    test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
     metrics, _ = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
     prep = {
         "key": key,

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from agentrl import algorithms as alg
-from agentrl import build, ddp
+from agentrl import build, components, ddp
 from agentrl import offpolicy as off
 from agentrl.batch import Batch, batch_forward, build_batch, token_metrics
 from agentrl.checkpoint import (
@@ -81,7 +81,7 @@ class Trainer:
         self.start_step = self.step = 0
         ckpt, state = self._resume_point() if cfg.run.resume else (None, None)
         path = str(ckpt) if ckpt else build.policy_path(cfg, log=log)
-        self.model, self.tokenizer = build.load_model(cfg, path)
+        self.model, self.tokenizer = components.load_model(cfg, path)
         self.model.train()
         if cfg.model.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()  # type: ignore[operator]
@@ -104,7 +104,7 @@ class Trainer:
             fused=all(p.is_floating_point() for p in trainable) or None,
         )
         self.engine = build.build_engine(cfg, self.model, self.tokenizer, path)
-        self.train_tasks = build.load_tasks(cfg, "train")
+        self.train_tasks = components.load_tasks(cfg, "train")
         self.sampler = TaskSampler(self.train_tasks, cfg.run.seed)
         self.weighting = weighting_name(cfg)
         self.weighting_state: Any = None
@@ -414,7 +414,7 @@ class Trainer:
 
     # -- evaluation, checkpoints -------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        tasks = build.load_tasks(self.cfg, self.cfg.eval.split)
+        tasks = components.load_tasks(self.cfg, self.cfg.eval.split)
         if self.cfg.eval.num_tasks:
             tasks = tasks[: self.cfg.eval.num_tasks]
         return evaluate(self.cfg, self.engine, self.tokenizer, tasks)[0]

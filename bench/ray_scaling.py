@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from agentrl import build
+from agentrl import build, components
 from agentrl.config import load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
@@ -69,7 +69,7 @@ def main() -> None:
     rows = []
     cfg = config(0, args)
     path = resolve_model_path(cfg.model.path)
-    model, tok = build.load_model(cfg, path)
+    model, tok = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tok, path)
     timed(build.build_runner(cfg, engine, tok, seed=0), reqs[:4])  # warm-up
     rows.append(("in-process", *timed(build.build_runner(cfg, engine, tok, seed=0), reqs)))

@@ -31,7 +31,7 @@ def measure(
 ) -> dict[str, float]:
     from pathlib import Path
 
-    from agentrl import build
+    from agentrl import build, components
     from agentrl.config import load_config
     from agentrl.evaluation import evaluate
     from agentrl.models import resolve_model_path
@@ -39,11 +39,11 @@ def measure(
 
     cfg = load_config(config, [f"env.name={name}", *FAMILIES[name], *overrides])
     base = resolve_model_path(cfg.model.path)
-    model, tokenizer = build.load_model(cfg, base)
+    model, tokenizer = components.load_model(cfg, base)
     examples = build_examples(cfg, tokenizer)
     t0 = time.perf_counter()
 
-    tasks = build.load_tasks(cfg, "test")
+    tasks = components.load_tasks(cfg, "test")
     engine = build.build_engine(cfg, model, tokenizer, base)  # a copy, synced before each evaluation
 
     def on_step(i: int, loss: float) -> None:

@@ -6,48 +6,22 @@ persist across the episode's cells. A turn without a code block is the final ans
 
 Errors, timeouts and limits hit by the *code* are feedback to the model. A failure of the sandbox
 *itself* (it cannot start, the engine is gone) raises ``sandboxes.SandboxError``, which the runner
-records at the ``sandbox`` boundary. One session per episode: opened in ``reset``, closed in
-``close`` (the runner always calls it). The sandbox (backend, limits, warm workers) is shared by all
-episodes of the process with the same options.
-
-Options: ``backend`` (``bwrap`` | ``docker`` | ``e2b`` | ``unisolated``) and ``sandbox`` (options for
-``sandboxes.make_sandbox``, e.g. ``{"limits": {"wall_s": 5}, "spares": 4}``).
+records at the ``sandbox`` boundary. One session per episode: taken from the process-wide pool of
+the environment's ``sandbox`` (a ``SandboxSpec``: backend, options, warm sessions) in ``reset``,
+closed in ``close`` (the runner always calls it). The trainer passes the run's ``sandbox`` section;
+on its own, ``CodeInterpreter(sandbox=SandboxSpec("docker", {"limits": {"wall_s": 5}}))``.
 """
 
 from __future__ import annotations
 
-import json
-import threading
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 from agentrl.env import Environment, Message, Reward, Task, register, tool
 from agentrl.tools import ToolCall, check_arguments
 from environments.generators import code_arithmetic_demos, code_arithmetic_tasks, first_messages
 from environments.rewards import correct, has_answer, num_tool_calls
-from sandboxes import Sandbox, Session, format_result, make_sandbox
-
-_SHARED: dict[str, Sandbox] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def shared_sandbox(backend: str, options: dict[str, Any]) -> Sandbox:
-    """One sandbox per (backend, options) per process: warm workers, the Docker client and cgroup
-    setup are paid once, not per episode. Closed at interpreter exit (``sandboxes.base``)."""
-    key = json.dumps([backend, options], sort_keys=True, default=str)
-    with _SHARED_LOCK:
-        sb = _SHARED.get(key)
-        if sb is None or getattr(sb, "_closed", False):
-            sb = _SHARED[key] = make_sandbox(backend, **options)
-        return sb
-
-
-def close_shared_sandboxes() -> None:
-    with _SHARED_LOCK:
-        items = list(_SHARED.values())
-        _SHARED.clear()
-    for sb in list(items):
-        sb.close()
+from sandboxes import Session, format_result, shared_pool
 
 
 @register
@@ -59,8 +33,6 @@ class CodeInterpreter(Environment):
     )
     tool_format = "python"
     max_turns = 6
-    backend: ClassVar[str] = "bwrap"
-    sandbox: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)
@@ -80,7 +52,7 @@ class CodeInterpreter(Environment):
 
     def reset(self, task: Task, seed: int) -> list[Message]:
         self.close()
-        self._session = shared_sandbox(self.backend, dict(self.sandbox)).session()
+        self._session = shared_pool(self.sandbox).acquire(timeout=self.sandbox.acquire_timeout_s)
         return super().reset(task, seed)
 
     def call_tool(self, call: ToolCall) -> Message:

@@ -10,6 +10,7 @@ unless ``allow_unisolated=True``).
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from sandboxes.base import (
@@ -19,6 +20,7 @@ from sandboxes.base import (
     Limits,
     Sandbox,
     SandboxError,
+    SandboxSpec,
     Session,
     SessionPool,
     format_result,
@@ -34,10 +36,13 @@ __all__ = [
     "Limits",
     "Sandbox",
     "SandboxError",
+    "SandboxSpec",
     "Session",
     "SessionPool",
+    "close_shared_pools",
     "format_result",
     "make_sandbox",
+    "shared_pool",
 ]
 
 
@@ -67,3 +72,30 @@ def make_sandbox(
 
         return E2BSandbox(limits, **options)
     raise ValueError(f"unknown sandbox backend {backend!r}; valid: {', '.join(BACKENDS)}")
+
+
+_POOLS: dict[str, SessionPool] = {}
+_POOLS_LOCK = threading.Lock()
+
+
+def shared_pool(spec: SandboxSpec) -> SessionPool:
+    """The process-wide session pool for ``spec``: one sandbox per spec, made on first use (warm
+    workers, the Docker client and cgroup setup are paid once, not per episode). Closed at exit, or
+    by ``close_shared_pools``."""
+    key = spec.key()
+    with _POOLS_LOCK:
+        pool = _POOLS.get(key)
+        if pool is None or pool.closed:
+            sandbox = make_sandbox(spec.backend, **dict(spec.options))
+            pool = _POOLS[key] = SessionPool(sandbox, spec.max_sessions, spec.warm_sessions)
+        return pool
+
+
+def close_shared_pools() -> None:
+    """Close every shared pool and its sandbox (their sessions included)."""
+    with _POOLS_LOCK:
+        pools = list(_POOLS.values())
+        _POOLS.clear()
+    for pool in pools:
+        pool.close()
+        pool.sandbox.close()

@@ -17,12 +17,13 @@ from __future__ import annotations
 import atexit
 import contextlib
 import dataclasses
+import json
 import os
 import threading
 import time
 import weakref
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from agentrl.errors import BoundaryError
@@ -68,6 +69,29 @@ class Limits:
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """Where an environment runs code: a backend, its options, and how sessions are pooled. A run's
+    ``sandbox`` config section becomes one of these, passed to every environment as ``sandbox=``.
+
+    ``sandboxes.shared_pool(spec)`` gives the process-wide ``SessionPool`` for a spec, so the sandbox
+    (warm workers, the Docker client, cgroup setup) is made once per process, not per episode."""
+
+    backend: str = "bwrap"
+    """``bwrap``, ``docker``, ``e2b`` or ``unisolated`` (refused unless ``allow_unisolated``)."""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """Keyword arguments of ``make_sandbox`` (``limits`` as a dict, ``image``, ``template``...)."""
+    warm_sessions: int = 0
+    """Sessions started ahead of time, so an episode's ``reset`` does not wait for one."""
+    max_sessions: int = 64
+    """Sessions open at once in this process (one per running episode)."""
+    acquire_timeout_s: float = 600.0
+    """How long an episode waits for a free session before failing at the ``sandbox`` boundary."""
+
+    def key(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True, default=str)
 
 
 @dataclass(frozen=True)
@@ -296,6 +320,10 @@ class SessionPool:
             if self._outstanding.pop(id(pooled), None) is None:
                 return
         self._slots.release()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def in_use(self) -> int:
         with self._cv:

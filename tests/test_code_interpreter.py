@@ -11,8 +11,17 @@ import textwrap
 import pytest
 
 from agentrl.env import EpisodeState, Task
-from environments.code_interpreter import CodeInterpreter, close_shared_sandboxes
-from sandboxes import IsolationUnavailable, Limits, SandboxError, SessionPool, make_sandbox
+from environments.code_interpreter import CodeInterpreter
+from sandboxes import (
+    IsolationUnavailable,
+    Limits,
+    SandboxError,
+    SandboxSpec,
+    SessionPool,
+    close_shared_pools,
+    make_sandbox,
+    shared_pool,
+)
 from sandboxes.e2b_local import LocalCodeInterpreterServer
 from tests.sandbox_fixtures import FAST, assert_nothing_left, docker_options, make_or_skip, our_containers
 
@@ -30,10 +39,10 @@ def env(request):
     elif backend == "docker":
         make_or_skip("docker").close()  # skips with the reason when there is no engine
         extra = docker_options()
-    e = CodeInterpreter(backend=backend, sandbox={"limits": LIMITS, **extra})
+    e = CodeInterpreter(sandbox=SandboxSpec(backend, {"limits": LIMITS, **extra}))
     yield e
     e.close()
-    close_shared_sandboxes()
+    close_shared_pools()
     for fn in cleanup:
         fn()
     assert_nothing_left()
@@ -54,7 +63,7 @@ def test_scripted_episode(env):
     assert "TimeoutError" in obs[0]["content"] and not term
     # the last expression's value is shown; state survives (E2B restarts after a timeout)
     obs, *_ = env.step("```python\nx + 0\n```")
-    assert obs[0]["content"] == "42" or env.backend == "e2b"
+    assert obs[0]["content"] == "42" or env.sandbox.backend == "e2b"
     # an unclosed block is a parse error for the model
     obs, *_ = env.step("```python\nprint(1)")
     assert obs[0]["content"].startswith("Error: the code block is not closed")
@@ -76,23 +85,23 @@ def test_wrong_answer_scores_zero():
 
 
 def test_sandbox_failure_raises_for_the_sandbox_boundary():
-    env = CodeInterpreter(backend="bwrap", sandbox={"limits": LIMITS, "python": "/nonexistent/python3"})
+    env = CodeInterpreter(sandbox=SandboxSpec("bwrap", {"limits": LIMITS, "python": "/nonexistent/python3"}))
     with pytest.raises(SandboxError) as e:
         env.reset(Task(id="t", prompt="?"), 0)
     assert e.value.boundary == "sandbox"
     env.close()
-    close_shared_sandboxes()
+    close_shared_pools()
 
 
 def test_tasks_and_demonstrations_run_in_the_sandbox():
     tasks = CodeInterpreter.load_tasks("train", n=3, seed=0)
-    env = CodeInterpreter(backend="bwrap", sandbox={"limits": LIMITS})
+    env = CodeInterpreter(sandbox=SandboxSpec("bwrap", {"limits": LIMITS}))
     for demo, task in zip(CodeInterpreter.demonstrations(tasks), tasks):
         env.reset(task, 0)
         obs, *_ = env.step(demo[-3]["content"])  # the demo's code block, run for real
         assert obs[0]["content"] == demo[-2]["content"] == str(task.answer)
         env.close()
-    close_shared_sandboxes()
+    close_shared_pools()
 
 
 def test_unisolated_refuses_without_opt_in():
@@ -183,3 +192,39 @@ def test_docker_containers_reaped_at_exit_and_start_up():
     assert reap(client) >= 1
     assert all(x["Id"] != c["Id"] for x in client.api.containers(all=True))
     assert our_containers() == []
+
+
+def test_the_runs_sandbox_section_reaches_every_environment(tmp_path):
+    from agentrl import components
+    from agentrl.config import load_config
+
+    cfg = load_config(
+        None,
+        ["env.name=code_interpreter", "sandbox.warm_sessions=2", "sandbox.limits.wall_s=3",
+         "rollout.max_concurrent_episodes=5"],
+    )  # fmt: skip
+    spec = components.sandbox_spec(cfg)
+    assert (spec.backend, spec.warm_sessions, spec.max_sessions) == ("bwrap", 2, 5)
+    assert spec.options["limits"]["wall_s"] == 3
+    env = components.env_factory(cfg)()
+    assert env.sandbox == spec  # passed explicitly, not probed for
+    calc = components.env_factory(load_config(None, ["env.name=calculator"]))()
+    assert calc.sandbox.backend == "bwrap"  # every environment gets one; those that run no code ignore it
+    try:
+        env.reset(Task(id="t", prompt="?"), 0)
+        pool = shared_pool(spec)
+        assert (pool.spares, pool.max_sessions, pool.in_use()) == (2, 5, 1)
+    finally:
+        env.close()
+        close_shared_pools()
+    assert_nothing_left()
+
+
+def test_pool_size_is_an_alias_of_warm_sessions():
+    from agentrl.config import ConfigError, config_from_dict, load_config
+
+    with pytest.warns(FutureWarning, match=r"sandbox\.warm_sessions"):
+        cfg = load_config(None, ["sandbox.pool_size=3"])
+    assert cfg.sandbox.warm_sessions == 3
+    with pytest.raises(ConfigError, match=r"set only 'sandbox\.warm_sessions'"):
+        config_from_dict({"sandbox": {"pool_size": 3, "warm_sessions": 1}})  # both in one file

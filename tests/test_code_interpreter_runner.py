@@ -14,7 +14,8 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Task
 from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
-from environments.code_interpreter import CodeInterpreter, close_shared_sandboxes
+from environments.code_interpreter import CodeInterpreter
+from sandboxes import SandboxSpec, close_shared_pools
 from sandboxes.e2b_local import LocalCodeInterpreterServer
 from tests.sandbox_fixtures import FAST, assert_nothing_left, docker_options, make_or_skip
 
@@ -32,8 +33,10 @@ def factory(request):
     elif backend == "docker":
         make_or_skip("docker").close()
         extra = docker_options()
-    yield functools.partial(CodeInterpreter, backend=backend, sandbox={"limits": FAST.to_json(), **extra})
-    close_shared_sandboxes()
+    yield functools.partial(
+        CodeInterpreter, sandbox=SandboxSpec(backend, {"limits": FAST.to_json(), **extra})
+    )
+    close_shared_pools()
     for fn in cleanup:
         fn()
     assert_nothing_left()
@@ -90,7 +93,7 @@ def test_tiny_model_episodes(factory, tiny_policy):
     not os.environ.get("E2B_API_KEY"), reason="E2B_API_KEY is not set: the live E2B cloud test needs it"
 )
 def test_live_e2b_cloud_episode(tiny_tokenizer):
-    factory = functools.partial(CodeInterpreter, backend="e2b", sandbox={"limits": FAST.to_json()})
+    factory = functools.partial(CodeInterpreter, sandbox=SandboxSpec("e2b", {"limits": FAST.to_json()}))
     engine = ScriptedEngine(
         ["```python\nprint(6 * 7)\n```<|im_end|>", "\\boxed{42}<|im_end|>"], tokenizer=tiny_tokenizer
     )
@@ -99,5 +102,5 @@ def test_live_e2b_cloud_episode(tiny_tokenizer):
         (ep,) = runner.run([EpisodeRequest(TASK, seed=0)])
     finally:
         runner.close()
-        close_shared_sandboxes()
+        close_shared_pools()
     assert [m["content"] for m in ep.messages if m["role"] == "tool"] == ["42"] and ep.reward == 1.0

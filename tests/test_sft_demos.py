@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.build import load_tasks, warm_start_key
+from agentrl.build import warm_start_key
+from agentrl.components import load_tasks
 from agentrl.config import load_config
 from agentrl.sft import demo_tasks
 

@@ -134,14 +134,14 @@ def test_reduced_study_command_end_to_end(tmp_path):
 
 
 def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_dir):
-    from agentrl import build
+    from agentrl import components
     from agentrl.config import load_config
     from agentrl.study import family_overrides, probe_tasks
 
     path = _write_study(tmp_path, tiny_model_dir, METHODS)
     study = load_study(path, ["seeds=[0,1,2]", "target.probe_prompts=4"])
     cfg = load_config(study.families["calc"], family_overrides(study, "calc"))
-    by_seed = {s: build.load_tasks(cfg, "train", seed=s) for s in (0, 1, 2)}
+    by_seed = {s: components.load_tasks(cfg, "train", seed=s) for s in (0, 1, 2)}
     assert by_seed[0][:2] != by_seed[1][:2]  # the seeds really draw different lists
     got = [t.id for t in probe_tasks(cfg, study)]
     # ceil(4 / 3) = 2 from each seed in order, cut to 4: seed 0's first two, then seed 1's

@@ -1,0 +1,147 @@
+"""The pieces of a run, built in this process from its config: the device, the sandbox and
+environment factory, tasks, the policy, a local engine, sampling parameters and the EpisodeRunner.
+
+``build.py`` assembles a run from these (the SFT warm start, Ray rollout workers); the Ray workers
+and the SFT warm start use them directly, so nothing here imports either.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from agentrl.async_runner import AsyncEpisodeRunner
+from agentrl.config import Config
+from agentrl.data import load_tasks_from_source
+from agentrl.engines.base import Engine, SamplingParams
+from agentrl.engines.hf import HFEngine
+from agentrl.env import Environment, Task, import_environment_module, make_env, registered
+from agentrl.models import load_policy
+from agentrl.runner import Budgets, EpisodeRunner
+from sandboxes import SandboxSpec
+
+
+def device_of(cfg: Config) -> str:
+    if cfg.run.device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return cfg.run.device
+
+
+def sandbox_spec(cfg: Config) -> SandboxSpec:
+    """The ``sandbox`` section as the ``SandboxSpec`` every environment receives."""
+    s, lim = cfg.sandbox, cfg.sandbox.limits
+    options: dict[str, Any] = {
+        "limits": {
+            "wall_s": lim.wall_s,
+            "cpu_s": lim.cpu_s,
+            "memory_bytes": lim.memory_mb * 2**20,
+            "processes": lim.max_procs,
+            "output_bytes": lim.output_bytes,
+            "file_bytes": lim.file_size_mb * 2**20,
+        },
+    }
+    if s.backend == "unisolated":
+        options["allow_unisolated"] = s.allow_unisolated
+    if s.backend == "docker":
+        options["image"] = s.docker_image
+    if s.backend == "e2b" and s.e2b_template:
+        options["template"] = s.e2b_template
+    return SandboxSpec(
+        backend=s.backend,
+        options=options,
+        warm_sessions=s.warm_sessions,
+        max_sessions=cfg.rollout.max_concurrent_episodes,  # one session per running episode
+    )
+
+
+def env_factory(cfg: Config) -> Callable[[], Environment]:
+    """Makes one fresh environment per episode: ``env.options`` and the run's sandbox."""
+    if cfg.env.module:
+        import_environment_module(cfg.env.module)
+    if cfg.env.name not in registered():
+        make_env(cfg.env.name)  # raises with a did-you-mean and the registered names
+    return functools.partial(make_env, cfg.env.name, sandbox=sandbox_spec(cfg), **cfg.env.options)
+
+
+def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
+    """Tasks for ``split`` ("train" or "test") from the environment's generator or a dataset, drawn
+    with ``seed`` (default ``run.seed``)."""
+    n = cfg.data.num_train if split == "train" else cfg.data.num_test
+    seed = cfg.run.seed if seed is None else seed
+    if cfg.data.source == "builtin":
+        if cfg.env.module:
+            import_environment_module(cfg.env.module)
+        env_cls = registered()[cfg.env.name]
+        return env_cls.load_tasks(split, n=n, seed=seed, **cfg.data.options)
+    return load_tasks_from_source(
+        source=cfg.data.source,
+        path=cfg.data.path or "",
+        adapter=cfg.data.adapter,
+        columns=dict(cfg.data.columns),
+        split=cfg.data.train_split if split == "train" else cfg.data.test_split,
+        n=n,
+        seed=seed,
+        **cfg.data.options,
+    )
+
+
+def load_model(cfg: Config, path: str) -> tuple[torch.nn.Module, Any]:
+    """The policy at ``path`` and its tokenizer, in ``model.dtype`` on the run's device."""
+    extra = {"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}
+    return load_policy(path, dtype=cfg.model.dtype, device=device_of(cfg), **extra)
+
+
+def local_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, path: str) -> Engine:
+    """A generation engine in this process. The HF engine gets its own copy of the weights, synced
+    after each update through ``load_weights`` exactly like vLLM's, so both paths behave the same."""
+    if cfg.rollout.engine == "hf":
+        engine_model = copy.deepcopy(model).eval()
+        for p in engine_model.parameters():
+            p.requires_grad_(False)
+        return HFEngine(engine_model, tokenizer=tokenizer, device=device_of(cfg))
+    from agentrl.engines.vllm import VLLMEngine  # the optional vllm extra
+
+    return VLLMEngine.from_config(cfg, path, tokenizer)
+
+
+def sampling_params(cfg: Config, seed: int | None = None, temperature: float | None = None) -> SamplingParams:
+    return SamplingParams(
+        temperature=cfg.rollout.temperature if temperature is None else temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        seed=seed,
+    )
+
+
+def local_runner(
+    cfg: Config, engine: Engine, tokenizer: Any, seed: int | None = None, temperature: float | None = None
+) -> EpisodeRunner:
+    """The EpisodeRunner of ``rollout.runner`` (lockstep or async) over ``engine``."""
+    budgets = Budgets(
+        max_turns=cfg.rollout.max_turns,
+        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
+        max_episode_tokens=cfg.rollout.max_episode_tokens,
+        max_tool_output_tokens=cfg.rollout.max_tool_output_tokens,
+    )
+    sampling = sampling_params(cfg, seed, temperature)
+    if cfg.rollout.runner == "async":
+        return AsyncEpisodeRunner(
+            engine,
+            tokenizer,
+            env_factory(cfg),
+            budgets=budgets,
+            sampling=sampling,
+            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
+        )
+    return EpisodeRunner(
+        engine,
+        tokenizer,
+        env_factory(cfg),
+        budgets=budgets,
+        sampling=sampling,
+        env_workers=min(64, cfg.rollout.max_concurrent_episodes),
+    )
