@@ -8,8 +8,9 @@ type, an invalid choice or an out-of-range value raises ``ConfigError`` naming t
 expected, and (for typos) the closest valid name. All problems are reported at once.
 
 ``algorithm.name`` is a preset: fields that default to ``None`` with "from the preset" in their
-docstring take the preset's value (``PRESETS``, from ALGORITHMS.md §1, §2, §5), unless the user set
-them. Derived values (``run.output_dir``, ``model.tokenizer``, the overlong lengths) are filled in
+docstring take the preset's value (the method's record in ``agentrl.algorithms.registry.METHODS``,
+from ALGORITHMS.md §1, §2, §5), unless the user set them. Each token weighting's settings are a
+registered section, ``algorithm.<name>``, checked by the rules in its record when it is selected. Derived values (``run.output_dir``, ``model.tokenizer``, the overlong lengths) are filled in
 too, so the resolved config saved in the run directory holds concrete values only. Interpolation
 (``${...}``) is refused: what can be derived is derived here, in one place.
 """
@@ -17,7 +18,6 @@ too, so the resolved config saved in the run directory holds concrete values onl
 from __future__ import annotations
 
 import copy
-import dataclasses
 import difflib
 import sys
 import warnings
@@ -29,39 +29,27 @@ import yaml
 from omegaconf import DictConfig, OmegaConf
 
 from agentrl import dataclass_tree
+from agentrl.algorithms import registry
 from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections from here)
-    AdaptiveConfig,
     AlgorithmConfig,
-    AlgorithmName,
-    ClipCovConfig,
     Config,
     DataConfig,
     EnvConfig,
     EvalConfig,
-    HighEntropyConfig,
-    KLCovConfig,
     LimitsConfig,
     LoggingConfig,
     ModelConfig,
     OverlongConfig,
-    PIConfig,
     RolloutConfig,
     RunConfig,
     SandboxConfig,
     SFTConfig,
-    StapoConfig,
-    StareConfig,
-    SteerConfig,
     TrainerConfig,
     VLLMConfig,
 )
 
 CONFIG_FILE = "config.yaml"
 """Name of the resolved config inside a run directory."""
-
-WEIGHTING_NAMES = ("stare", "steer", "stapo", "clip_cov", "kl_cov", "high_entropy")
-"""Algorithm names that reweight or select tokens; the others use the plain clipped surrogate."""
-
 
 RENAMED: dict[str, str] = {"sandbox.pool_size": "sandbox.warm_sessions"}
 """Old key -> new key. An old key still works for one release, with a warning naming the new one."""
@@ -79,37 +67,14 @@ class ConfigError(ValueError):
         super().__init__(msg)
 
 
-# --------------------------------------------------------------------------------------- presets
-_GRPO = {
-    "advantage": "grpo",
-    "loss_agg": "seq-mean-token-mean",
-    "clip_low": 0.2,
-    "clip_high": 0.2,
-    "ratio_clip": True,
-    "dynamic_sampling": False,
-    "overlong.enabled": False,
-}
-_GRPO_DS = {**_GRPO, "loss_agg": "token-mean", "clip_high": 0.28, "dynamic_sampling": True}
-"""STARE's base ("GRPO-ds"): GRPO with DAPO's loss (clip-higher, token-mean) and dynamic sampling."""
-
-PRESETS: dict[str, dict[str, Any]] = {
-    "grpo": _GRPO,
-    "dr_grpo": {**_GRPO, "advantage": "dr_grpo", "loss_agg": "seq-mean-token-sum-norm"},
-    "rloo": {**_GRPO, "advantage": "rloo"},
-    "dapo": {**_GRPO_DS, "overlong.enabled": True},
-    "stare": _GRPO_DS,
-    "steer": _GRPO_DS,
-    "stapo": _GRPO_DS,
-    "clip_cov": _GRPO_DS,
-    "kl_cov": {**_GRPO_DS, "ratio_clip": False},
-    "high_entropy": _GRPO_DS,
-}
-"""Values of the preset fields (keys relative to ``algorithm``) for each ``algorithm.name``."""
-
-
 def weighting_name(cfg: Config) -> str:
-    """The token-weighting method: one of ``WEIGHTING_NAMES``, or ``none`` for the plain surrogate."""
-    return cfg.algorithm.name if cfg.algorithm.name in WEIGHTING_NAMES else "none"
+    """The token weighting ``algorithm.name`` trains with (``none`` for the plain surrogate)."""
+    return registry.METHODS[cfg.algorithm.name].weighting
+
+
+def weighting_settings(cfg: Config) -> Any:
+    """The settings section of that weighting (``cfg.algorithm.stare`` for STARE), or None."""
+    return cfg.algorithm.settings.get(weighting_name(cfg))
 
 
 # ------------------------------------------------------------------------------------ public API
@@ -133,7 +98,7 @@ def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
     """Plain nested dicts (tuples become lists), ready for YAML or JSON."""
-    return _plain(dataclasses.asdict(cfg))
+    return _plain(dataclass_tree.to_tree(cfg))
 
 
 def config_to_yaml(cfg: Config) -> str:
@@ -156,7 +121,7 @@ def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
     """Check each source on its own (so a message can say where a bad value came from), merge them
     over the defaults, build the dataclasses, resolve presets and derived values, check ranges and
     the rules that tie keys together."""
-    merged = dataclasses.asdict(Config())
+    merged = dataclass_tree.to_tree(Config())
     origin: dict[str, str] = {}
     errors: list[str] = []
     for where, raw in sources:
@@ -204,7 +169,7 @@ def _renamed_keys(raw: Any, where: str) -> tuple[Any, list[str]]:
 def _resolve(cfg: Config) -> None:
     """Fill the preset fields the user left at None, and the derived values."""
     alg = cfg.algorithm
-    for key, value in PRESETS[alg.name].items():
+    for key, value in registry.METHODS[alg.name].preset.items():
         section, _, leaf = key.rpartition(".")
         target = getattr(alg, section) if section else alg
         if getattr(target, leaf) is None:
@@ -222,7 +187,7 @@ def _resolve(cfg: Config) -> None:
 
 def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     """Rules that involve more than one key, as ``(key, message)``."""
-    ro, alg, st = cfg.rollout, cfg.algorithm, cfg.algorithm.stare
+    ro, alg = cfg.rollout, cfg.algorithm
     if cfg.sandbox.backend == "unisolated" and not cfg.sandbox.allow_unisolated:
         yield (
             "sandbox.backend",
@@ -264,32 +229,9 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
                 f"algorithm.overlong.max_length={alg.overlong.max_length}"
             ),
         )
-    t = cfg.trainer
-    if alg.name == "stare" and st.scope == "micro" and t.epochs_per_step > 1 and t.mini_batches_per_step > 1:
-        yield (
-            "algorithm.stare.scope",
-            (
-                "algorithm.stare.scope='micro' ranks within the micro-batches the update runs, but with "
-                f"trainer.epochs_per_step={t.epochs_per_step} and trainer.mini_batches_per_step="
-                f"{t.mini_batches_per_step} every epoch reshuffles them, so there is no single set of "
-                "micro-batches to rank in: use scope 'batch', one epoch, or one mini-batch per step"
-            ),
-        )
-    pairs = [
-        ("algorithm.clip_cov.lb", alg.clip_cov.lb, "algorithm.clip_cov.ub", alg.clip_cov.ub),
-        ("algorithm.stare.pi.W_min", st.pi.W_min, "algorithm.stare.pi.W_max", st.pi.W_max),
-        ("algorithm.stare.pi.M_min", st.pi.M_min, "algorithm.stare.pi.M_max", st.pi.M_max),
-    ]
-    if st.controller == "pi" and st.pi.P_max is not None:
-        pairs.append(("algorithm.stare.P", st.P, "algorithm.stare.pi.P_max", st.pi.P_max))
-    if st.controller == "adaptive":
-        pairs += [
-            ("algorithm.stare.W", st.W, "algorithm.stare.adaptive.W_max", st.adaptive.W_max),
-            ("algorithm.stare.adaptive.M_min", st.adaptive.M_min, "algorithm.stare.M", st.M),
-        ]
-    for low_key, low, high_key, high in pairs:
-        if low > high:
-            yield low_key, f"{low_key}={low} must not exceed {high_key}={high}"
+    weighting = registry.WEIGHTINGS[weighting_name(cfg)]
+    if weighting.check is not None:  # the selected method's own rules (its record)
+        yield from weighting.check(weighting_settings(cfg), cfg)
 
 
 def _config_file(path: Path) -> Path:
@@ -364,21 +306,19 @@ DOC_END = "<!-- END GENERATED -->"
 
 def describe_config() -> str:
     """Markdown: every key with its type, default and docstring, then the table of presets."""
-    preset_keys = {f"algorithm.{k}" for k in PRESETS["grpo"]}
+    preset_keys = {f"algorithm.{k}" for k in registry.GRPO}
 
     def default_text(path: str, default: Any) -> str | None:
         return f"*{_PRESET_NOTE}*" if path in preset_keys else None
 
     table = dataclass_tree.describe_table(Config, default_text)
-    names = list(PRESETS)
-    head = "| `algorithm.name` | " + " | ".join(f"`{n}`" for n in names) + " |"
-    rows = [head, "|---" * (len(names) + 1) + "|"]
-    for key in PRESETS["grpo"]:
-        cells = " | ".join(dataclass_tree._yaml_scalar(PRESETS[n][key]) for n in names)
+    methods = list(registry.METHODS.values())
+    head = "| `algorithm.name` | " + " | ".join(f"`{m.name}`" for m in methods) + " |"
+    rows = [head, "|---" * (len(methods) + 1) + "|"]
+    for key in registry.GRPO:
+        cells = " | ".join(dataclass_tree._yaml_scalar(m.preset[key]) for m in methods)
         rows.append(f"| `algorithm.{key}` | {cells} |")
-    rows.append(
-        "| token weighting | " + " | ".join(n if n in WEIGHTING_NAMES else "none" for n in names) + " |"
-    )
+    rows.append("| token weighting | " + " | ".join(m.weighting for m in methods) + " |")
     return f"{table}\n\n### Presets\n\n" + "\n".join(rows)
 
 

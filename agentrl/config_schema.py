@@ -2,8 +2,10 @@
 
 ``agentrl.config`` loads, validates and resolves configs against these classes; ``describe_config()``
 turns the docstrings into the table in ``docs/configuration.md``. Fields that default to ``None``
-with "from the preset" in their docstring are filled from ``agentrl.config.PRESETS`` according to
-``algorithm.name``; other ``None`` defaults say in their docstring what they resolve to.
+with "from the preset" in their docstring are filled from the preset of ``algorithm.name`` (its
+record in ``agentrl.algorithms.registry.METHODS``); other ``None`` defaults say in their docstring
+what they resolve to. The settings of each token weighting (``algorithm.stare``, ``algorithm.steer``,
+...) are defined next to the method, in its record, and appear here as registered sections.
 """
 
 from __future__ import annotations
@@ -11,15 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-AlgorithmName = Literal[
-    "grpo", "dr_grpo", "dapo", "rloo", "stare", "steer", "stapo", "clip_cov", "kl_cov", "high_entropy"
-]
-
-
-def knob(default: Any = None, **bounds: float) -> Any:
-    """A dataclass field with an optional range (ge, gt, le, lt), checked at load time."""
-    assert set(bounds) <= {"ge", "gt", "le", "lt"}, bounds
-    return field(default=default, metadata=bounds)
+from agentrl.algorithms import registry
+from agentrl.dataclass_tree import HasSections, knob, registered_sections
 
 
 @dataclass
@@ -48,6 +43,8 @@ class ModelConfig:
     """Tokenizer location. None = ``model.path``."""
     attn_implementation: str | None = None
     """Passed to transformers (``sdpa``, ``eager``, ``flash_attention_2``...). None = transformers' default."""
+    ref_path: str | None = None
+    """The frozen reference policy of the KL penalty (``algorithm.kl_coef`` > 0): a directory, hub name or ``tiny:PRESET``. None = the policy RL starts from (the warm start when ``sft.enabled``). Not loaded when ``kl_coef`` is 0."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, ~30% more compute."""
 
@@ -145,106 +142,12 @@ class OverlongConfig:
 
 
 @dataclass
-class AdaptiveConfig:
-    alpha: float = knob(0.01, gt=0)
-    """Step of W and M per training step: W += α·sign(H_tgt − H̄), M -= α·sign(H_tgt − H̄)."""
-    W_max: float = knob(1.5, ge=1)
-    """Upper limit of W (lower limit 1)."""
-    M_min: float = knob(0.5, ge=0, le=1)
-    """Lower limit of M (upper limit 1)."""
-
-
-@dataclass
-class PIConfig:
-    kp: float = knob(2.0, ge=0)
-    """Proportional gain on the relative entropy error (H_tgt − H̄)/H_tgt."""
-    ki: float = knob(0.2, ge=0)
-    """Integral gain on the accumulated relative error (with anti-windup at the bounds)."""
-    W_min: float = knob(1.0, ge=1)
-    """W at the smallest positive strength: W = W_min + u·(W_max − W_min) for strength u ∈ (0, 1] (weights are 1 at u = 0)."""
-    W_max: float = knob(3.0, ge=1)
-    """W at full strength (u = 1)."""
-    M_min: float = knob(0.0, ge=0, le=1)
-    """M at full strength (u = 1)."""
-    M_max: float = knob(1.0, ge=0, le=1)
-    """M at the smallest positive strength: M = M_max − u·(M_max − M_min)."""
-    P_max: float | None = knob(None, gt=0, le=1)
-    """P grows from ``stare.P`` to this with the strength: P = P + u·(P_max − P). None = P stays fixed."""
-
-
-@dataclass
-class StareConfig:
-    variant: Literal["O1", "C2"] = "O1"
-    """O1 boosts high-surprisal positive tokens only (the released code's 7B default); C2 also damps high-surprisal negative tokens."""
-    target_entropy: float = knob(0.3, gt=0)
-    """H_tgt in nats: reweighting is on while the batch's token-mean entropy is below it."""
-    P: float = knob(0.1, gt=0, le=1)
-    """Fraction of positive (and negative) tokens selected, by highest surprisal."""
-    W: float = knob(1.1, ge=1)
-    """Weight of selected positive tokens (paper: 1.1 for 7B; tiny models need ~2-3, ALGORITHMS.md §9)."""
-    M: float = knob(0.9, ge=0, le=1)
-    """Weight of selected negative tokens (C2 only)."""
-    scope: Literal["batch", "micro"] = "batch"
-    """Rank tokens over the whole training batch (paper) or per micro-batch (released code)."""
-    controller: Literal["gate", "adaptive", "pi"] = "gate"
-    """How W and M are set: ``gate`` = fixed values while H̄ < H_tgt; ``adaptive`` = the paper's sign controller; ``pi`` = proportional-integral on the entropy error."""
-    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
-    """Settings of the ``adaptive`` controller."""
-    pi: PIConfig = field(default_factory=PIConfig)
-    """Settings of the ``pi`` controller."""
-
-
-@dataclass
-class SteerConfig:
-    mode: Literal["linear", "exp"] = "linear"
-    """How weights shrink with the entropy-change estimate |Ω|."""
-    w_min: float = knob(0.8, gt=0, le=1)
-    """Smallest token weight."""
-    w_max: float = knob(1.2, ge=1)
-    """Largest token weight (linear mode)."""
-
-
-@dataclass
-class StapoConfig:
-    tau_p: float = knob(0.002, ge=0, le=1)
-    """Drop positive-advantage tokens whose probability is below this..."""
-    entropy_quantile: float = knob(0.8, ge=0, le=1)
-    """...and whose entropy is below this quantile of the batch's entropy."""
-
-
-@dataclass
-class ClipCovConfig:
-    ratio: float = knob(2e-4, gt=0, le=1)
-    """Fraction of tokens whose gradient is cut (at least one)."""
-    lb: float = 1.0
-    """Lower bound on the centred covariance for a token to be a candidate."""
-    ub: float = 5.0
-    """Upper bound on the centred covariance for a token to be a candidate."""
-
-
-@dataclass
-class KLCovConfig:
-    ratio: float = knob(2e-3, gt=0, le=1)
-    """Fraction of tokens (top by covariance) that get the KL penalty."""
-    coef: float = knob(1.0, ge=0)
-    """β, the coefficient of |logp − logp_old| on those tokens."""
-
-
-@dataclass
-class HighEntropyConfig:
-    rho: float = knob(0.2, gt=0, le=1)
-    """Fraction of tokens (highest entropy) that keep their gradient."""
-
-
-@dataclass
-class AlgorithmConfig:
-    name: AlgorithmName = "grpo"
+class AlgorithmConfig(HasSections):
+    name: str = knob("grpo", choices=lambda: list(registry.METHODS))
     """The method: picks the token weighting and the defaults of the preset fields (table below)."""
-    advantage: Literal["grpo", "dr_grpo", "rloo"] | None = None
+    advantage: str | None = knob(None, choices=lambda: list(registry.ADVANTAGES))
     """Group advantage estimator. None = from the preset."""
-    loss_agg: (
-        Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"] | None
-    ) = None
+    loss_agg: str | None = knob(None, choices=lambda: list(registry.AGGREGATIONS))
     """How per-token losses are averaged (ALGORITHMS.md §0). None = from the preset."""
     clip_low: float | None = knob(None, ge=0, lt=1)
     """ε_low: the ratio is clipped below at 1 − ε_low. None = from the preset."""
@@ -255,7 +158,11 @@ class AlgorithmConfig:
     dual_clip: float | None = knob(3.0, gt=1)
     """Dual-clip constant c bounding the loss of negative-advantage tokens; None disables it."""
     kl_coef: float = knob(0.0, ge=0)
-    """β of the k3 KL penalty to the reference model; 0 = no reference model."""
+    """β of the KL penalty to the frozen reference policy (``model.ref_path``); 0 = no penalty, and no reference model is loaded."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    """Per-token KL estimator: ``k1`` = log π − log π_ref, ``k2`` = ½(log π − log π_ref)², ``k3`` = e^(log π_ref − log π) − (log π_ref − log π) − 1 (GRPO's low-variance one)."""
+    kl_in: Literal["loss", "reward"] = "loss"
+    """Where the penalty goes: ``loss`` adds β·Agg(KL) to the loss (GRPO; verl ``use_kl_loss``); ``reward`` subtracts β·Σ KL over each episode's policy tokens from its reward before the advantages (verl ``use_kl_in_reward``)."""
     entropy_coef: float = knob(0.0, ge=0)
     """β_H of the entropy bonus; 0 = off."""
     dynamic_sampling: bool | None = None
@@ -270,18 +177,8 @@ class AlgorithmConfig:
     """Importance-sampling correction for rollout/trainer mismatch: ``tis`` = truncated IS weights."""
     is_cap: float = knob(2.0, ge=1)
     """Cap C of the truncated importance weights."""
-    stare: StareConfig = field(default_factory=StareConfig)
-    """STARE (ALGORITHMS.md §4)."""
-    steer: SteerConfig = field(default_factory=SteerConfig)
-    """STEER (ALGORITHMS.md §5)."""
-    stapo: StapoConfig = field(default_factory=StapoConfig)
-    """STAPO (ALGORITHMS.md §5)."""
-    clip_cov: ClipCovConfig = field(default_factory=ClipCovConfig)
-    """Clip-Cov (ALGORITHMS.md §5)."""
-    kl_cov: KLCovConfig = field(default_factory=KLCovConfig)
-    """KL-Cov (ALGORITHMS.md §5)."""
-    high_entropy: HighEntropyConfig = field(default_factory=HighEntropyConfig)
-    """High-entropy minority tokens (ALGORITHMS.md §5)."""
+    settings: dict[str, Any] = registered_sections(registry.settings_types)  # noqa: RUF009  (a field())
+    """Each token weighting's settings, as ``algorithm.<name>`` (``stare``, ``steer``, ``stapo``, ``clip_cov``, ``kl_cov``, ``high_entropy``, and any registered later); defined in the method's module."""
 
 
 @dataclass

@@ -3,9 +3,16 @@
 Generic machinery behind ``agentrl.config``: the dataclasses are the schema. Supported field types:
 nested dataclasses (sections), ``bool``, ``int``, ``float`` (ints accepted), ``str`` (numbers accepted
 and turned into text), ``Literal[...]`` choices, ``X | None``, ``list[X]``, ``tuple[X, Y]``,
-``dict[str, X]`` and ``Any``. Ranges live in field metadata (``ge``, ``gt``, ``le``, ``lt``). Field
-documentation is the string literal right under each field (an "attribute docstring"), read from the
-source with ``ast``, so the schema documents itself without a second copy of the text.
+``dict[str, X]`` and ``Any``. Field metadata (``knob``) holds ranges (``ge``, ``gt``, ``le``, ``lt``) and
+``choices``, a function returning the valid strings (names in a registry that can grow at run time).
+Field documentation is the string literal right under each field (an "attribute docstring"), read
+from the source with ``ast``, so the schema documents itself without a second copy of the text.
+
+Registered sections: a section may hold, besides its own fields, one sub-section per name in a
+registry (``registered_sections``): the STARE settings under ``algorithm.stare``, a user's method's
+under ``algorithm.<name>``. They are keys of the section in YAML, on the command line and in the
+flattened tree (``to_tree``); in the built object they live in the field marked with
+``registered_sections`` and read as attributes through ``HasSections``.
 """
 
 from __future__ import annotations
@@ -16,8 +23,8 @@ import inspect
 import itertools
 import textwrap
 import types
-from collections.abc import Iterator, Mapping
-from dataclasses import MISSING, fields, is_dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import MISSING, field, fields, is_dataclass
 from functools import cache
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
@@ -35,23 +42,102 @@ def hints(cls: type) -> dict[str, Any]:
     return get_type_hints(cls)
 
 
+RANGE_KEYS = ("ge", "gt", "le", "lt")
+
+
+def knob(default: Any = None, *, choices: Callable[[], Sequence[str]] | None = None, **bounds: float) -> Any:
+    """A dataclass field with an optional range (ge, gt, le, lt) and/or ``choices`` (a function
+    returning the valid strings), both checked at load time."""
+    assert set(bounds) <= set(RANGE_KEYS), bounds
+    meta: dict[str, Any] = dict(bounds)
+    if choices is not None:
+        meta["choices"] = choices
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def registered_sections(registry: Callable[[], Mapping[str, type]]) -> Any:
+    """The field that stores a section's registered sub-sections (see the module docstring):
+    ``registry()`` maps each name to its settings dataclass; every name gets its defaults."""
+    return field(
+        default_factory=lambda: {name: tp() for name, tp in registry().items()},
+        metadata={"sections": registry},
+    )
+
+
+class HasSections:
+    """Mixin for a dataclass with a ``registered_sections`` field: its sub-sections read as attributes
+    (``cfg.algorithm.stare.W``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        store = _sections_field(type(self))
+        sections = self.__dict__.get(store) if store else None
+        if name.startswith("__") or sections is None or name not in sections:
+            raise AttributeError(f"{type(self).__name__!r} has no attribute or registered section {name!r}")
+        return sections[name]
+
+
+def _sections_field(cls: type) -> str | None:
+    """The name of ``cls``'s registered-sections field, if it has one."""
+    return next((f.name for f in fields(cls) if "sections" in f.metadata), None)
+
+
+def _registry(cls: type) -> Mapping[str, type]:
+    store = _sections_field(cls)
+    return {} if store is None else fields_by_name(cls)[store].metadata["sections"]()
+
+
+def fields_by_name(cls: type) -> dict[str, Any]:
+    return {f.name: f for f in fields(cls)}
+
+
 def is_section(tp: Any) -> bool:
     """A field whose type is a dataclass is a section (a nested mapping of keys)."""
     return isinstance(tp, type) and is_dataclass(tp)
 
 
 def field_names(cls: type) -> list[str]:
-    return [f.name for f in fields(cls)]
+    """The keys of a section: its fields (but not the registered-sections store), then the names of
+    its registered sections."""
+    store = _sections_field(cls)
+    return [f.name for f in fields(cls) if f.name != store] + list(_registry(cls))
+
+
+def key_type(cls: type, name: str) -> Any:
+    """The type of key ``name`` of section ``cls`` (a registered section's dataclass), or None."""
+    if name == _sections_field(cls):
+        return None
+    registry = _registry(cls)
+    return registry[name] if name in registry else hints(cls).get(name)
 
 
 def leaf_paths(cls: type, prefix: str = "") -> Iterator[str]:
     """Every dotted key of the schema, depth first, in declaration order."""
     for name in field_names(cls):
-        tp = hints(cls)[name]
+        tp = key_type(cls, name)
         if is_section(tp):
             yield from leaf_paths(tp, f"{prefix}{name}.")
         else:
             yield prefix + name
+
+
+def to_tree(obj: Any) -> dict[str, Any]:
+    """A built dataclass tree as plain nested dicts, registered sections as keys of their section
+    (tuples stay tuples; ``config_to_dict`` makes them lists)."""
+    out: dict[str, Any] = {}
+    for name in field_names(type(obj)):
+        value = getattr(obj, name)
+        out[name] = to_tree(value) if is_dataclass(value) else _copy(value)
+    return out
+
+
+def _copy(x: Any) -> Any:
+    if isinstance(x, Mapping):
+        return {k: _copy(v) for k, v in x.items()}
+    if isinstance(x, list):
+        return [_copy(v) for v in x]
+    return x
 
 
 # -------------------------------------------------------------------------------------- checking
@@ -69,16 +155,19 @@ def check_tree(
     errors: list[str] = []
     for key, value in raw.items():
         path = f"{prefix}{key}"
-        if not isinstance(key, str) or key not in hints(cls):
+        tp = key_type(cls, key) if isinstance(key, str) else None
+        if tp is None:
             errors.append(f"{unknown_key_message(cls, prefix, str(key), root)} [{where}]")
             continue
-        tp = hints(cls)[key]
         if is_section(tp):
             sub, errs = check_tree(value, tp, where, path + ".", root)
             out[key], errors = sub, errors + errs
             continue
         try:
             converted = _coerce(value, tp, path)
+            choices = fields_by_name(cls)[key].metadata.get("choices")
+            if choices is not None and converted is not None and converted not in choices():
+                raise SchemaError(choice_message(path, value, tuple(choices())))
         except SchemaError as e:
             errors.append(f"{e} [{where}]")
             continue
@@ -171,17 +260,23 @@ def choice_message(path: str, value: Any, choices: tuple) -> str:
 
 def check_ranges(obj: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
     """``(path, message)`` for every field of a built dataclass tree outside its declared range."""
-    for f in fields(obj):
-        value, path = getattr(obj, f.name), prefix + f.name
+    meta = fields_by_name(type(obj))
+    for name in field_names(type(obj)):
+        value, path = getattr(obj, name), prefix + name
         if is_dataclass(value):
             yield from check_ranges(value, path + ".")
             continue
-        if not f.metadata or value is None:
+        bounds = _bounds(meta[name].metadata)
+        if not bounds or value is None:
             continue
         for item in value if isinstance(value, (list, tuple)) else [value]:
-            if not in_range(item, f.metadata):
-                yield path, f"{path} must be {range_text(f.metadata)}, got {value!r}"
+            if not in_range(item, bounds):
+                yield path, f"{path} must be {range_text(bounds)}, got {value!r}"
                 break
+
+
+def _bounds(metadata: Mapping[str, Any]) -> dict[str, float]:
+    return {k: metadata[k] for k in RANGE_KEYS if k in metadata}
 
 
 def in_range(x: float, b: Mapping[str, float]) -> bool:
@@ -207,11 +302,18 @@ def range_text(b: Mapping[str, float]) -> str:
 
 
 def build(cls: type, data: Mapping[str, Any]) -> Any:
-    """Construct the dataclass tree from a complete, already checked nested dict."""
-    kwargs = {}
-    for name in field_names(cls):
-        tp = hints(cls)[name]
-        kwargs[name] = build(tp, data[name]) if is_section(tp) else data[name]
+    """Construct the dataclass tree from a complete, already checked nested dict (``to_tree``'s
+    form). A registered section missing from ``data`` gets its defaults."""
+    kwargs: dict[str, Any] = {}
+    store, registry = _sections_field(cls), _registry(cls)
+    for f in fields(cls):
+        if f.name == store:
+            kwargs[f.name] = {
+                n: build(tp, data.get(n, {})) if n in data else tp() for n, tp in registry.items()
+            }
+        else:
+            tp = hints(cls)[f.name]
+            kwargs[f.name] = build(tp, data[f.name]) if is_section(tp) else data[f.name]
     return cls(**kwargs)
 
 
@@ -259,7 +361,11 @@ def describe_table(cls: type, default_text: Any = None) -> str:
     ``default_text(path, default)`` may replace how a default is shown (e.g. "from the preset")."""
     rows = ["| key | type | default | description |", "|---|---|---|---|"]
     for path, tp, default, meta, doc in _leaves(cls(), ""):
-        kind = type_text(tp) + (f", {range_text(meta)}" if meta else "")
+        kind = type_text(tp)
+        if "choices" in meta:
+            kind = "one of: " + ", ".join(meta["choices"]()) + (" or null" if "null" in kind else "")
+        bounds = _bounds(meta)
+        kind += f", {range_text(bounds)}" if bounds else ""
         shown = default_text(path, default) if default_text else None
         shown = shown if shown is not None else f"`{_yaml_scalar(default)}`"
         rows.append(f"| `{path}` | {_cell(kind)} | {_cell(shown)} | {_cell(doc)} |")
@@ -268,13 +374,14 @@ def describe_table(cls: type, default_text: Any = None) -> str:
 
 def _leaves(obj: Any, prefix: str) -> Iterator[tuple[str, Any, Any, Mapping, str]]:
     cls: Any = type(obj)
-    for f in fields(cls):
-        tp, value = hints(cls)[f.name], getattr(obj, f.name)
+    for name in field_names(cls):
+        tp, value = key_type(cls, name), getattr(obj, name)
         if is_section(tp):
-            yield from _leaves(value, f"{prefix}{f.name}.")
+            yield from _leaves(value, f"{prefix}{name}.")
         else:
+            f = fields_by_name(cls)[name]
             assert f.default is not MISSING or f.default_factory is not MISSING
-            yield prefix + f.name, tp, value, f.metadata, field_docs(cls).get(f.name, "")
+            yield prefix + name, tp, value, f.metadata, field_docs(cls).get(name, "")
 
 
 def _yaml_scalar(value: Any) -> str:

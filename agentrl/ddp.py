@@ -153,9 +153,9 @@ def accumulate_policy_gradient(
             logp, _ = batch_forward(
                 model, sub, len(micro), temperature, grad=True, share_prefix=False
             )  # [b, w]
-            loss, _ = alg.policy_loss(
+            loss = alg.policy_loss(
                 logp, logp_old[micro, :w], sub.advantages, sub.mask, normaliser=normaliser, **loss_kwargs
-            )
+            ).loss
             (loss * loss_scale).backward()
         total += float(loss.detach())
     return total

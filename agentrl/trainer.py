@@ -48,7 +48,7 @@ from agentrl.checkpoint import (
     set_rng_state,
     truncate_to,
 )
-from agentrl.config import Config, save_config, weighting_name
+from agentrl.config import Config, save_config, weighting_name, weighting_settings
 from agentrl.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.evaluation import evaluate
@@ -64,6 +64,16 @@ TRUNCATED = ("token_budget", "max_turns", "truncated")
 class StepOutput:
     metrics: dict[str, float]
     episodes: list[Episode]
+
+
+@dataclass
+class PolicyStats:
+    """π_old's log-prob and entropy of every target token of a batch, [B, T] each. ``pending``: not
+    computed before the update; the gradient pass fills them (``Trainer.policy_stats``)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    pending: bool = False
 
 
 class Trainer:
@@ -103,6 +113,7 @@ class Trainer:
             # loop torch picks by default on CPU)
             fused=all(p.is_floating_point() for p in trainable) or None,
         )
+        self.ref_model = self._reference_model(log) if cfg.algorithm.kl_coef > 0 else None
         self.engine = build.build_engine(cfg, self.model, self.tokenizer, path)
         self.train_tasks = components.load_tasks(cfg, "train")
         self.sampler = TaskSampler(self.train_tasks, cfg.run.seed)
@@ -118,6 +129,18 @@ class Trainer:
             tensorboard=cfg.logging.tensorboard,
             wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
         )
+
+    def _reference_model(self, log) -> torch.nn.Module:
+        """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL
+        started from (the warm start; on a resume too, never the checkpoint). It costs one more copy
+        of the weights in ``model.dtype`` (no gradients, no optimizer state) and one forward per step."""
+        path = self.cfg.model.ref_path or build.policy_path(self.cfg, log=log)
+        ref, _ = components.load_model(self.cfg, path)
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        log(f"KL reference policy: {path}")
+        return ref
 
     # -- the loop ----------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
@@ -262,132 +285,207 @@ class Trainer:
                 ep.reward += p
 
     def make_batch(self, episodes: list[Episode]) -> Batch:
+        """The kept episodes as tensors; void-turn episodes (SimpleTIR) and, unless
+        ``rollout.train_on_truncated``, truncated ones get loss mask 0 but stay in their groups.
+        Advantages are set by the update (``advantages``), once the KL penalty is known."""
         a = self.cfg.algorithm
-        assert a.advantage is not None  # presets are resolved by load_config
-        rewards = [e.reward for e in episodes]
-        groups = [e.group for e in episodes]
-        adv = alg.compute_advantages(a.advantage, rewards, groups)  # [B]
-        multipliers = []
-        for e in episodes:
-            m = 1.0
-            if a.void_turn_masking and e.stop_reason == "void_turn":
-                m = 0.0
-            if not self.cfg.rollout.train_on_truncated and e.stop_reason in TRUNCATED:
-                m = 0.0
-            multipliers.append(m)
-        return build_batch(episodes, adv, multipliers, pad_id=self.tokenizer.pad_token_id or 0)
+        void = alg.void_turn_multipliers([e.stop_reason == "void_turn" for e in episodes])
+        multipliers = [
+            (v if a.void_turn_masking else 1.0)
+            * (0.0 if not self.cfg.rollout.train_on_truncated and e.stop_reason in TRUNCATED else 1.0)
+            for v, e in zip(void, episodes)
+        ]
+        zeros = torch.zeros(len(episodes))
+        return build_batch(episodes, zeros, multipliers, pad_id=self.tokenizer.pad_token_id or 0)
 
-    # -- the update --------------------------------------------------------------------------
+    # -- the update, in phases ---------------------------------------------------------------
     def update(self, batch: Batch) -> dict[str, float]:
-        cfg, a, t = self.cfg, self.cfg.algorithm, self.cfg.trainer
-        assert (
-            a.loss_agg is not None
-            and a.clip_low is not None
-            and a.clip_high is not None
-            and a.ratio_clip is not None
-        )
-        mb = t.micro_batch_size
-        temperature = cfg.rollout.temperature
-        # One on-policy pass and no batch-wide token weighting: the old log-probs are the gradient
-        # forward's own values (same weights, same tokens), so the separate no-grad pass is skipped
-        # (as TRL does at num_iterations=1); the loop below fills logp_old and entropy.
-        fused = (
+        """Train on one step's batch, phase by phase:
+        1. ``policy_stats``: π_old's log-probs and entropies (one no-grad pass, or none; see there);
+        2. ``reference_logprobs``: the frozen reference policy's log-probs (KL penalty only);
+        3. ``advantages``: group advantages of the rewards (minus β·KL with ``kl_in: reward``);
+        4. ``token_weights``: the method's weighting over the whole batch (STARE, ...);
+        5. ``optimise``: one optimizer step per mini-batch, gradients accumulated over micro-batches;
+        6. metrics, and the per-token overlays for the transcripts (one more no-grad pass)."""
+        plan = self._update_plan(batch.size)
+        stats = self.policy_stats(batch)
+        ref = self.reference_logprobs(batch)
+        batch.advantages, out = self.advantages(batch, stats, ref)
+        tw = self.token_weights(batch, stats, plan)
+        losses, clip_status = self.optimise(batch, stats, ref, tw, plan)
+        out.update(losses)
+        out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
+        out.update(token_metrics(stats.logp, stats.entropy, batch))
+        if self.cfg.logging.transcripts:
+            with torch.no_grad():
+                logp_new, _ = self._forward(self.model, batch)
+            attach_overlays(batch, stats.logp, logp_new, stats.entropy, tw, clip_status)
+        return out
+
+    def policy_stats(self, batch: Batch) -> PolicyStats:
+        """π_old's log-prob and entropy at every target token, from a no-grad pass. When nothing
+        reads them before the gradient pass (one on-policy optimizer pass, no token weighting, no TIS,
+        no KL in the reward), that pass's own values are π_old's (same weights, same tokens): this
+        pass is skipped and ``optimise`` fills them, as TRL does at num_iterations=1."""
+        t, a = self.cfg.trainer, self.cfg.algorithm
+        pending = (
             self.fuse_old_logprobs
             and self.weighting == "none"
             and t.epochs_per_step == 1
             and t.mini_batches_per_step == 1
             and a.is_correction == "none"
+            and not (self.ref_model is not None and a.kl_in == "reward")
         )
-        if fused:
-            logp_old, entropy = torch.zeros_like(batch.mask), torch.zeros_like(batch.mask)
-        else:
-            with torch.no_grad():
-                logp_old, entropy = batch_forward(  # [B, T] each
-                    self.model, batch, mb, temperature, bf16=t.bf16, share_prefix=self.share_prefix
-                )
+        if pending:
+            return PolicyStats(torch.zeros_like(batch.mask), torch.zeros_like(batch.mask), pending=True)
+        with torch.no_grad():
+            logp, entropy = self._forward(self.model, batch)  # [B, T] each
+        return PolicyStats(logp, entropy)
+
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        """The frozen reference policy's log-probs [B, T] (None without a KL penalty)."""
+        if self.ref_model is None:
+            return None
+        with torch.no_grad():
+            return self._forward(self.ref_model, batch)[0]
+
+    def advantages(
+        self, batch: Batch, stats: PolicyStats, ref: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Group advantages [B] of the episodes' rewards. With ``kl_in: reward`` each reward first
+        loses β·Σ_t KL_t over the episode's trained tokens (π_old against the reference)."""
+        a = self.cfg.algorithm
+        assert a.advantage is not None  # presets are resolved by load_config
+        rewards = torch.tensor([e.reward for e in batch.episodes], dtype=torch.float64)
+        out: dict[str, float] = {}
+        if ref is not None and a.kl_in == "reward":
+            kl = alg.kl_penalty(stats.logp, ref, a.kl_estimator)  # [B, T]
+            per_episode = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double()  # [B]
+            rewards = rewards - a.kl_coef * per_episode
+            out["kl/reward_penalty_mean"] = float(a.kl_coef * per_episode.mean())
+        groups = [e.group for e in batch.episodes]
+        return alg.compute_advantages(a.advantage, rewards, groups), out
+
+    def token_weights(
+        self, batch: Batch, stats: PolicyStats, plan: list[list[torch.Tensor]]
+    ) -> alg.TokenWeights:
+        """The method's token weights over the whole batch, from its record: its settings and this
+        step's context (seed, the micro-batches the update runs, last step's state)."""
+        record = alg.WEIGHTINGS[self.weighting]
+        step = alg.StepContext(
+            seed=_mix(self.cfg.run.seed, self.step, 29),  # a fresh draw every step, the same on resume
+            row_groups=[
+                g.tolist() for g in ddp.micro_batches(plan[0], self.cfg.trainer.micro_batch_size, self.world)
+            ],
+            state=self.weighting_state,
+        )
+        inputs = alg.WeightingInputs.build(stats.logp, stats.entropy, batch.advantages, batch.mask)
+        tw = alg.compute_weights(record.name, inputs, **record.kwargs(weighting_settings(self.cfg), step))
+        if tw.state is not None:
+            self.weighting_state = tw.state
+        return tw
+
+    def optimise(
+        self,
+        batch: Batch,
+        stats: PolicyStats,
+        ref: torch.Tensor | None,
+        tw: alg.TokenWeights,
+        plan: list[list[torch.Tensor]],
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step per mini-batch of ``plan``: each rank runs its rows in micro-batches and
+        the gradients are all-reduced once, on the last one. Returns the loss metrics and the clip
+        status of every token."""
+        a, t = self.cfg.algorithm, self.cfg.trainer
+        assert a.loss_agg is not None  # presets are resolved by load_config
         tis = None  # truncated IS weights for the rollout/trainer mismatch, [B, T] (offpolicy.py)
         if a.is_correction == "tis":
-            tis = off.tis_weights(logp_old, batch.engine_logp, batch.has_engine_logp, a.is_cap)
-        inputs = alg.WeightingInputs.build(logp_old, entropy, batch.advantages, batch.mask)
-        plan = self._update_plan(batch.size)  # [epoch][mini-batch] -> rows
-        params = weighting_params(
-            cfg,
-            self.weighting,
-            self.weighting_state,
-            seed=_mix(cfg.run.seed, self.step, 29),  # a fresh draw every step, the same on resume
-            row_groups=ddp.micro_batches(plan[0], mb, self.world),  # every rank's, as trained
-        )
-        tw = alg.compute_weights(self.weighting, inputs, **params)
-        self.weighting_state = tw.state if tw.state is not None else self.weighting_state
-        max_len = cfg.algorithm.overlong.max_length or batch.ids.shape[1]
-        clip_status = torch.zeros_like(logp_old)
-        stats: dict[str, list[tuple[float, float]]] = defaultdict(list)
+            tis = off.tis_weights(stats.logp, batch.engine_logp, batch.has_engine_logp, a.is_cap)
+        max_len = a.overlong.max_length or batch.ids.shape[1]
+        clip_status = torch.zeros_like(batch.mask)
+        parts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         grad_norms = []
         for minis in plan:
             for mini in minis:
                 norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
                 self.optimizer.zero_grad(set_to_none=True)
                 rows, scale = ddp.local_rows(mini, self.rank, self.world)  # this rank's rows, loss × W
-                micros = rows.split(mb)
-                for i_micro, micro in enumerate(micros):
-                    ddp.set_sync(self.dp_model, last=i_micro == len(micros) - 1)  # all-reduce once
-                    sub = batch.rows(micro)  # trimmed to its longest episode
-                    w = sub.mask.shape[1]
-                    part = tw.rows(micro)
-                    logp, ent = batch_forward(
-                        self.dp_model,
-                        sub,
-                        len(micro),
-                        temperature,
-                        grad=True,
-                        bf16=t.bf16,
-                        share_prefix=self.share_prefix,
-                    )
-                    if fused:
-                        logp_old[micro, :w], entropy[micro, :w] = logp.detach(), ent.detach()
-                    old = logp_old[micro, :w]
-                    akl = None if part.abs_kl_weights is None else part.abs_kl_weights[:, :w]
-                    loss, s = alg.policy_loss(
-                        logp,
-                        old,
-                        sub.advantages,
-                        part.mask[:, :w],
-                        normaliser=norm,
-                        agg_mode=a.loss_agg,
-                        weights=part.weights[:, :w] if tis is None else part.weights[:, :w] * tis[micro, :w],
-                        clip=part.clip and a.ratio_clip,
-                        abs_kl_weights=akl,
-                        clip_low=a.clip_low,
-                        clip_high=a.clip_high,
-                        dual_clip=a.dual_clip,
-                        entropy=ent if a.entropy_coef else None,
-                        entropy_coef=a.entropy_coef,
-                    )
-                    (loss * scale).backward()
-                    clip_status[micro, :w] = _clip_status(logp.detach(), old, sub.advantages, a)
-                    for k, v in s.items():
-                        stats[k].append((v, s["n_tokens"]))
+                micros = rows.split(t.micro_batch_size)
+                for i, micro in enumerate(micros):
+                    ddp.set_sync(self.dp_model, last=i == len(micros) - 1)  # all-reduce once
+                    result = self.micro_step(batch, micro, stats, ref, tw, tis, norm)
+                    (result.loss * scale).backward()
+                    clip_status[micro, : result.clip_status.shape[1]] = result.clip_status
+                    for k, v in result.stats.items():
+                        parts[k].append((v, result.stats["n_tokens"]))
                 if t.grad_clip:
                     grad_norms.append(
                         float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip))
                     )
                 self._set_lr()
                 self.optimizer.step()
-        out = {f"loss/{k}": _weighted(v) for k, v in stats.items() if k != "n_tokens"}
-        out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
-        out.update(token_metrics(logp_old, entropy, batch))
+        out = {f"loss/{k}": _weighted(v) for k, v in parts.items() if k != "n_tokens"}
         if tis is not None and (m := (batch.mask > 0) & batch.has_engine_logp).any():
             out["offpolicy/tis_mean"] = float(tis[m].mean())
             out["offpolicy/tis_capped_frac"] = float((tis[m] >= a.is_cap).float().mean())
         if grad_norms:
             out["grad/norm"] = float(np.mean(grad_norms))
-        if self.cfg.logging.transcripts:
-            with torch.no_grad():
-                logp_new, _ = batch_forward(
-                    self.model, batch, mb, temperature, bf16=t.bf16, share_prefix=self.share_prefix
-                )
-            attach_overlays(batch, logp_old, logp_new, entropy, tw, clip_status)
-        return out
+        return out, clip_status
+
+    def micro_step(
+        self,
+        batch: Batch,
+        micro: torch.Tensor,
+        stats: PolicyStats,
+        ref: torch.Tensor | None,
+        tw: alg.TokenWeights,
+        tis: torch.Tensor | None,
+        normaliser: float,
+    ) -> alg.PolicyLoss:
+        """The loss of rows ``micro`` (their forward with gradient; the caller runs the backward)."""
+        a = self.cfg.algorithm
+        assert a.loss_agg is not None and a.clip_low is not None and a.clip_high is not None
+        sub, part = batch.rows(micro), tw.rows(micro)  # trimmed to the micro-batch's longest episode
+        w = sub.mask.shape[1]
+        logp, ent = self._forward(self.dp_model, sub, grad=True)
+        if stats.pending:  # one on-policy pass: these are π_old's values (see policy_stats)
+            stats.logp[micro, :w], stats.entropy[micro, :w] = logp.detach(), ent.detach()
+        weights = part.weights[:, :w] if tis is None else part.weights[:, :w] * tis[micro, :w]
+        return alg.policy_loss(
+            logp,
+            stats.logp[micro, :w],
+            sub.advantages,
+            part.mask[:, :w],
+            normaliser=normaliser,
+            agg_mode=a.loss_agg,
+            weights=weights,
+            clip=part.clip and bool(a.ratio_clip),
+            abs_kl_weights=None if part.abs_kl_weights is None else part.abs_kl_weights[:, :w],
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            logp_ref=ref[micro, :w] if ref is not None and a.kl_in == "loss" else None,
+            kl_coef=a.kl_coef,
+            kl_estimator=a.kl_estimator,
+            entropy=ent if a.entropy_coef else None,
+            entropy_coef=a.entropy_coef,
+        )
+
+    def _forward(
+        self, model: torch.nn.Module, batch: Batch, grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [B, T] of ``batch`` under ``model`` (micro-batched when no grad)."""
+        t = self.cfg.trainer
+        size = batch.size if grad else t.micro_batch_size
+        return batch_forward(
+            model,
+            batch,
+            size,
+            self.cfg.rollout.temperature,
+            grad=grad,
+            bf16=t.bf16,
+            share_prefix=self.share_prefix,
+        )
 
     def _update_plan(self, batch_size: int) -> list[list[torch.Tensor]]:
         """The rows of each optimizer step, per epoch: one mini-batch of all rows, or
@@ -452,8 +550,10 @@ class Trainer:
         self.start_step = int(state["step"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.sampler.load(state["sampler"])
-        if state.get("weighting_state") is not None and state.get("weighting") == "stare":
-            self.weighting_state = alg.StareState.from_dict(state["weighting_state"])
+        record = alg.WEIGHTINGS[self.weighting]
+        saved = state.get("weighting_state")
+        if saved is not None and record.state is not None and state.get("weighting") == self.weighting:
+            self.weighting_state = record.state.from_dict(saved)  # type: ignore[attr-defined]
         self.engine.load_weights(self.model.state_dict())
         while int(self.engine.version) < state["engine_version"]:
             self.engine.load_weights(self.model.state_dict())  # keep version numbers continuous
@@ -468,52 +568,6 @@ class Trainer:
                 else ""
             )
         )
-
-
-def weighting_params(
-    cfg: Any, name: str, state: Any, *, seed: int, row_groups: list[torch.Tensor]
-) -> dict[str, Any]:
-    """Keyword arguments of the token weighting ``name``, read from the config in this one place.
-    ``seed``: this step's seed for random selections (Clip-Cov); ``row_groups``: the micro-batches
-    the update will run (STARE ``scope: micro`` ranks within each)."""
-    a = cfg.algorithm
-    if name == "stare":
-        s = a.stare
-        bounds = s.pi if s.controller == "pi" else s.adaptive
-        controller = alg.StareController(
-            law=s.controller,
-            w=s.W,
-            m=s.M,
-            p=s.P,
-            alpha=s.adaptive.alpha,
-            w_max=bounds.W_max,
-            m_min=bounds.M_min,
-            w_min=s.pi.W_min if s.controller == "pi" else 1.0,
-            m_max=s.pi.M_max if s.controller == "pi" else 1.0,
-            kp=s.pi.kp,
-            ki=s.pi.ki,
-            p_max=s.pi.P_max if s.controller == "pi" else None,
-        )
-        return {
-            "variant": s.variant,
-            "target_entropy": s.target_entropy,
-            "controller": controller,
-            "state": state,
-            "scope": s.scope,
-            "row_groups": [g.tolist() for g in row_groups] if s.scope == "micro" else None,
-        }
-    if name == "steer":
-        return {"mode": a.steer.mode, "w_min": a.steer.w_min, "w_max": a.steer.w_max}
-    if name == "stapo":
-        return {"prob_threshold": a.stapo.tau_p, "entropy_quantile": a.stapo.entropy_quantile}
-    if name == "clip_cov":
-        gen = torch.Generator().manual_seed(seed)
-        return {"ratio": a.clip_cov.ratio, "lower": a.clip_cov.lb, "upper": a.clip_cov.ub, "generator": gen}
-    if name == "kl_cov":
-        return {"ratio": a.kl_cov.ratio, "beta": a.kl_cov.coef}
-    if name == "high_entropy":
-        return {"rho": a.high_entropy.rho}
-    return {}
 
 
 # -- helpers --------------------------------------------------------------------------------------
@@ -537,18 +591,6 @@ def _weighted(pairs: list[tuple[float, float]]) -> float:
 
 def _state_dict(state: Any) -> Any:
     return state.to_dict() if hasattr(state, "to_dict") else state
-
-
-def _clip_status(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor, a: Any) -> torch.Tensor:
-    """0 none, 1 clipped low (A<0, r<1-ε_low), 2 clipped high (A>0, r>1+ε_high), 3 dual clip."""
-    r = alg.importance_ratio(logp, logp_old)
-    adv = adv.unsqueeze(-1).expand_as(r)
-    status = torch.zeros_like(r)
-    status = torch.where((adv < 0) & (r < 1 - a.clip_low), 1.0, status)
-    status = torch.where((adv > 0) & (r > 1 + a.clip_high), 2.0, status)
-    if a.dual_clip:
-        status = torch.where((adv < 0) & (r > a.dual_clip), 3.0, status)
-    return status
 
 
 def train(cfg: Config, log=print) -> list[dict[str, float]]:

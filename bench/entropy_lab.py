@@ -166,7 +166,7 @@ def train_step(policy, opt, cfg: LabConfig, method: Method, state, gen: torch.Ge
         params.update(variant="C2", target_entropy=cfg.target_entropy, state=state)
     tw = compute_weights(method.weighting, inputs, **params)
     logp, _ = token_logprobs_and_entropy(policy.logits(prompts, tokens), tokens)
-    loss, _ = policy_loss(
+    loss, _, _ = policy_loss(
         logp,
         logp_old,
         adv,

@@ -100,7 +100,7 @@ def tiny_qwen2(vocab: int):
 def loss_micro(logits: torch.Tensor, ids: torch.Tensor, inputs: WeightingInputs, rows: slice, norm: float):
     """Token statistics + policy loss for one micro-batch (logits [b, T, V] with grad)."""
     logp, _entropy = token_logprobs_and_entropy(logits, ids)  # default chunk: 256 positions at 32k
-    loss, _ = policy_loss(
+    loss, _, _ = policy_loss(
         logp, inputs.logp_old[rows], inputs.advantages[rows], inputs.mask[rows], normaliser=norm
     )
     return loss

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from agentrl.algorithms import (
-    AGG_MODES,
+    AGGREGATIONS,
     aggregate,
     clipped_surrogate,
     k3_kl,
@@ -75,7 +75,7 @@ def _random_batch(seed=0, b=8, t=6, v=7):
 
 def _loss(logits, ids, mask, logp_old, adv, weights, logp_ref, rows, mode, norm):
     logp, ent = token_logprobs_and_entropy(logits[rows], ids[rows], temperature=1.0, chunk_size=5)
-    loss, _ = policy_loss(
+    loss, _, _ = policy_loss(
         logp.double(),
         logp_old[rows],
         adv[rows],
@@ -91,7 +91,7 @@ def _loss(logits, ids, mask, logp_old, adv, weights, logp_ref, rows, mode, norm)
     return loss
 
 
-@pytest.mark.parametrize("mode", AGG_MODES)
+@pytest.mark.parametrize("mode", sorted(AGGREGATIONS))
 def test_gradient_accumulation_1x8_equals_8x1(mode):
     logits, ids, mask, logp_old, adv, weights, logp_ref = _random_batch()
     norm = loss_normaliser(mask, mode, max_len=6)
@@ -114,7 +114,7 @@ def test_masked_tokens_never_change_loss_or_stats():
     adv_tok = adv[:, None].expand_as(logp_old).clone()
 
     def run(logp_, old, a, w, ref, h):
-        loss, stats = policy_loss(
+        loss, stats, _ = policy_loss(
             logp_, old, a, mask, normaliser=loss_normaliser(mask, "token-mean"), weights=w,
             logp_ref=ref, kl_coef=0.1, entropy=h, entropy_coef=0.01,
         )  # fmt: skip
@@ -140,7 +140,7 @@ def test_multi_turn_structure_does_not_change_the_loss():
     # aggregation depends only on policy-token counts, never on how they are split into turns.
     x = torch.tensor([[1.0, 2.0, 0.0, 0.0, 3.0, 4.0, 0.0, 5.0, 6.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0, 0, 0]])
     m = torch.tensor([[1, 1, 0, 0, 1, 1, 0, 1, 1], [1, 1, 1, 1, 1, 1, 0, 0, 0]], dtype=torch.bool)
-    for mode in AGG_MODES:
+    for mode in sorted(AGGREGATIONS):
         xs = x.clone().requires_grad_()
         aggregate(xs, m, mode, loss_normaliser(m, mode, max_len=9)).backward()
         torch.testing.assert_close(xs.grad[0][m[0]], xs.grad[1][m[1]], rtol=0, atol=0)
@@ -150,9 +150,9 @@ def test_kl_cov_abs_penalty_and_no_clip():
     # One token, A = +1, logp - logp_old = ln 2 (r = 2): unclipped -A·r = -2; + β|Δ| = 0.5·ln 2.
     logp, old = torch.tensor([[math.log(2.0)]]), torch.tensor([[0.0]])
     m = torch.tensor([[True]])
-    loss, _ = policy_loss(logp, old, torch.tensor([1.0]), m, normaliser=1.0, clip=False,
+    loss, _, _ = policy_loss(logp, old, torch.tensor([1.0]), m, normaliser=1.0, clip=False,
                           abs_kl_weights=torch.tensor([[0.5]]))  # fmt: skip
     assert loss.item() == pytest.approx(-2.0 + 0.5 * math.log(2.0), abs=1e-6)
-    clipped, stats = policy_loss(logp, old, torch.tensor([1.0]), m, normaliser=1.0)
+    clipped, stats, _ = policy_loss(logp, old, torch.tensor([1.0]), m, normaliser=1.0)
     assert clipped.item() == pytest.approx(-1.28, abs=1e-6)  # clip at 1 + 0.28
     assert stats["clip_frac_high"] == 1.0 and stats["clip_frac_low"] == 0.0

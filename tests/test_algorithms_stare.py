@@ -78,9 +78,11 @@ def test_gate_off_is_exactly_grpo_ds():
     logp = (inputs.logp_old + 0.1 * torch.randn(inputs.logp_old.shape, generator=g)).requires_grad_()
     norm = loss_normaliser(inputs.mask, "token-mean")
     kw = dict(normaliser=norm, dual_clip=10.0)
-    stare_loss, _ = policy_loss(logp, inputs.logp_old, inputs.advantages, tw.mask, weights=tw.weights, **kw)
+    stare_loss, _, _ = policy_loss(
+        logp, inputs.logp_old, inputs.advantages, tw.mask, weights=tw.weights, **kw
+    )
     (g_stare,) = torch.autograd.grad(stare_loss, logp)
-    grpo_loss, _ = policy_loss(logp, inputs.logp_old, inputs.advantages, inputs.mask, **kw)
+    grpo_loss, _, _ = policy_loss(logp, inputs.logp_old, inputs.advantages, inputs.mask, **kw)
     (g_grpo,) = torch.autograd.grad(grpo_loss, logp)
     assert torch.equal(stare_loss, grpo_loss) and torch.equal(g_stare, g_grpo)
 
@@ -144,7 +146,7 @@ def test_batch_scope_identical_weights_and_gradients_for_any_split():
         total = 0.0
         for rows in torch.arange(8).split(split):
             part = tw.rows(rows)
-            loss, _ = policy_loss(logp[rows], inputs.logp_old[rows], inputs.advantages[rows], part.mask,
+            loss, _, _ = policy_loss(logp[rows], inputs.logp_old[rows], inputs.advantages[rows], part.mask,
                                   normaliser=norm, weights=part.weights)  # fmt: skip
             total = total + loss
         return torch.autograd.grad(total, logp)[0]

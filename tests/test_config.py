@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import dataclasses
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from agentrl import config_schema, dataclass_tree
+from agentrl import dataclass_tree
+from agentrl.algorithms import METHODS, WEIGHTINGS
 from agentrl.config import (
     CONFIG_FILE,
     DOC_BEGIN,
     DOC_END,
-    PRESETS,
-    WEIGHTING_NAMES,
     Config,
     ConfigError,
     config_from_dict,
@@ -55,12 +56,12 @@ def test_defaults_validate_and_resolve():
 
 
 def test_resolved_config_has_no_none_in_preset_fields():
-    for name in PRESETS:
+    for name, method in METHODS.items():
         alg = load_config(None, [f"algorithm.name={name}"]).algorithm
-        for key in PRESETS[name]:
+        for key in method.preset:
             section, _, leaf = key.rpartition(".")
             value = getattr(getattr(alg, section) if section else alg, leaf)
-            assert value == PRESETS[name][key], (name, key)
+            assert value == method.preset[key], (name, key)
 
 
 @pytest.mark.parametrize("path", CONFIG_FILES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -170,7 +171,7 @@ def test_explicit_value_in_file_wins_over_preset_from_override(tmp_path):
 
 
 def test_presets_follow_algorithms_md():
-    by_name = {n: load_config(None, [f"algorithm.name={n}"]).algorithm for n in PRESETS}
+    by_name = {n: load_config(None, [f"algorithm.name={n}"]).algorithm for n in METHODS}
     assert by_name["dr_grpo"].advantage == "dr_grpo"
     assert by_name["dr_grpo"].loss_agg == "seq-mean-token-sum-norm"
     assert by_name["kl_cov"].ratio_clip is False  # §5: KL-Cov has no ratio clip
@@ -180,12 +181,12 @@ def test_presets_follow_algorithms_md():
             name
         )
         assert a.overlong.enabled is False, name
-    assert set(PRESETS) == set(config_schema.AlgorithmName.__args__)
+    assert set(METHODS) == {"grpo", "dr_grpo", "rloo", "dapo", *(set(WEIGHTINGS) - {"none"})}
 
 
 def test_weighting_name():
-    got = {n: weighting_name(load_config(None, [f"algorithm.name={n}"])) for n in PRESETS}
-    assert got == {n: (n if n in WEIGHTING_NAMES else "none") for n in PRESETS}
+    got = {n: weighting_name(load_config(None, [f"algorithm.name={n}"])) for n in METHODS}
+    assert got == {n: (n if n in WEIGHTINGS else "none") for n in METHODS}
     assert got["grpo"] == got["dapo"] == got["dr_grpo"] == got["rloo"] == "none"
 
 
@@ -265,13 +266,15 @@ def test_cross_field_rules():
         overrides=["rollout.prompts_per_step=8", "trainer.mini_batches_per_step=3"]
     )
     assert "rollout.group_size >= 2" in _error(overrides=["algorithm.name=dapo", "rollout.group_size=1"])
+    # a method's own rules (its record's ``check``) apply when it is the selected method
     assert "algorithm.clip_cov.lb=6.0 must not exceed algorithm.clip_cov.ub=5.0" in _error(
-        overrides=["algorithm.clip_cov.lb=6"]
+        overrides=["algorithm.name=clip_cov", "algorithm.clip_cov.lb=6"]
     )
+    load_config(None, ["algorithm.name=grpo", "algorithm.clip_cov.lb=6"])  # an unused section is inert
     assert "algorithm.stare.W=2.0 must not exceed algorithm.stare.adaptive.W_max=1.5" in _error(
-        overrides=["algorithm.stare.controller=adaptive", "algorithm.stare.W=2"]
+        overrides=["algorithm.name=stare", "algorithm.stare.controller=adaptive", "algorithm.stare.W=2"]
     )
-    load_config(None, ["algorithm.stare.W=2"])  # the gate has no upper limit on W
+    load_config(None, ["algorithm.name=stare", "algorithm.stare.W=2"])  # the gate has no upper limit on W
 
 
 def test_bad_override_syntax_and_interpolation():
@@ -336,9 +339,13 @@ def test_every_field_has_a_docstring():
 
 
 def test_docs_are_up_to_date():
+    # in a fresh interpreter: the built-in methods only (tests register methods of their own)
+    fresh = subprocess.run(
+        [sys.executable, "-m", "agentrl.config"], capture_output=True, text=True, check=True, cwd=ROOT
+    ).stdout
     text = (ROOT / "docs" / "configuration.md").read_text()
     start, end = text.index(DOC_BEGIN) + len(DOC_BEGIN), text.index(DOC_END)
-    assert text[start:end].strip() == describe_config().strip(), (
+    assert text[start:end].strip() == fresh.strip(), (
         "docs/configuration.md is stale: run `python -m agentrl.config --write-doc docs/configuration.md`"
     )
 

@@ -1,5 +1,6 @@
 """The package's shape: no import cycles between agentrl's modules (imports inside functions count:
-a cycle hidden in a function is still a cycle)."""
+a cycle hidden in a function is still a cycle; imports under ``if TYPE_CHECKING:``, for annotations
+only, never run and do not)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def import_graph(package: str = "agentrl") -> dict[str, set[str]]:
         files[name] = p
     graph: dict[str, set[str]] = {m: set() for m in files}
     for m, p in files.items():
-        for node in ast.walk(ast.parse(p.read_text())):
+        for node in _runtime_nodes(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
             elif isinstance(node, ast.Import):
@@ -27,6 +28,16 @@ def import_graph(package: str = "agentrl") -> dict[str, set[str]]:
                 continue
             graph[m] |= {t for t in targets if t in files and t != m}
     return graph
+
+
+def _runtime_nodes(tree: ast.AST):
+    """Every node except those under ``if TYPE_CHECKING:``."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
+            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
+            continue
+        yield node
+        yield from _runtime_nodes(node)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -22,15 +22,16 @@ is 1 only on policy tokens; rewards [B]; group ids [B] as a list or LongTensor):
     # 4. Per micro-batch (rows idx), with gradient; the losses sum to the full-batch loss:
     logp, ent = token_logprobs_and_entropy(model(...).logits, ids, temperature, chunk_size)
     part = tw.rows(idx)
-    loss, stats = policy_loss(logp, logp_old[idx], adv[idx], part.mask, normaliser=norm,
+    loss, stats, clip_status = policy_loss(logp, logp_old[idx], adv[idx], part.mask, normaliser=norm,
                               agg_mode=agg_mode, weights=part.weights, clip=part.clip,
                               abs_kl_weights=part.abs_kl_weights, clip_low=0.2, clip_high=0.28,
                               dual_clip=3.0, entropy=ent, entropy_coef=0.0)
     loss.backward()
 
-Weightings (``WEIGHTINGS``; every one takes ``WeightingInputs`` and keyword parameters and returns
-``TokenWeights``): ``none``, ``stare``, ``steer``, ``stapo``, ``clip_cov``, ``kl_cov``,
-``high_entropy``. Methods whose released code reads the current policy select on ``logp_old``
+Every method has one record (``registry``): ``WEIGHTINGS`` (``none``, ``stare``, ``steer``, ``stapo``,
+``clip_cov``, ``kl_cov``, ``high_entropy``; each ``compute`` takes ``WeightingInputs`` and keyword
+parameters and returns ``TokenWeights``; ``arguments(settings, step)`` makes those parameters from its
+config section), ``ADVANTAGES``, ``AGGREGATIONS`` and ``METHODS`` (the values of ``algorithm.name``). Methods whose released code reads the current policy select on ``logp_old``
 before the update; see ``token_weights`` for why that is exact with one optimizer step per batch.
 STARE's controller state (``StareState``) is returned as ``tw.state``; keep it and checkpoint it
 with ``to_dict``/``from_dict``. ``docs/algorithms.md`` maps every name to its formula and source.
@@ -38,10 +39,10 @@ with ``to_dict``/``from_dict``. ``docs/algorithms.md`` maps every name to its fo
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from agentrl.algorithms.advantages import ADVANTAGES, compute_advantages
+from agentrl.algorithms import presets  # noqa: F401  (registers grpo, dr_grpo, rloo, dapo, none)
+from agentrl.algorithms.advantages import compute_advantages
 from agentrl.algorithms.covariance import clip_cov_weights, kl_cov_weights, token_covariance
 from agentrl.algorithms.entropy_theory import (
     entropy_phi,
@@ -56,15 +57,35 @@ from agentrl.algorithms.filters import (
 )
 from agentrl.algorithms.high_entropy import high_entropy_weights
 from agentrl.algorithms.losses import (
-    AGG_MODES,
+    KL_ESTIMATORS,
+    PolicyLoss,
     aggregate,
+    clip_status,
     clipped_surrogate,
     importance_ratio,
+    k1_kl,
+    k2_kl,
     k3_kl,
+    kl_penalty,
     loss_normaliser,
     policy_loss,
 )
 from agentrl.algorithms.masked import masked_mean, masked_quantile
+from agentrl.algorithms.registry import (
+    ADVANTAGES,
+    AGGREGATIONS,
+    METHODS,
+    WEIGHTINGS,
+    AdvantageEstimator,
+    LossAggregation,
+    Method,
+    StepContext,
+    TokenWeighting,
+    register_advantage,
+    register_aggregation,
+    register_method,
+    register_weighting,
+)
 from agentrl.algorithms.stapo import stapo_weights
 from agentrl.algorithms.stare import stare_weights
 from agentrl.algorithms.stare_control import (
@@ -81,35 +102,34 @@ from agentrl.algorithms.token_stats import (
 )
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs, unit_weights
 
-WEIGHTINGS: dict[str, Callable[..., TokenWeights]] = {
-    "none": unit_weights,
-    "stare": stare_weights,
-    "steer": steer_weights,
-    "stapo": stapo_weights,
-    "clip_cov": clip_cov_weights,
-    "kl_cov": kl_cov_weights,
-    "high_entropy": high_entropy_weights,
-}
-
 
 def compute_weights(name: str, inputs: WeightingInputs, **params: Any) -> TokenWeights:
     """The one place a weighting is chosen by name."""
     if name not in WEIGHTINGS:
         raise ValueError(f"unknown token weighting {name!r}; choose one of {sorted(WEIGHTINGS)}")
-    return WEIGHTINGS[name](inputs, **params)
+    return WEIGHTINGS[name].compute(inputs, **params)
 
 
 __all__ = [
     "ADVANTAGES",
-    "AGG_MODES",
+    "AGGREGATIONS",
     "CONTROL_LAWS",
+    "KL_ESTIMATORS",
+    "METHODS",
     "WEIGHTINGS",
+    "AdvantageEstimator",
+    "LossAggregation",
+    "Method",
+    "PolicyLoss",
     "StareController",
     "StareState",
+    "StepContext",
+    "TokenWeighting",
     "TokenWeights",
     "WeightingInputs",
     "aggregate",
     "clip_cov_weights",
+    "clip_status",
     "clipped_surrogate",
     "compute_advantages",
     "compute_weights",
@@ -120,13 +140,20 @@ __all__ = [
     "first_order_entropy_change",
     "high_entropy_weights",
     "importance_ratio",
+    "k1_kl",
+    "k2_kl",
     "k3_kl",
     "kl_cov_weights",
+    "kl_penalty",
     "loss_normaliser",
     "masked_mean",
     "masked_quantile",
     "overlong_penalty",
     "policy_loss",
+    "register_advantage",
+    "register_aggregation",
+    "register_method",
+    "register_weighting",
     "stapo_weights",
     "stare_weights",
     "steer_weights",

@@ -8,11 +8,13 @@ loss mask is zeroed by ``filters.void_turn_multipliers``).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from torch import Tensor
+
+from agentrl.algorithms.registry import ADVANTAGES, AdvantageEstimator, register_advantage
 
 GROUP_STD_EPS = 1e-6
 
@@ -67,17 +69,14 @@ def rloo_advantages(rewards: Sequence[float] | Tensor, group_ids: Sequence[Any] 
     return torch.where(sizes > 1, r - leave_one_out, torch.zeros_like(r)).float()
 
 
-ADVANTAGES: dict[str, Callable[[Sequence[float] | Tensor, Sequence[Any] | Tensor], Tensor]] = {
-    "grpo": grpo_advantages,
-    "dr_grpo": dr_grpo_advantages,
-    "rloo": rloo_advantages,
-}
+for _estimator in (grpo_advantages, dr_grpo_advantages, rloo_advantages):
+    register_advantage(AdvantageEstimator(_estimator.__name__.removesuffix("_advantages"), _estimator))
 
 
 def compute_advantages(
     name: str, rewards: Sequence[float] | Tensor, group_ids: Sequence[Any] | Tensor
 ) -> Tensor:
-    """Advantages [B] (float32) by estimator name: ``grpo``, ``dr_grpo`` or ``rloo``."""
+    """Advantages [B] (float32) by estimator name (``ADVANTAGES``: ``grpo``, ``dr_grpo``, ``rloo``...)."""
     if name not in ADVANTAGES:
         raise ValueError(f"unknown advantage estimator {name!r}; choose one of {sorted(ADVANTAGES)}")
-    return ADVANTAGES[name](rewards, group_ids)
+    return ADVANTAGES[name].compute(rewards, group_ids)

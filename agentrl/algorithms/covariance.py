@@ -16,11 +16,20 @@ reproducible Clip-Cov draws.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import Tensor
 
 from agentrl.algorithms.masked import masked_mean, topk_mask
+from agentrl.algorithms.registry import GRPO_DS, StepContext, TokenWeighting, register_weighting
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
+from agentrl.dataclass_tree import knob
+
+if TYPE_CHECKING:
+    from agentrl.config_schema import Config
 
 
 def token_covariance(inputs: WeightingInputs) -> Tensor:
@@ -74,3 +83,60 @@ def kl_cov_weights(inputs: WeightingInputs, *, ratio: float = 2e-3, beta: float 
         clip=False,
         stats=stats,
     )
+
+
+# -- the records ---------------------------------------------------------------------------------
+@dataclass
+class ClipCovConfig:
+    ratio: float = knob(2e-4, gt=0, le=1)
+    """Fraction of tokens whose gradient is cut (at least one)."""
+    lb: float = 1.0
+    """Lower bound on the centred covariance for a token to be a candidate."""
+    ub: float = 5.0
+    """Upper bound on the centred covariance for a token to be a candidate."""
+
+
+@dataclass
+class KLCovConfig:
+    ratio: float = knob(2e-3, gt=0, le=1)
+    """Fraction of tokens (top by covariance) that get the KL penalty."""
+    coef: float = knob(1.0, ge=0)
+    """β, the coefficient of |logp − logp_old| on those tokens."""
+
+
+def clip_cov_arguments(s: ClipCovConfig, step: StepContext) -> dict[str, Any]:
+    """A generator seeded from the step: a fresh draw every step, the same one after a resume."""
+    generator = torch.Generator().manual_seed(step.seed)
+    return {"ratio": s.ratio, "lower": s.lb, "upper": s.ub, "generator": generator}
+
+
+def clip_cov_checks(s: ClipCovConfig, cfg: Config) -> Iterator[tuple[str, str]]:
+    if s.lb > s.ub:
+        yield (
+            "algorithm.clip_cov.lb",
+            f"algorithm.clip_cov.lb={s.lb} must not exceed algorithm.clip_cov.ub={s.ub}",
+        )
+
+
+def kl_cov_arguments(s: KLCovConfig, step: StepContext) -> dict[str, Any]:
+    return {"ratio": s.ratio, "beta": s.coef}
+
+
+CLIP_COV = register_weighting(
+    TokenWeighting(
+        "clip_cov",
+        clip_cov_weights,
+        settings=ClipCovConfig,
+        arguments=clip_cov_arguments,
+        check=clip_cov_checks,
+    )
+)
+KL_COV = register_weighting(
+    TokenWeighting(
+        "kl_cov",
+        kl_cov_weights,
+        settings=KLCovConfig,
+        arguments=kl_cov_arguments,
+        preset={**GRPO_DS, "ratio_clip": False},  # the released code trains on the unclipped -A·r
+    )
+)

@@ -8,11 +8,15 @@ denominator is unchanged: the other tokens get weight 0 but stay in the mask.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from agentrl.algorithms.masked import masked_quantile
+from agentrl.algorithms.registry import StepContext, TokenWeighting, register_weighting
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
+from agentrl.dataclass_tree import knob
 
 
 def high_entropy_weights(inputs: WeightingInputs, *, rho: float = 0.2) -> TokenWeights:
@@ -29,3 +33,21 @@ def high_entropy_weights(inputs: WeightingInputs, *, rho: float = 0.2) -> TokenW
         "entropy_threshold": threshold if not math.isnan(threshold) else 0.0,
     }
     return TokenWeights(weights=weights, mask=m, stats=stats)
+
+
+# -- the record ----------------------------------------------------------------------------------
+@dataclass
+class HighEntropyConfig:
+    rho: float = knob(0.2, gt=0, le=1)
+    """Fraction of tokens (highest entropy) that keep their gradient."""
+
+
+def high_entropy_arguments(s: HighEntropyConfig, step: StepContext) -> dict[str, Any]:
+    return {"rho": s.rho}
+
+
+HIGH_ENTROPY = register_weighting(
+    TokenWeighting(
+        "high_entropy", high_entropy_weights, settings=HighEntropyConfig, arguments=high_entropy_arguments
+    )
+)

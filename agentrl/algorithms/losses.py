@@ -11,11 +11,13 @@ micro-batch losses then gives exactly the full-batch loss (and gradient) in ever
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
 from agentrl.algorithms.masked import as_bool_mask, masked_mean, masked_sum
+from agentrl.algorithms.registry import AGGREGATIONS, LossAggregation, register_aggregation
 
 LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
@@ -36,41 +38,57 @@ def _seq_token_mean_sum(x: Tensor, mask: Tensor) -> Tensor:
     return per_seq.sum()
 
 
-AGG_NUMERATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {
-    # Σ m·X / (Σ m over the whole batch): every policy token weighs the same, whatever its episode/turn.
-    "token-mean": _token_sum,
-    # mean over each sequence's tokens, then mean over sequences: every episode weighs the same.
-    "seq-mean-token-mean": _seq_token_mean_sum,
-    # sum over each sequence's tokens, then mean over sequences: long episodes weigh more.
-    "seq-mean-token-sum": _token_sum,
-    # Dr. GRPO: Σ m·X / (number of sequences × a constant max length).
-    "seq-mean-token-sum-norm": _token_sum,
-}
-AGG_MODES = tuple(AGG_NUMERATORS)
+def _token_count(mask: Tensor, max_len: int | None) -> float:
+    return float(as_bool_mask(mask).sum())
+
+
+def _sequence_count(mask: Tensor, max_len: int | None) -> float:
+    """Sequences with at least one policy token (a void-turn episode's mask is all zero: not counted,
+    so it does not dilute the others)."""
+    return float(_seq_has_tokens(mask).sum())
+
+
+def _sequences_times_max_len(mask: Tensor, max_len: int | None) -> float:
+    """Dr. GRPO's constant: sequences × the configured maximum response length (default T)."""
+    return _sequence_count(mask, max_len) * float(max_len if max_len is not None else mask.shape[-1])
+
+
+for _agg in (
+    LossAggregation(
+        "token-mean", _token_sum, _token_count,
+        "every policy token weighs the same, whatever its episode or turn",
+    ),
+    LossAggregation(
+        "seq-mean-token-mean", _seq_token_mean_sum, _sequence_count,
+        "mean over each sequence's tokens, then over sequences: every episode weighs the same",
+    ),
+    LossAggregation(
+        "seq-mean-token-sum", _token_sum, _sequence_count,
+        "sum over each sequence's tokens, then mean over sequences: long episodes weigh more",
+    ),
+    LossAggregation(
+        "seq-mean-token-sum-norm", _token_sum, _sequences_times_max_len,
+        "Dr. GRPO: the token sum over sequences × a constant maximum length",
+    ),
+):  # fmt: skip
+    register_aggregation(_agg)
 
 
 def loss_normaliser(mask: Tensor, agg_mode: str, max_len: int | None = None) -> float:
     """The denominator of ``agg_mode`` for the WHOLE training batch (pass its full mask [B, T]).
-
-    Sequences with no policy token (a void-turn episode, whose mask is all zero) are not counted in
-    the seq-* modes, so they do not dilute the others. ``max_len`` is Dr. GRPO's constant (the
-    configured maximum response length); it defaults to T.
-    """
-    if agg_mode not in AGG_NUMERATORS:
-        raise ValueError(f"unknown aggregation {agg_mode!r}; choose one of {AGG_MODES}")
-    if agg_mode == "token-mean":
-        return float(as_bool_mask(mask).sum())
-    n_seq = float(_seq_has_tokens(mask).sum())
-    if agg_mode == "seq-mean-token-sum-norm":
-        return n_seq * float(max_len if max_len is not None else mask.shape[-1])
-    return n_seq
+    ``max_len`` is Dr. GRPO's constant (the configured maximum response length; default T)."""
+    return _aggregation(agg_mode).normaliser(mask, max_len)
 
 
 def aggregate(x: Tensor, mask: Tensor, agg_mode: str, normaliser: float) -> Tensor:
     """Scalar Agg(X, m): the mode's numerator over this (micro-)batch / the whole-batch normaliser."""
-    if agg_mode not in AGG_NUMERATORS:
-        raise ValueError(f"unknown aggregation {agg_mode!r}; choose one of {AGG_MODES}")
-    return AGG_NUMERATORS[agg_mode](x, mask) / max(normaliser, 1.0)
+    return _aggregation(agg_mode).numerator(x, mask) / max(normaliser, 1.0)
+
+
+def _aggregation(name: str) -> LossAggregation:
+    if name not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {name!r}; choose one of {sorted(AGGREGATIONS)}")
+    return AGGREGATIONS[name]
 
 
 def importance_ratio(logp: Tensor, logp_old: Tensor) -> Tensor:
@@ -93,10 +111,57 @@ def clipped_surrogate(
     return loss
 
 
+def k1_kl(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """k1 estimator of KL(πθ || π_ref): logp - logp_ref (unbiased, high variance; verl ``kl``)."""
+    return logp - logp_ref
+
+
+def k2_kl(logp: Tensor, logp_ref: Tensor) -> Tensor:
+    """k2 estimator: ½·(logp - logp_ref)² (verl ``mse``)."""
+    return 0.5 * (logp - logp_ref).square()
+
+
 def k3_kl(logp: Tensor, logp_ref: Tensor) -> Tensor:
-    """k3 estimator of KL(πθ || π_ref): exp(logp_ref - logp) - (logp_ref - logp) - 1, clamped to ±10."""
-    d = logp_ref - logp
+    """k3 estimator of KL(πθ || π_ref) (GRPO's low-variance one, verl ``low_var_kl``): with
+    d = clamp(logp_ref - logp, ±20), exp(d) - d - 1, clamped to ±10."""
+    d = torch.clamp(logp_ref - logp, -LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
     return torch.clamp(torch.exp(d) - d - 1.0, -K3_CLAMP, K3_CLAMP)
+
+
+KL_ESTIMATORS: dict[str, Callable[[Tensor, Tensor], Tensor]] = {"k1": k1_kl, "k2": k2_kl, "k3": k3_kl}
+"""Per-token KL estimators to the reference policy, by name (``algorithm.kl_estimator``)."""
+
+
+def kl_penalty(logp: Tensor, logp_ref: Tensor, estimator: str) -> Tensor:
+    """Per-token KL(πθ || π_ref) [B, T] by estimator name (k1, k2, k3)."""
+    if estimator not in KL_ESTIMATORS:
+        raise ValueError(f"unknown KL estimator {estimator!r}; choose one of {sorted(KL_ESTIMATORS)}")
+    return KL_ESTIMATORS[estimator](logp, logp_ref)
+
+
+CLIP_NONE, CLIP_LOW, CLIP_HIGH, CLIP_DUAL = 0.0, 1.0, 2.0, 3.0
+
+
+def clip_status(
+    ratio: Tensor, advantages: Tensor, clip_low: float, clip_high: float, dual_clip: float | None
+) -> Tensor:
+    """Per token, which clip binds: 0 none, 1 low (A<0, r<1-ε_low), 2 high (A>0, r>1+ε_high),
+    3 dual (A<0, r>c)."""
+    status = torch.full_like(ratio, CLIP_NONE)
+    status = torch.where((advantages < 0) & (ratio < 1 - clip_low), CLIP_LOW, status)
+    status = torch.where((advantages > 0) & (ratio > 1 + clip_high), CLIP_HIGH, status)
+    if dual_clip is not None:
+        status = torch.where((advantages < 0) & (ratio > dual_clip), CLIP_DUAL, status)
+    return status
+
+
+class PolicyLoss(NamedTuple):
+    loss: Tensor
+    """The scalar loss of this (micro-)batch, with gradient."""
+    stats: dict[str, float]
+    """Detached statistics over its policy tokens (see ``policy_loss``)."""
+    clip_status: Tensor
+    """[B, T] which clip binds at each token (``clip_status``): for overlays."""
 
 
 def policy_loss(
@@ -114,11 +179,12 @@ def policy_loss(
     clip: bool = True,
     logp_ref: Tensor | None = None,
     kl_coef: float = 0.0,
+    kl_estimator: str = "k3",
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
     abs_kl_weights: Tensor | None = None,
-) -> tuple[Tensor, dict[str, float]]:
-    """Loss = Agg(ω ⊙ L_dualclip + abs_kl ⊙ |logp - logp_old|) + β·Agg(k3) - β_H·Agg(H).
+) -> PolicyLoss:
+    """Loss = Agg(ω ⊙ L_dualclip + abs_kl ⊙ |logp - logp_old|) + β·Agg(KL) - β_H·Agg(H).
 
     Args:
         logp, logp_old: [B, T] current (with grad) and pre-update log-probs of the taken tokens.
@@ -129,14 +195,15 @@ def policy_loss(
         weights: [B, T] per-token weights ω (a ``TokenWeights.weights`` slice); multiply the
             numerator only. None means ω ≡ 1 (plain GRPO-ds).
         clip: False drops the ratio clip and the dual clip (KL-Cov trains on -A·r).
-        logp_ref, kl_coef: k3 KL to a reference policy (GRPO's optional KL loss).
+        logp_ref, kl_coef, kl_estimator: KL to a reference policy in the loss (GRPO's KL loss, verl's
+            ``use_kl_loss``), aggregated like the policy loss; ``kl_estimator`` k1, k2 or k3.
         entropy, entropy_coef: current-policy entropy [B, T] (with grad) for an entropy bonus.
         abs_kl_weights: [B, T] KL-Cov's β on its selected tokens (0 elsewhere).
 
-    Returns the scalar loss and detached stats over this micro-batch's policy tokens:
-    ``pg_loss``, ``clip_frac_low`` (A<0, r<1-ε_low), ``clip_frac_high`` (A>0, r>1+ε_high),
-    ``dual_clip_frac``, ``approx_kl`` (k3 of π_old vs πθ), ``ratio_mean``, ``n_tokens``, and
-    ``kl_ref`` / ``entropy`` when given. Means are over this micro-batch; weight them by
+    Returns ``PolicyLoss(loss, stats, clip_status)``. The stats, detached, over this micro-batch's
+    policy tokens: ``pg_loss``, ``clip_frac_low`` (A<0, r<1-ε_low), ``clip_frac_high`` (A>0,
+    r>1+ε_high), ``dual_clip_frac``, ``approx_kl`` (k3 of π_old vs πθ), ``ratio_mean``, ``n_tokens``,
+    and ``kl_ref`` / ``entropy`` when given. Means are over this micro-batch; weight them by
     ``n_tokens`` to combine micro-batches.
     """
     if advantages.dim() == 1:
@@ -154,24 +221,22 @@ def policy_loss(
     pg = aggregate(per_token, mask, agg_mode, normaliser)
     loss = pg
     with torch.no_grad():
-        r = ratio.detach()
+        status = clip_status(ratio.detach(), advantages, clip_low, clip_high, dual_clip)
         stats = {
             "pg_loss": float(pg.detach()),
-            "clip_frac_low": float(masked_mean(((advantages < 0) & (r < 1 - clip_low)).float(), mask)),
-            "clip_frac_high": float(masked_mean(((advantages > 0) & (r > 1 + clip_high)).float(), mask)),
-            "dual_clip_frac": float(
-                masked_mean(((advantages < 0) & (r > (dual_clip or float("inf")))).float(), mask)
-            ),
+            "clip_frac_low": float(masked_mean((status == CLIP_LOW).float(), mask)),
+            "clip_frac_high": float(masked_mean((status == CLIP_HIGH).float(), mask)),
+            "dual_clip_frac": float(masked_mean((status == CLIP_DUAL).float(), mask)),
             "approx_kl": float(masked_mean(k3_kl(logp.detach(), logp_old), mask)),
-            "ratio_mean": float(masked_mean(r, mask)),
+            "ratio_mean": float(masked_mean(ratio.detach(), mask)),
             "n_tokens": float(as_bool_mask(mask).sum()),
         }
     if logp_ref is not None and kl_coef != 0.0:
-        kl = k3_kl(logp, logp_ref)
+        kl = kl_penalty(logp, logp_ref, kl_estimator)
         loss = loss + kl_coef * aggregate(kl, mask, agg_mode, normaliser)
         stats["kl_ref"] = float(masked_mean(kl.detach(), mask))
     if entropy is not None:
         if entropy_coef != 0.0:
             loss = loss - entropy_coef * aggregate(entropy, mask, agg_mode, normaliser)
         stats["entropy"] = float(masked_mean(entropy.detach(), mask))
-    return loss, stats
+    return PolicyLoss(loss, stats, status)

@@ -11,11 +11,15 @@ step; see ``token_weights``), and the quantile is over the whole batch.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from agentrl.algorithms.masked import masked_quantile
+from agentrl.algorithms.registry import StepContext, TokenWeighting, register_weighting
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
+from agentrl.dataclass_tree import knob
 
 
 def stapo_weights(
@@ -36,3 +40,21 @@ def stapo_weights(
         "entropy_threshold": h_q if not math.isnan(h_q) else 0.0,
     }
     return TokenWeights(weights=torch.ones_like(inputs.logp_old), mask=m & ~spurious, stats=stats)
+
+
+# -- the record ----------------------------------------------------------------------------------
+@dataclass
+class StapoConfig:
+    tau_p: float = knob(0.002, ge=0, le=1)
+    """Drop positive-advantage tokens whose probability is below this..."""
+    entropy_quantile: float = knob(0.8, ge=0, le=1)
+    """...and whose entropy is below this quantile of the batch's entropy."""
+
+
+def stapo_arguments(s: StapoConfig, step: StepContext) -> dict[str, Any]:
+    return {"prob_threshold": s.tau_p, "entropy_quantile": s.entropy_quantile}
+
+
+STAPO = register_weighting(
+    TokenWeighting("stapo", stapo_weights, settings=StapoConfig, arguments=stapo_arguments)
+)

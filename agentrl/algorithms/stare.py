@@ -18,14 +18,21 @@ Departures from the released code (hp-luo/STARE, ``compute_stare_token_weights``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
 
 from agentrl.algorithms.masked import masked_mean, topk_mask
+from agentrl.algorithms.registry import StepContext, TokenWeighting, register_weighting
 from agentrl.algorithms.stare_control import StareController, StareState, update_stare_state
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
+from agentrl.dataclass_tree import knob
+
+if TYPE_CHECKING:
+    from agentrl.config_schema import Config
 
 VARIANTS = ("O1", "C2")
 SCOPES = ("batch", "micro")
@@ -119,3 +126,121 @@ def stare_weights(
         "mean_weight": float(masked_mean(weights, inputs.mask)),
     }
     return TokenWeights(weights=weights, mask=inputs.mask, stats=stats, state=state)
+
+
+# -- the record: settings (``algorithm.stare``), how they become arguments, the rules ---------------
+@dataclass
+class AdaptiveConfig:
+    alpha: float = knob(0.01, gt=0)
+    """Step of W and M per training step: W += α·sign(H_tgt − H̄), M -= α·sign(H_tgt − H̄)."""
+    W_max: float = knob(1.5, ge=1)
+    """Upper limit of W (lower limit 1)."""
+    M_min: float = knob(0.5, ge=0, le=1)
+    """Lower limit of M (upper limit 1)."""
+
+
+@dataclass
+class PIConfig:
+    kp: float = knob(2.0, ge=0)
+    """Proportional gain on the relative entropy error (H_tgt − H̄)/H_tgt."""
+    ki: float = knob(0.2, ge=0)
+    """Integral gain on the accumulated relative error (with anti-windup at the bounds)."""
+    W_min: float = knob(1.0, ge=1)
+    """W at the smallest positive strength: W = W_min + u·(W_max − W_min) for strength u ∈ (0, 1] (weights are 1 at u = 0)."""
+    W_max: float = knob(3.0, ge=1)
+    """W at full strength (u = 1)."""
+    M_min: float = knob(0.0, ge=0, le=1)
+    """M at full strength (u = 1)."""
+    M_max: float = knob(1.0, ge=0, le=1)
+    """M at the smallest positive strength: M = M_max − u·(M_max − M_min)."""
+    P_max: float | None = knob(None, gt=0, le=1)
+    """P grows from ``stare.P`` to this with the strength: P = P + u·(P_max − P). None = P stays fixed."""
+
+
+@dataclass
+class StareConfig:
+    variant: Literal["O1", "C2"] = "O1"
+    """O1 boosts high-surprisal positive tokens only (the released code's 7B default); C2 also damps high-surprisal negative tokens."""
+    target_entropy: float = knob(0.3, gt=0)
+    """H_tgt in nats: reweighting is on while the batch's token-mean entropy is below it."""
+    P: float = knob(0.1, gt=0, le=1)
+    """Fraction of positive (and negative) tokens selected, by highest surprisal."""
+    W: float = knob(1.1, ge=1)
+    """Weight of selected positive tokens (paper: 1.1 for 7B; tiny models need ~2-3, ALGORITHMS.md §9)."""
+    M: float = knob(0.9, ge=0, le=1)
+    """Weight of selected negative tokens (C2 only)."""
+    scope: Literal["batch", "micro"] = "batch"
+    """Rank tokens over the whole training batch (paper) or per micro-batch (released code)."""
+    controller: Literal["gate", "adaptive", "pi"] = "gate"
+    """How W and M are set: ``gate`` = fixed values while H̄ < H_tgt; ``adaptive`` = the paper's sign controller; ``pi`` = proportional-integral on the entropy error."""
+    adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
+    """Settings of the ``adaptive`` controller."""
+    pi: PIConfig = field(default_factory=PIConfig)
+    """Settings of the ``pi`` controller."""
+
+
+def stare_arguments(s: StareConfig, step: StepContext) -> dict[str, Any]:
+    """``algorithm.stare`` and this step's context as ``stare_weights`` keyword arguments."""
+    pi = s.controller == "pi"
+    bounds = s.pi if pi else s.adaptive
+    controller = StareController(
+        law=s.controller,
+        w=s.W,
+        m=s.M,
+        p=s.P,
+        alpha=s.adaptive.alpha,
+        w_max=bounds.W_max,
+        m_min=bounds.M_min,
+        w_min=s.pi.W_min if pi else 1.0,
+        m_max=s.pi.M_max if pi else 1.0,
+        kp=s.pi.kp,
+        ki=s.pi.ki,
+        p_max=s.pi.P_max if pi else None,
+    )
+    return {
+        "variant": s.variant,
+        "target_entropy": s.target_entropy,
+        "controller": controller,
+        "state": step.state,
+        "scope": s.scope,
+        "row_groups": step.row_groups if s.scope == "micro" else None,
+    }
+
+
+def stare_checks(s: StareConfig, cfg: Config) -> Iterator[tuple[str, str]]:
+    """Rules that tie ``algorithm.stare`` keys to each other and to the trainer."""
+    t = cfg.trainer
+    if s.scope == "micro" and t.epochs_per_step > 1 and t.mini_batches_per_step > 1:
+        yield (
+            "algorithm.stare.scope",
+            (
+                "algorithm.stare.scope='micro' ranks within the micro-batches the update runs, but with "
+                f"trainer.epochs_per_step={t.epochs_per_step} and trainer.mini_batches_per_step="
+                f"{t.mini_batches_per_step} every epoch reshuffles them, so there is no single set of "
+                "micro-batches to rank in: use scope 'batch', one epoch, or one mini-batch per step"
+            ),
+        )
+    pairs = [("W_min", s.pi.W_min, "W_max", s.pi.W_max), ("M_min", s.pi.M_min, "M_max", s.pi.M_max)]
+    pairs = [(f"algorithm.stare.pi.{a}", x, f"algorithm.stare.pi.{b}", y) for a, x, b, y in pairs]
+    if s.controller == "pi" and s.pi.P_max is not None:
+        pairs.append(("algorithm.stare.P", s.P, "algorithm.stare.pi.P_max", s.pi.P_max))
+    if s.controller == "adaptive":
+        pairs += [
+            ("algorithm.stare.W", s.W, "algorithm.stare.adaptive.W_max", s.adaptive.W_max),
+            ("algorithm.stare.adaptive.M_min", s.adaptive.M_min, "algorithm.stare.M", s.M),
+        ]
+    for low_key, low, high_key, high in pairs:
+        if low > high:
+            yield low_key, f"{low_key}={low} must not exceed {high_key}={high}"
+
+
+STARE = register_weighting(
+    TokenWeighting(
+        "stare",
+        stare_weights,
+        settings=StareConfig,
+        arguments=stare_arguments,
+        state=StareState,
+        check=stare_checks,
+    )
+)

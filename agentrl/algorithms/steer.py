@@ -21,11 +21,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
+from agentrl.algorithms.registry import StepContext, TokenWeighting, register_weighting
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
+from agentrl.dataclass_tree import knob
 
 PROB_EPS = 1e-8
 
@@ -71,3 +75,23 @@ def steer_weights(
         "max_weight": float(valid.max()) if valid.numel() else 1.0,
     }
     return TokenWeights(weights=weights, mask=m, stats=stats)
+
+
+# -- the record ----------------------------------------------------------------------------------
+@dataclass
+class SteerConfig:
+    mode: Literal["linear", "exp"] = "linear"
+    """How weights shrink with the entropy-change estimate |Ω|."""
+    w_min: float = knob(0.8, gt=0, le=1)
+    """Smallest token weight."""
+    w_max: float = knob(1.2, ge=1)
+    """Largest token weight (linear mode)."""
+
+
+def steer_arguments(s: SteerConfig, step: StepContext) -> dict[str, Any]:
+    return {"mode": s.mode, "w_min": s.w_min, "w_max": s.w_max}
+
+
+STEER = register_weighting(
+    TokenWeighting("steer", steer_weights, settings=SteerConfig, arguments=steer_arguments)
+)

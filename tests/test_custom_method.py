@@ -1,0 +1,111 @@
+"""A token weighting defined and registered in this test file, outside agentrl/: one record makes it a
+method the config accepts (with its own settings section), the trainer runs, and a resume restores."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pytest
+import torch
+
+from agentrl.algorithms import (
+    METHODS,
+    WEIGHTINGS,
+    StepContext,
+    TokenWeighting,
+    TokenWeights,
+    WeightingInputs,
+    masked_mean,
+    register_weighting,
+)
+from agentrl.config import ConfigError, load_config
+from agentrl.dataclass_tree import knob
+from agentrl.episode import Episode
+from agentrl.trainer import Trainer
+from tests.jsonl import lines
+from tests.test_trainer import small_config
+
+
+@dataclass
+class SurprisalTiltSettings:
+    alpha: float = knob(0.5, gt=0, le=1)
+    """How far the weight moves with the token's surprisal above the batch mean."""
+
+
+@dataclass
+class TiltState:
+    steps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> TiltState:
+        return TiltState(**d)
+
+
+def surprisal_tilt_weights(inputs: WeightingInputs, *, alpha: float, state: TiltState | None) -> TokenWeights:
+    """ω = 1 + α·tanh(s - mean s) on policy tokens: more weight on surprising tokens."""
+    s = -inputs.logp_old
+    w = 1.0 + alpha * torch.tanh(s - masked_mean(s, inputs.mask))
+    weights = torch.where(inputs.mask, w, torch.ones_like(w))
+    new = TiltState((state.steps if state else 0) + 1)
+    return TokenWeights(
+        weights, inputs.mask, stats={"mean_weight": float(masked_mean(weights, inputs.mask))}, state=new
+    )
+
+
+def tilt_arguments(s: SurprisalTiltSettings, step: StepContext) -> dict[str, Any]:
+    return {"alpha": s.alpha, "state": step.state}
+
+
+register_weighting(
+    TokenWeighting(
+        "surprisal_tilt",
+        surprisal_tilt_weights,
+        settings=SurprisalTiltSettings,
+        arguments=tilt_arguments,
+        state=TiltState,
+    )
+)
+
+
+def test_the_record_makes_a_method_with_a_settings_section():
+    assert METHODS["surprisal_tilt"].weighting == "surprisal_tilt" and "surprisal_tilt" in WEIGHTINGS
+    cfg = load_config(None, ["algorithm.name=surprisal_tilt", "algorithm.surprisal_tilt.alpha=0.25"])
+    assert cfg.algorithm.surprisal_tilt.alpha == 0.25
+    assert cfg.algorithm.loss_agg == "token-mean"  # the GRPO-ds preset, by default
+    with pytest.raises(ConfigError, match=r"algorithm\.surprisal_tilt\.alpha must be in \(0, 1\]"):
+        load_config(None, ["algorithm.surprisal_tilt.alpha=2"])
+    with pytest.raises(ConfigError, match=r"did you mean 'algorithm\.surprisal_tilt\.alpha'"):
+        load_config(None, ["algorithm.surprisal_tilt.alpah=0.1"])
+    with pytest.raises(ValueError, match="already registered"):
+        register_weighting(TokenWeighting("surprisal_tilt", lambda inputs: None))  # type: ignore[arg-type,return-value]
+
+
+def test_it_trains_two_steps_and_resumes_its_state(tmp_path, tiny_model_dir):
+    extra = (
+        "algorithm.name=surprisal_tilt",
+        "algorithm.surprisal_tilt.alpha=0.8",
+        "trainer.checkpoint_every=1",
+    )
+    trainer = Trainer(small_config(tmp_path, tiny_model_dir, *extra), log=lambda *_: None)
+    history = trainer.train()
+    assert len(history) == 2 and all("update/skipped" not in h for h in history)
+    assert [h["surprisal_tilt/mean_weight"] for h in history] != [1.0, 1.0]
+    assert trainer.weighting_state == TiltState(2)
+    episodes = [Episode.from_json(x) for x in lines(tmp_path / "run" / "transcripts.jsonl")]
+    weights = [w for e in episodes if e.overlays for w in e.overlays["weight"] if w is not None]
+    assert len({round(w, 3) for w in weights}) > 10  # the method's weights reached the loss
+    # a resumed run gets the state back from the checkpoint, through the record's state class
+    resumed = Trainer(
+        small_config(tmp_path, tiny_model_dir, *extra, "run.resume=true", "trainer.total_steps=3"),
+        log=lambda *_: None,
+    )
+    assert resumed.start_step == 2 and resumed.weighting_state == TiltState(2)
+    resumed.train()
+    assert resumed.weighting_state == TiltState(3)
+    saved = torch.load(tmp_path / "run" / "checkpoints" / "step_3" / "trainer_state.pt", weights_only=False)
+    assert json.dumps(saved["weighting_state"]) == json.dumps({"steps": 3})
