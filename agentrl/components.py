@@ -92,7 +92,9 @@ def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
 def load_model(cfg: Config, path: str) -> tuple[torch.nn.Module, Any]:
     """The policy at ``path`` and its tokenizer, in ``model.dtype`` on the run's device."""
     extra = {"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}
-    return load_policy(path, dtype=cfg.model.dtype, device=device_of(cfg), **extra)
+    return load_policy(
+        path, dtype=cfg.model.dtype, device=device_of(cfg), tokenizer=cfg.model.tokenizer, **extra
+    )
 
 
 def local_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, path: str) -> Engine:

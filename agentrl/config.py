@@ -30,6 +30,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentrl import dataclass_tree
 from agentrl.algorithms import registry
+from agentrl.algorithms.registry import weighting_name, weighting_settings
 from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections from here)
     AlgorithmConfig,
     Config,
@@ -65,16 +66,6 @@ class ConfigError(ValueError):
         else:
             msg = f"{len(self.errors)} problems in the config:\n" + "\n".join(f"  - {e}" for e in self.errors)
         super().__init__(msg)
-
-
-def weighting_name(cfg: Config) -> str:
-    """The token weighting ``algorithm.name`` trains with (``none`` for the plain surrogate)."""
-    return registry.METHODS[cfg.algorithm.name].weighting
-
-
-def weighting_settings(cfg: Config) -> Any:
-    """The settings section of that weighting (``cfg.algorithm.stare`` for STARE), or None."""
-    return cfg.algorithm.settings.get(weighting_name(cfg))
 
 
 # ------------------------------------------------------------------------------------ public API
@@ -181,8 +172,6 @@ def _resolve(cfg: Config) -> None:
         ov.cache_length = max(1, ov.max_length // 5)
     if cfg.run.output_dir is None:
         cfg.run.output_dir = f"runs/{cfg.run.name}"
-    if cfg.model.tokenizer is None:
-        cfg.model.tokenizer = cfg.model.path
 
 
 def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:

@@ -40,7 +40,7 @@ class ModelConfig:
     dtype: Literal["float32", "bfloat16"] = "float32"
     """Parameter dtype. float32 on CPU (bf16 autocast is ``trainer.bf16``); bfloat16 for large models on GPU."""
     tokenizer: str | None = None
-    """Tokenizer location. None = ``model.path``."""
+    """Where the tokenizer comes from, whatever weights are loaded. None = the tokenizer saved with the weights (``model.path``, the warm start, a checkpoint)."""
     attn_implementation: str | None = None
     """Passed to transformers (``sdpa``, ``eager``, ``flash_attention_2``...). None = transformers' default."""
     ref_path: str | None = None
@@ -300,7 +300,7 @@ class LoggingConfig:
     transcript_every: int = knob(1, ge=1)
     """Write transcripts every N steps."""
     log_every: int = knob(1, ge=1)
-    """Print and log metrics every N steps."""
+    """Print the progress line (when the output is not a terminal) and send metrics to TensorBoard/W&B every N steps, and at the last step; ``metrics.jsonl`` always gets every step."""
 
 
 @dataclass

@@ -65,10 +65,20 @@ def is_correct(ep: Episode) -> bool:
 
 
 class MetricsLogger:
+    """Every step's metrics go to ``metrics.jsonl`` (resume, the viewer and plots read it); TensorBoard
+    and W&B get every ``every``-th step (``logging.log_every``) and the last one (``close``)."""
+
     def __init__(
-        self, run_dir: Path, tensorboard: bool = True, wandb_project: str | None = None, config: Any = None
+        self,
+        run_dir: Path,
+        tensorboard: bool = True,
+        wandb_project: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        every: int = 1,
     ):
         self.path = Path(run_dir) / "metrics.jsonl"
+        self.every = every
+        self._pending: tuple[int, dict[str, Any]] | None = None  # a step not yet sent to TB/W&B
         self.tb = None
         self.wandb = None
         if tensorboard:
@@ -90,6 +100,15 @@ class MetricsLogger:
             f.write(json.dumps(row) + "\n")
             f.flush()
             os.fsync(f.fileno())
+        self._pending = (step, row)
+        if step % self.every == 0:
+            self._send()
+
+    def _send(self) -> None:
+        if self._pending is None:
+            return
+        step, row = self._pending
+        self._pending = None
         if self.tb is not None:
             for k, v in row.items():
                 if k != "step" and isinstance(v, (int, float)):
@@ -99,6 +118,7 @@ class MetricsLogger:
             self.wandb.log(row, step=step)
 
     def close(self) -> None:
+        self._send()  # the last step, whatever ``every`` is
         if self.tb is not None:
             self.tb.close()
         if self.wandb is not None:

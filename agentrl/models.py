@@ -248,13 +248,19 @@ def torch_dtype(dtype: str | torch.dtype) -> torch.dtype:
 
 
 def load_policy(
-    path_or_name: str | os.PathLike, dtype: str | torch.dtype = "float32", device: str = "cpu", **kwargs: Any
+    path_or_name: str | os.PathLike,
+    dtype: str | torch.dtype = "float32",
+    device: str = "cpu",
+    tokenizer: str | os.PathLike | None = None,
+    **kwargs: Any,
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) from a local directory, a hub name, or ``tiny:PRESET``. Extra keyword
-    arguments go to ``from_pretrained`` (e.g. ``attn_implementation``)."""
+    """(model, tokenizer) from a local directory, a hub name, or ``tiny:PRESET``; the tokenizer from
+    ``tokenizer`` when given, else the one saved with the weights. Extra keyword arguments go to
+    ``from_pretrained`` (e.g. ``attn_implementation``)."""
     path = resolve_model_path(str(path_or_name))
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype(dtype), **kwargs)
-    return model.to(device), load_tokenizer(path)  # type: ignore[arg-type]
+    tok = load_tokenizer(resolve_model_path(str(tokenizer)) if tokenizer is not None else path)
+    return model.to(device), tok  # type: ignore[arg-type]
 
 
 def count_parameters(model: torch.nn.Module) -> int:

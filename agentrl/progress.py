@@ -40,9 +40,11 @@ def _fmt(metrics: dict[str, Any]) -> str:
 
 
 class TrainProgress:
-    def __init__(self, total_steps: int, start_step: int = 0, console: Console | None = None) -> None:
+    def __init__(
+        self, total_steps: int, start_step: int = 0, console: Console | None = None, every: int = 1
+    ) -> None:
         self.console = console or Console(stderr=True)
-        self.total, self.start = total_steps, start_step
+        self.total, self.start, self.every = total_steps, start_step, every
         self.interactive = self.console.is_terminal
         self.first: dict[str, Any] | None = None
         self.last: dict[str, Any] = {}
@@ -68,7 +70,7 @@ class TrainProgress:
         self.first = self.first or metrics
         self.last = metrics
         self.progress.update(self.task, completed=step + 1, info=_fmt(metrics))
-        if not self.interactive:
+        if not self.interactive and (step % self.every == 0 or step + 1 == self.total):  # logging.log_every
             print(f"step {step + 1}/{self.total}  {_fmt(metrics)}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:

@@ -99,7 +99,7 @@ class RolloutPool:
     ``generate``) plus ``run_episodes`` for whole episodes."""
 
     def __init__(
-        self, cfg: Any, model_path: str, workers: int, address: str | None = None, max_retries: int = 1
+        self, cfg: Config, model_path: str, workers: int, address: str | None = None, max_retries: int = 1
     ) -> None:
         import ray
 
@@ -114,7 +114,7 @@ class RolloutPool:
         """Worker deaths, retries and replacements, for logs and tests."""
 
     @classmethod
-    def from_config(cls, cfg: Any, path: str) -> RolloutPool:
+    def from_config(cls, cfg: Config, path: str) -> RolloutPool:
         return cls(cfg, path, cfg.rollout.workers, cfg.rollout.ray_address)
 
     def _spawn(self) -> Any:

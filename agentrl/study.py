@@ -30,7 +30,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from agentrl import dataclass_tree
+from agentrl import build, components, dataclass_tree
+from agentrl.batch import batch_forward, build_batch
+from agentrl.config import Config, load_config
+from agentrl.env import Task
+from agentrl.evaluation import evaluate
+from agentrl.runner import EpisodeRequest
+from agentrl.study_report import write_report
+from agentrl.trainer import Trainer
 
 
 @dataclass
@@ -199,10 +206,9 @@ def plan(study: StudyConfig, targets: dict[str, float]) -> list[RunSpec]:
 
 
 # ---------------------------------------------------------------------------- family preparation
-def probe_tasks(cfg: Any, study: StudyConfig) -> list[Any]:
+def probe_tasks(cfg: Config, study: StudyConfig) -> list[Task]:
     """The training prompts H0 is measured on (``target.probe``): an equal share of each RL seed's
     task list, or the first ``probe_prompts`` of the warm start's."""
-    from agentrl import components
 
     n = study.target.probe_prompts
     if study.target.probe == "sft_seed":
@@ -216,12 +222,6 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     """Warm start (cached), the initial entropy H0, H_tgt, and the warm start's held-out accuracy.
     Cached in ``OUTPUT/FAMILY/prep.json`` (keyed by the warm start's path and the probe settings)."""
     import torch
-
-    from agentrl import build, components
-    from agentrl.batch import batch_forward, build_batch
-    from agentrl.config import load_config
-    from agentrl.evaluation import evaluate
-    from agentrl.runner import EpisodeRequest
 
     cfg = load_config(study.families[family], family_overrides(study, family))
     path = build.policy_path(cfg, log=log)
@@ -280,8 +280,6 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
 # ------------------------------------------------------------------------------------- one run
 def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     """Train one (family, method, seed) and evaluate it at the end; writes ``result.json``."""
-    from agentrl.config import load_config
-    from agentrl.trainer import Trainer
 
     t0 = time.perf_counter()
     cfg = load_config(config_path, spec.overrides)
@@ -315,8 +313,6 @@ def _launch(spec: RunSpec, config_path: str, threads: int) -> subprocess.Popen:
 
 def run_study(study: StudyConfig, log: Callable[[str], None] = print, only_report: bool = False) -> Path:
     """Prepare every family, run every missing run (``parallel`` at a time), write the report."""
-    from agentrl.config import load_config
-    from agentrl.study_report import write_report
 
     t0 = time.perf_counter()
     for spec in plan(study, {f: 1.0 for f in study.families}):  # every run's config, before any work

@@ -38,6 +38,7 @@ import torch
 from agentrl import algorithms as alg
 from agentrl import build, components, ddp
 from agentrl import offpolicy as off
+from agentrl.algorithms.registry import weighting_name, weighting_settings
 from agentrl.batch import Batch, batch_forward, build_batch, token_metrics
 from agentrl.checkpoint import (
     latest_checkpoint,
@@ -48,12 +49,13 @@ from agentrl.checkpoint import (
     set_rng_state,
     truncate_to,
 )
-from agentrl.config import Config, save_config, weighting_name, weighting_settings
+from agentrl.config import Config, config_to_dict, save_config
 from agentrl.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.evaluation import evaluate
 from agentrl.metrics import MetricsLogger, episode_metrics, plot_run
 from agentrl.overlays import attach_overlays
+from agentrl.progress import TrainProgress
 from agentrl.runner import EpisodeRequest
 from agentrl.transcripts import TranscriptWriter
 
@@ -128,6 +130,8 @@ class Trainer:
             self.run_dir,
             tensorboard=cfg.logging.tensorboard,
             wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
+            config=config_to_dict(cfg),
+            every=cfg.logging.log_every,
         )
 
     def _reference_model(self, log) -> torch.nn.Module:
@@ -146,9 +150,7 @@ class Trainer:
     def train(self) -> list[dict[str, float]]:
         cfg, history = self.cfg, []
         t_start = time.perf_counter()
-        from agentrl.progress import TrainProgress
-
-        with TrainProgress(cfg.trainer.total_steps, self.start_step) as progress:
+        with TrainProgress(cfg.trainer.total_steps, self.start_step, every=cfg.logging.log_every) as progress:
             for step in range(self.start_step, cfg.trainer.total_steps):
                 out = self.train_step(step)
                 if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:

@@ -8,7 +8,6 @@ from agentrl.algorithms import (
     dynamic_sampling_keep,
     overlong_penalty,
     void_turn_multipliers,
-    void_turn_ratio,
 )
 from tests._algorithms_threads import _single_thread  # noqa: F401
 
@@ -68,7 +67,6 @@ def test_overlong_penalty_hand_example():
 
 def test_void_turns():
     assert void_turn_multipliers([False, True, False]) == [1.0, 0.0, 1.0]
-    assert void_turn_ratio([False, True, False, True]) == 0.5
 
 
 def test_void_turn_episode_stays_in_group_statistics():

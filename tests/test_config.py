@@ -11,6 +11,7 @@ import pytest
 
 from agentrl import dataclass_tree
 from agentrl.algorithms import METHODS, WEIGHTINGS
+from agentrl.algorithms.registry import weighting_name
 from agentrl.config import (
     CONFIG_FILE,
     DOC_BEGIN,
@@ -22,7 +23,6 @@ from agentrl.config import (
     describe_config,
     load_config,
     save_config,
-    weighting_name,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -50,7 +50,7 @@ def test_defaults_validate_and_resolve():
     assert cfg.algorithm.advantage == "grpo"
     assert cfg.algorithm.dynamic_sampling is False
     assert cfg.run.output_dir == "runs/quickstart"
-    assert cfg.model.tokenizer == cfg.model.path
+    assert cfg.model.tokenizer is None  # the tokenizer saved with the weights
     # overlong L_max = min(4 turns × 256, 2048) = 1024; L_cache = 1024 // 5 = 204
     assert (cfg.algorithm.overlong.max_length, cfg.algorithm.overlong.cache_length) == (1024, 204)
 

@@ -53,7 +53,6 @@ from agentrl.algorithms.filters import (
     dynamic_sampling_keep,
     overlong_penalty,
     void_turn_multipliers,
-    void_turn_ratio,
 )
 from agentrl.algorithms.high_entropy import high_entropy_weights
 from agentrl.algorithms.losses import (
@@ -163,5 +162,4 @@ __all__ = [
     "unit_weights",
     "update_stare_state",
     "void_turn_multipliers",
-    "void_turn_ratio",
 ]

@@ -32,11 +32,6 @@ def void_turn_multipliers(has_void_turn: Sequence[bool]) -> list[float]:
     return [0.0 if v else 1.0 for v in has_void_turn]
 
 
-def void_turn_ratio(has_void_turn: Sequence[bool]) -> float:
-    """Fraction of episodes with a void turn (log it every step)."""
-    return sum(bool(v) for v in has_void_turn) / max(len(has_void_turn), 1)
-
-
 def overlong_penalty(lengths: Sequence[int], max_len: int, cache_len: int) -> list[float]:
     """R_len per episode: 0 up to L_max - L_cache, then -(L - (L_max - L_cache))/L_cache, -1 past L_max."""
     if cache_len <= 0 or cache_len > max_len:

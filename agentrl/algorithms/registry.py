@@ -159,6 +159,16 @@ def register_aggregation(record: LossAggregation) -> LossAggregation:
     return _add(AGGREGATIONS, record.name, record, "loss aggregation", record.numerator)
 
 
+def weighting_name(cfg: Config) -> str:
+    """The token weighting ``algorithm.name`` trains with (``none`` for the plain surrogate)."""
+    return METHODS[cfg.algorithm.name].weighting
+
+
+def weighting_settings(cfg: Config) -> Any:
+    """That weighting's settings section (``cfg.algorithm.stare`` for STARE), or None."""
+    return cfg.algorithm.settings.get(weighting_name(cfg))
+
+
 def settings_types() -> dict[str, type]:
     """``algorithm.<name>`` sections: every registered weighting that has settings."""
     return {n: w.settings for n, w in WEIGHTINGS.items() if w.settings is not None}

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from agentrl.config import Config
 from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
 
 
@@ -97,7 +98,7 @@ class VLLMEngine:
         self._submit_lock = threading.Lock()
 
     @classmethod
-    def from_config(cls, cfg: Any, path: str, tokenizer: Any = None) -> VLLMEngine:
+    def from_config(cls, cfg: Config, path: str, tokenizer: Any = None) -> VLLMEngine:
         v = cfg.rollout.vllm
         device = "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
         return cls(
