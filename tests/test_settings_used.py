@@ -186,7 +186,9 @@ def test_the_walk_can_see_an_unread_key():
 
 @pytest.mark.parametrize("impl", ["eager", "sdpa"])
 def test_attn_implementation_reaches_the_model(tiny_model_dir, impl):
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"model.attn_implementation={impl}", "run.device=cpu"])
+    cfg = load_config(
+        None, [f"model.path={tiny_model_dir}", f"model.attn_implementation={impl}", "run.device=cpu"]
+    )
     model, _ = components.load_model(cfg, str(tiny_model_dir))
     assert model.config._attn_implementation == impl
 
