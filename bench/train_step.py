@@ -95,7 +95,7 @@ def run_agentrl(model_dir: str, steps: int, lr: float, baseline: bool = False) -
     )
     trainer = Trainer(cfg, log=lambda *_: None)
     if baseline:
-        trainer.fuse_old_logprobs = False
+        trainer.learner.fuse_old_logprobs = False
         trainer.engine.decode_path = "transformers"  # type: ignore[attr-defined]
     times, tokens, rollout = [], [], []
     for step in range(steps):

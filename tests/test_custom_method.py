@@ -95,7 +95,7 @@ def test_it_trains_two_steps_and_resumes_its_state(tmp_path, tiny_model_dir):
     history = trainer.train()
     assert len(history) == 2 and all("update/skipped" not in h for h in history)
     assert [h["surprisal_tilt/mean_weight"] for h in history] != [1.0, 1.0]
-    assert trainer.weighting_state == TiltState(2)
+    assert trainer.learner.weighting_state == TiltState(2)
     episodes = [Episode.from_json(x) for x in lines(tmp_path / "run" / "transcripts.jsonl")]
     weights = [w for e in episodes if e.overlays for w in e.overlays["weight"] if w is not None]
     assert len({round(w, 3) for w in weights}) > 10  # the method's weights reached the loss
@@ -104,8 +104,8 @@ def test_it_trains_two_steps_and_resumes_its_state(tmp_path, tiny_model_dir):
         small_config(tmp_path, tiny_model_dir, *extra, "run.resume=true", "trainer.total_steps=3"),
         log=lambda *_: None,
     )
-    assert resumed.start_step == 2 and resumed.weighting_state == TiltState(2)
+    assert resumed.start_step == 2 and resumed.learner.weighting_state == TiltState(2)
     resumed.train()
-    assert resumed.weighting_state == TiltState(3)
+    assert resumed.learner.weighting_state == TiltState(3)
     saved = torch.load(tmp_path / "run" / "checkpoints" / "step_3" / "trainer_state.pt", weights_only=False)
     assert json.dumps(saved["weighting_state"]) == json.dumps({"steps": 3})

@@ -128,8 +128,8 @@ def _one_step(tmp_path, tiny_model_dir, share: bool, name: str, fuse: bool = Tru
         "logging.transcripts=true",
     )
     trainer = Trainer(cfg, log=lambda *_: None)
-    trainer.fuse_old_logprobs = fuse
-    assert trainer.share_prefix is share
+    trainer.learner.fuse_old_logprobs = fuse
+    assert trainer.learner.share_prefix is share
     history = trainer.train()
     return history[0], {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
 

@@ -51,12 +51,12 @@ def test_no_reference_model_without_a_penalty(tmp_path, tiny_model_dir, monkeypa
     real = components.load_model
     monkeypatch.setattr(components, "load_model", lambda cfg, path: loads.append(path) or real(cfg, path))
     trainer = Trainer(small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo"), log=lambda *_: None)
-    assert trainer.ref_model is None and loads == [str(tiny_model_dir)]  # the policy only
+    assert trainer.learner.ref_model is None and loads == [str(tiny_model_dir)]  # the policy only
     with_kl = Trainer(
         small_config(tmp_path / "kl", tiny_model_dir, "algorithm.kl_coef=0.1"), log=lambda *_: None
     )
-    assert with_kl.ref_model is not None and len(loads) == 3  # + the policy again and its reference
-    assert not any(p.requires_grad for p in with_kl.ref_model.parameters())
+    assert with_kl.learner.ref_model is not None and len(loads) == 3  # + the policy again and its reference
+    assert not any(p.requires_grad for p in with_kl.learner.ref_model.parameters())
 
 
 @pytest.fixture
@@ -107,11 +107,12 @@ def test_the_reward_penalty_by_hand(tmp_path, tiny_model_dir, shifted_ref):
         log=lambda *_: None,
     )  # fmt: skip
     _, kept, _ = trainer.collect(0)
-    batch = trainer.make_batch(kept)
-    stats = trainer.policy_stats(batch)
+    learner = trainer.learner
+    batch = learner.make_batch(kept)
+    stats = learner.policy_stats(batch)
     assert not stats.pending  # the penalty needs π_old before the update
-    ref = trainer.reference_logprobs(batch)
-    adv, out = trainer.advantages(batch, stats, ref)
+    ref = learner.reference_logprobs(batch)
+    adv, out = learner.advantages(batch, stats, ref)
     # by hand: R_i - β·Σ_t (logp_old - logp_ref) over each episode's trained tokens, then GRPO
     rewards = []
     for i, e in enumerate(batch.episodes):

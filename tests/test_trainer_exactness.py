@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl import trainer as trainer_mod
+from agentrl import learner as learner_mod
 from agentrl.config import ConfigError
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Environment, Reward, StepResult, Task, register
@@ -53,13 +53,13 @@ def test_dynamic_sampling_ignores_length_shaping(tmp_path, tiny_model_dir):
 
 def test_clip_cov_draws_afresh_every_step(tmp_path, tiny_model_dir, monkeypatch):
     seeds: list[int] = []
-    real = trainer_mod.alg.compute_weights
+    real = learner_mod.alg.compute_weights
 
     def spy(name, inputs, **params):
         seeds.append(params["generator"].initial_seed())
         return real(name, inputs, **params)
 
-    monkeypatch.setattr(trainer_mod.alg, "compute_weights", spy)
+    monkeypatch.setattr(learner_mod.alg, "compute_weights", spy)
     cfg = small_config(tmp_path, tiny_model_dir, "algorithm.name=clip_cov")
     Trainer(cfg, log=lambda *_: None).train()
     assert len(seeds) == 2 and seeds[0] != seeds[1]
@@ -72,13 +72,13 @@ def test_clip_cov_draws_afresh_every_step(tmp_path, tiny_model_dir, monkeypatch)
 
 def test_stare_micro_scope_ranks_the_trained_micro_batches(tmp_path, tiny_model_dir, monkeypatch):
     groups: list[list[list[int]]] = []
-    real = trainer_mod.alg.compute_weights
+    real = learner_mod.alg.compute_weights
 
     def spy(name, inputs, **params):
         groups.append(params["row_groups"])
         return real(name, inputs, **params)
 
-    monkeypatch.setattr(trainer_mod.alg, "compute_weights", spy)
+    monkeypatch.setattr(learner_mod.alg, "compute_weights", spy)
     cfg = small_config(
         tmp_path, tiny_model_dir, "algorithm.name=stare", "algorithm.stare.scope=micro",
         "trainer.mini_batches_per_step=2", "trainer.micro_batch_size=2", "trainer.total_steps=1",
@@ -86,13 +86,13 @@ def test_stare_micro_scope_ranks_the_trained_micro_batches(tmp_path, tiny_model_
     )  # fmt: skip
     trainer = Trainer(cfg, log=lambda *_: None)
     trained: list[list[int]] = []
-    real_rows = trainer_mod.Batch.rows
+    real_rows = learner_mod.Batch.rows
 
     def rows(self, idx):
         trained.append(idx.tolist())
         return real_rows(self, idx)
 
-    monkeypatch.setattr(trainer_mod.Batch, "rows", rows)
+    monkeypatch.setattr(learner_mod.Batch, "rows", rows)
     trainer.train_step(0)
     (ranked,) = groups
     assert ranked == trained  # the shuffled micro-batches, in the order the update ran them
