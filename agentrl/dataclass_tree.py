@@ -340,8 +340,12 @@ def type_text(tp: Any) -> str:
 
 @cache
 def field_docs(cls: type) -> dict[str, str]:
-    """The attribute docstrings of a dataclass: the string literal right under each field."""
-    source = textwrap.dedent(inspect.getsource(cls))
+    """The attribute docstrings of a dataclass: the string literal right under each field ({} when its
+    source cannot be read, e.g. a class made by ``exec``)."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
     body = ast.parse(source).body[0].body  # type: ignore[attr-defined]
     docs: dict[str, str] = {}
     for stmt, nxt in itertools.pairwise(body):

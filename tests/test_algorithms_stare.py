@@ -279,3 +279,17 @@ def test_pi_w_min_and_m_max_set_the_weakest_reweighting():
         StareController(law="pi", w_min=0.9)
     with pytest.raises(ValueError, match="m_max"):
         StareController(law="pi", m_min=0.6, m_max=0.5)
+
+
+def test_relative_target_is_measured_once_and_kept():
+    # target_scale 0.8: H_tgt = 0.8 × the first batch's H̄ (0.5 -> 0.4), then fixed; the gate compares
+    # later batches with it (0.3 < 0.4: on; 0.45: off), through a checkpoint round trip too.
+    ctl = StareController(law="adaptive", alpha=0.1, w_max=3.0, m_min=0.0)
+    first = stare_weights(hand_batch(0.5), controller=ctl, target_scale=0.8, target_entropy=9.0)
+    assert first.state.target == pytest.approx(0.4) and first.stats["target_entropy"] == pytest.approx(0.4)
+    assert not first.state.gate_on  # 0.5 is above 0.4
+    state = StareState.from_dict(json.loads(json.dumps(first.state.to_dict())))
+    low = stare_weights(hand_batch(0.3), controller=ctl, target_scale=0.8, state=state)
+    assert low.state.target == pytest.approx(0.4) and low.state.gate_on
+    high = stare_weights(hand_batch(0.45), controller=ctl, target_scale=0.8, state=low.state)
+    assert not high.state.gate_on and high.state.target == pytest.approx(0.4)

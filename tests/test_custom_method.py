@@ -4,6 +4,8 @@ method the config accepts (with its own settings section), the trainer runs, and
 from __future__ import annotations
 
 import json
+import sys
+import types
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -109,3 +111,25 @@ def test_it_trains_two_steps_and_resumes_its_state(tmp_path, tiny_model_dir):
     assert resumed.learner.weighting_state == TiltState(3)
     saved = torch.load(tmp_path / "run" / "checkpoints" / "step_3" / "trainer_state.pt", weights_only=False)
     assert json.dumps(saved["weighting_state"]) == json.dumps({"steps": 3})
+
+
+def test_the_docs_example_runs_as_written():
+    """docs/algorithms.md, "Adding a method": its code block, executed as written, makes a method."""
+    from pathlib import Path
+
+    from agentrl.algorithms import compute_weights
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "algorithms.md").read_text()
+    section = text[text.index("### Adding a method") :]
+    code = section[
+        section.index("```python") + len("```python") : section.index("```\n", section.index("```python") + 9)
+    ]
+    module = types.ModuleType("docs_algorithms_example")  # a module of its own, as a user's file is
+    sys.modules[module.__name__] = module
+    exec(compile(code, "docs/algorithms.md", "exec"), module.__dict__)
+    cfg = load_config(None, ["algorithm.name=tilt", "algorithm.tilt.alpha=0.3"])
+    record = WEIGHTINGS["tilt"]
+    logp = torch.log(torch.tensor([[0.9, 0.1, 0.5]]))
+    inputs = WeightingInputs.build(logp, torch.ones(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
+    tw = compute_weights("tilt", inputs, **record.kwargs(cfg.algorithm.tilt, None))  # type: ignore[arg-type]
+    assert tw.weights[0, 1] > 1 > tw.weights[0, 0]  # the surprising token gets more weight

@@ -108,6 +108,7 @@ def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.study
+@pytest.mark.slow
 def test_reduced_study_command_end_to_end(tmp_path):
     """The literal `agentrl study configs/study.yaml --reduced` through the CLI (real tiny model;
     measured 6 min 20 s with the warm start cached, ~4.5 min more when it has to be built)."""

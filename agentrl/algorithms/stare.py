@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 import torch
@@ -81,6 +81,7 @@ def stare_weights(
     *,
     variant: str = "O1",
     target_entropy: float = 0.3,
+    target_scale: float | None = None,
     controller: StareController | None = None,
     state: StareState | None = None,
     scope: str = "batch",
@@ -90,8 +91,10 @@ def stare_weights(
     """STARE weights for the whole batch; ``TokenWeights.state`` is the controller's new state.
 
     ``variant`` defaults to O1, the released code's and its README's 7B default. ``controller`` holds
-    the law and its settings (default: the paper's gate with W = 1.1, M = 0.9, P = 0.1); ``state`` is what the caller kept from the previous step (None: start
-    from ``StareState.initial(controller)``).
+    the law and its settings (default: the paper's gate with W = 1.1, M = 0.9, P = 0.1); ``state`` is
+    what the caller kept from the previous step (None: start from ``StareState.initial(controller)``).
+    ``target_scale`` (agentrl's addition) makes H_tgt relative: ``target_scale`` × the first batch's
+    H̄, measured once and kept in the state (``target_entropy`` is then not used).
     """
     if variant not in VARIANTS:
         raise ValueError(f"unknown STARE variant {variant!r}; choose one of {VARIANTS}")
@@ -101,6 +104,10 @@ def stare_weights(
     # is undefined, so NaN, and the controller skips this step as the released code does (a 0 would
     # read as "entropy collapsed" and switch reweighting on at full strength).
     mean_entropy = float(masked_mean(inputs.entropy.double(), inputs.mask)) if inputs.mask.any() else math.nan
+    if target_scale is not None:  # H_tgt relative to the entropy the run starts with, fixed once
+        if state.target is None and math.isfinite(mean_entropy):
+            state = replace(state, target=target_scale * mean_entropy)
+        target_entropy = math.nan if state.target is None else state.target
     state = update_stare_state(state, mean_entropy, target_entropy, controller)
 
     groups = _row_groups(inputs.mask.shape[0], scope, row_groups, micro_batch_size)
@@ -162,7 +169,9 @@ class StareConfig:
     variant: Literal["O1", "C2"] = "O1"
     """O1 boosts high-surprisal positive tokens only (the released code's 7B default); C2 also damps high-surprisal negative tokens."""
     target_entropy: float = knob(0.3, gt=0)
-    """H_tgt in nats: reweighting is on while the batch's token-mean entropy is below it."""
+    """H_tgt in nats: reweighting is on while the batch's token-mean entropy is below it (unless ``target_scale`` is set)."""
+    target_scale: float | None = knob(None, gt=0)
+    """Relative target: H_tgt = this × the token-mean entropy of the run's first training batch (the warm start's), measured once and checkpointed; ``target_entropy`` is then not used. None = the fixed ``target_entropy``."""
     P: float = knob(0.1, gt=0, le=1)
     """Fraction of positive (and negative) tokens selected, by highest surprisal."""
     W: float = knob(1.1, ge=1)
@@ -200,6 +209,7 @@ def stare_arguments(s: StareConfig, step: StepContext) -> dict[str, Any]:
     return {
         "variant": s.variant,
         "target_entropy": s.target_entropy,
+        "target_scale": s.target_scale,
         "controller": controller,
         "state": step.state,
         "scope": s.scope,

@@ -86,6 +86,8 @@ class StareState:
     strength: float = 0.0
     steps: int = 0
     last_entropy: float = math.nan
+    target: float | None = None
+    """H_tgt fixed at the first step when the target is relative (``target_scale``); None otherwise."""
 
     @staticmethod
     def initial(controller: StareController) -> StareState:
