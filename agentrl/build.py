@@ -10,6 +10,7 @@ import json
 import os
 import shutil
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,23 +48,37 @@ def warm_start_key(cfg: Config, base: str) -> str:
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
+KEY_FILE = "warm_start_key.txt"
+
+
 def policy_path(cfg: Config, log: Callable[[str], None] = print) -> str:
     """The model directory to start RL from: the configured model, warm-started by SFT first when
-    ``sft.enabled`` (cached, so later runs start at once)."""
+    ``sft.enabled``. With ``sft.cache`` the warm start is kept in the cache (``$AGENTRL_CACHE``) and
+    reused by any run with the same key; without it, it goes into the run directory
+    (``run.output_dir/warm_start``) and nothing is written to the cache."""
     base = resolve_model_path(cfg.model.path)
     if not cfg.sft.enabled:
         return base
-    out = cache_root() / "warmstart" / warm_start_key(cfg, base)
-    if cfg.sft.cache and (out / "config.json").exists():
-        log(f"warm start: using cached SFT model {out}")
+    key = warm_start_key(cfg, base)
+    out = (
+        cache_root() / "warmstart" / key if cfg.sft.cache else Path(cfg.run.output_dir or ".") / "warm_start"
+    )
+    stored = _read(out / KEY_FILE)  # a cache directory is named by its key (older ones have no key file)
+    if (out / "config.json").exists() and (stored == key or (cfg.sft.cache and stored is None)):
+        log(f"warm start: using {'cached ' if cfg.sft.cache else ''}SFT model {out}")
         return str(out)
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     run_sft(cfg, base, tmp, log=log)
+    (tmp / "agentrl_config.yaml").write_text(config_to_yaml(cfg))
+    (tmp / KEY_FILE).write_text(key)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
-    (out / "agentrl_config.yaml").write_text(config_to_yaml(cfg))
     return str(out)
+
+
+def _read(path: Path) -> str | None:
+    return path.read_text().strip() if path.exists() else None
 
 
 def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, path: str) -> Engine:

@@ -126,3 +126,37 @@ def _fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+RUN_FILES = ("metrics.jsonl", "transcripts.jsonl", "checkpoints")
+"""What makes a directory hold a run (a config.yaml alone does not: nothing was trained)."""
+
+
+def existing_run(run_dir: Path) -> list[str]:
+    """The run files in ``run_dir`` ([] for a new or empty directory)."""
+    return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+
+
+def refuse_existing_run(run_dir: Path) -> None:
+    """A ``ConfigError`` when ``run_dir`` already holds a run: writing a new run into it would mix two
+    runs' steps and transcripts, and prune the old checkpoints."""
+    found = existing_run(run_dir)
+    if not found:
+        return
+    ckpt = latest_checkpoint(run_dir)
+    where = f" (newest checkpoint: {ckpt.name})" if ckpt else ""
+    raise ConfigError(
+        f"{run_dir} already holds a run ({', '.join(found)}){where}. Continue it with "
+        f"`agentrl train --resume {run_dir}`, start a new one elsewhere with run.output_dir=DIR, or "
+        "pass --overwrite to move the old run aside (nothing is deleted)"
+    )
+
+
+def move_aside(run_dir: Path) -> Path:
+    """Rename ``run_dir`` to a free ``<run_dir>.old-<n>`` sibling and return the new path."""
+    run_dir = Path(run_dir)
+    n = 1
+    while (target := run_dir.with_name(f"{run_dir.name}.old-{n}")).exists():
+        n += 1
+    os.replace(run_dir, target)
+    return target

@@ -40,16 +40,19 @@ def train_config(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
-    from agentrl.trainer import train
+    from agentrl.trainer import TrainingFailed, train
 
     try:
-        history = train(cfg)
+        train(cfg, overwrite=args.overwrite)
     except KeyboardInterrupt:
         print(
             "interrupted; resume with: agentrl train --resume " + (cfg.run.output_dir or ""), file=sys.stderr
         )
         return 130
-    return 0 if history is not None else 1
+    except TrainingFailed as e:
+        print(f"training failed: {e}", file=sys.stderr)
+        return 3
+    return 0
 
 
 def cmd_sft(args: argparse.Namespace) -> int:
@@ -64,16 +67,26 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl import build, components
+    from agentrl.checkpoint import latest_checkpoint
     from agentrl.evaluation import evaluate
 
-    path = args.checkpoint or build.policy_path(cfg)
+    run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
+    newest = latest_checkpoint(run_dir) if run_dir and not args.checkpoint else None
+    if args.checkpoint or newest:
+        path, label = str(args.checkpoint or newest), Path(args.checkpoint or newest).name  # type: ignore[arg-type]
+    else:
+        path, label = build.policy_path(cfg), "start"
+        if run_dir:
+            print(f"{run_dir} has no checkpoint yet: evaluating the policy it starts from", file=sys.stderr)
+    print(f"evaluating {path}", file=sys.stderr)
     model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
     tasks = components.load_tasks(cfg, cfg.eval.split)
     if cfg.eval.num_tasks:
         tasks = tasks[: cfg.eval.num_tasks]
     metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
-    out = Path(args.output or Path(path) / "eval.json")
+    out = Path(args.output or (run_dir or Path(cfg.run.output_dir or "runs/eval")) / "eval" / f"{label}.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoint": str(path), "split": cfg.eval.split, **metrics}, indent=2))
     if args.transcripts:
         from agentrl.transcripts import TranscriptWriter
@@ -202,11 +215,24 @@ def build_parser() -> argparse.ArgumentParser:
 
     sp = with_config("train", "train a policy with RL", optional=True)
     sp.add_argument("--resume", metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    sp.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="run.output_dir already holds a run: move it aside to DIR.old-N (nothing is deleted) and start anew",
+    )
     sp.set_defaults(fn=cmd_train)
     with_config("sft", "supervised warm start on demonstrations").set_defaults(fn=cmd_sft)
-    sp = with_config("eval", "mean@k / pass@k on the held-out split")
-    sp.add_argument("--checkpoint", help="model directory (default: the config's model, warm-started)")
-    sp.add_argument("-o", "--output", help="JSON file (default: CHECKPOINT/eval.json)")
+    sp = with_config(
+        "eval",
+        "mean@k / pass@k on the held-out split. Given a run directory, evaluates its newest checkpoint "
+        "(the trained policy); given a config file, the policy the config starts from (warm-started)",
+    )
+    sp.add_argument("--checkpoint", help="model directory to evaluate instead (e.g. RUN/checkpoints/step_20)")
+    sp.add_argument(
+        "-o",
+        "--output",
+        help="JSON file (default: RUN_DIR/eval/<checkpoint>.json, or run.output_dir/eval/start.json)",
+    )
     sp.add_argument("--transcripts", help="also write the evaluation episodes to this JSONL file")
     sp.set_defaults(fn=cmd_eval)
     sp = with_config("rollout", "run a batch of episodes and write them as JSONL")

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import sys
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -48,6 +49,7 @@ from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections
     TrainerConfig,
     VLLMConfig,
 )
+from agentrl.env import import_environment_module, registered
 
 CONFIG_FILE = "config.yaml"
 """Name of the resolved config inside a run directory."""
@@ -114,7 +116,7 @@ def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
     the rules that tie keys together."""
     merged = dataclass_tree.to_tree(Config())
     origin: dict[str, str] = {}
-    errors: list[str] = []
+    errors: list[str] = _import_env_module_early(sources)
     for where, raw in sources:
         raw, errs = _renamed_keys(raw, where)
         errors += errs
@@ -126,10 +128,30 @@ def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
         raise ConfigError(errors)
     cfg: Config = dataclass_tree.build(Config, merged)
     _resolve(cfg)
-    problems = [*dataclass_tree.check_ranges(cfg), *_cross_checks(cfg)]
+    problems = [*dataclass_tree.check_ranges(cfg), *_cross_checks(cfg), *_environment_problems(cfg)]
     if problems:
         raise ConfigError([f"{msg} [{origin[p]}]" if p in origin else msg for p, msg in problems])
     return cfg
+
+
+def _import_env_module_early(sources: Sequence[tuple[str, Any]]) -> list[str]:
+    """Import ``env.module`` (the last source that sets it) before the keys are checked: a user's
+    module may register methods as well as environments, and ``algorithm.name`` must see them.
+    Returns the problem when the import fails (a missing file is reported with the other rules)."""
+    spec, where = None, ""
+    for src, raw in sources:
+        env = raw.get("env") if isinstance(raw, Mapping) else None
+        if isinstance(env, Mapping) and isinstance(env.get("module"), str):
+            spec, where = env["module"], src
+    if not spec:
+        return []
+    try:
+        import_environment_module(spec)
+    except FileNotFoundError:
+        return []  # said by _environment_problems, with the directory it was looked for in
+    except Exception as e:  # ModuleNotFoundError, or the user's module itself raising
+        return [f"env.module={spec!r} cannot be imported: {type(e).__name__}: {e} [{where}]"]
+    return []
 
 
 def _renamed_keys(raw: Any, where: str) -> tuple[Any, list[str]]:
@@ -221,6 +243,38 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     weighting = registry.WEIGHTINGS[weighting_name(cfg)]
     if weighting.check is not None:  # the selected method's own rules (its record)
         yield from weighting.check(weighting_settings(cfg), cfg)
+
+
+def _environment_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """``env.module`` imports and ``env.name`` is registered: checked with the rest of the config,
+    before any work (a typo must not cost a warm start first)."""
+    if cfg.env.module:
+        try:
+            import_environment_module(cfg.env.module)
+        except FileNotFoundError:
+            yield (
+                "env.module",
+                f"env.module={cfg.env.module!r}: no such file (a relative path is resolved against the "
+                f"current directory, {os.getcwd()})",
+            )
+            return
+        except Exception as e:  # ModuleNotFoundError, or the user's module itself raising
+            yield "env.module", f"env.module={cfg.env.module!r} cannot be imported: {type(e).__name__}: {e}"
+            return
+    envs = registered()
+    if cfg.env.name not in envs:
+        guess = difflib.get_close_matches(cfg.env.name, list(envs), n=1)
+        did = f" — did you mean '{guess[0]}'?" if guess else "."
+        hint = (
+            ""
+            if cfg.env.module
+            else " If it is defined in your own file or package, set env.module to that .py file or "
+            "module name so it is imported first."
+        )
+        yield (
+            "env.name",
+            f"unknown environment env.name={cfg.env.name!r}{did} Registered: {', '.join(sorted(envs))}.{hint}",
+        )
 
 
 def _config_file(path: Path) -> Path:

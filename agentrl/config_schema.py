@@ -213,6 +213,10 @@ class TrainerConfig:
     """How many recent checkpoints to keep."""
     eval_every: int = knob(0, ge=0)
     """Evaluate every N steps; 0 = off."""
+    max_failed_fraction: float | None = knob(0.5, gt=0, le=1)
+    """Circuit breaker: stop the run with an error (the boundary, the message, an example episode) when more than this fraction of a step's episodes fail (an exception at the model, tool, sandbox, env or reward boundary) for ``max_failed_steps`` steps in a row. None = never stop."""
+    max_failed_steps: int = knob(3, ge=1)
+    """Consecutive steps over ``max_failed_fraction`` that stop the run."""
     max_wall_minutes: float | None = knob(None, gt=0)
     """Stop (after a checkpoint) once this much wall time has passed; None = no limit."""
 
@@ -234,7 +238,7 @@ class SFTConfig:
     batch_size: int = knob(16, ge=1)
     """Demonstrations per step."""
     cache: bool = True
-    """Reuse a warm start made earlier with the same model, demonstrations and settings."""
+    """Keep the warm start in the cache (``$AGENTRL_CACHE``, default ``~/.cache/agentrl``) and reuse one made earlier with the same model, demonstrations and settings. False = nothing is written to the cache: the warm start goes into the run directory (``warm_start/``)."""
     seed: int | None = None
     """Seed of the warm start (demonstrations, their order, the SFT run); None = ``run.seed``. Fix it to share one warm start across RL seeds, as ``agentrl study`` does."""
     exclude_train_seeds: list[int] = field(default_factory=list)

@@ -170,8 +170,9 @@ class Learner:
             per_episode = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double()  # [B]
             rewards = rewards - a.kl_coef * per_episode
             out["kl/reward_penalty_mean"] = float(a.kl_coef * per_episode.mean())
-        groups = [e.group for e in batch.episodes]
-        return alg.compute_advantages(a.advantage, rewards, groups), out
+        advantages = alg.compute_advantages(a.advantage, rewards, [e.group for e in batch.episodes])
+        out["advantages/nonzero_frac"] = float((advantages != 0).float().mean())  # 0: nothing to learn
+        return advantages, out
 
     def token_weights(
         self, batch: Batch, stats: PolicyStats, plan: list[list[torch.Tensor]]

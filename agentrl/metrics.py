@@ -9,6 +9,7 @@ import os
 import warnings
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,38 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         # positions visited: the entropy of fresh rollouts, with no extra forward pass.
         out["entropy/rollout"] = sum(surprisal) / len(surprisal)
     return out
+
+
+@dataclass(frozen=True)
+class FailureSummary:
+    """The failed episodes of a step: their share and the most frequent failure."""
+
+    fraction: float
+    boundary: str
+    message: str
+    """The first line of the most frequent failure's message."""
+    count: int
+    """Episodes that failed with this boundary and message."""
+    example: str
+    """The id of one such episode (``agentrl replay RUN --episode ID``)."""
+
+    def __str__(self) -> str:
+        return f"{self.boundary}: {self.message}"
+
+
+def failure_summary(episodes: Sequence[Episode]) -> FailureSummary | None:
+    """None when no episode failed."""
+    failed = [(e.id, e.failure.boundary, _one_line(e.failure.message)) for e in episodes if e.failure]
+    if not failed:
+        return None
+    (boundary, message), count = Counter((b, m) for _, b, m in failed).most_common(1)[0]
+    example = next(i for i, b, m in failed if (b, m) == (boundary, message))
+    return FailureSummary(len(failed) / len(episodes), boundary, message, count, example)
+
+
+def _one_line(message: str) -> str:
+    lines = [x for x in message.strip().splitlines() if x.strip()]
+    return lines[-1][:300] if lines else ""
 
 
 def is_correct(ep: Episode) -> bool:

@@ -1,5 +1,8 @@
 """Live progress for training: a rich progress bar with the step's key metrics, and a summary table
-at the end. Falls back to one plain line per step when the output is not a terminal (CI logs)."""
+at the end. Falls back to one plain line per step when the output is not a terminal (CI logs).
+
+Steps are numbered from 0 everywhere (console, ``metrics.jsonl``, transcripts, ``replay --step``);
+``(k/N)`` after a step number is how many of the run's N steps are done."""
 
 from __future__ import annotations
 
@@ -25,9 +28,26 @@ SHOWN = [
     ("tok/s", "tokens/s", "{:.0f}"),
     ("s/step", "time/step_s", "{:.1f}"),
 ]
+SUMMARY = [
+    "reward/mean",
+    "reward/correct",
+    "entropy/mean",
+    "entropy/rollout",
+    "length/policy_tokens",
+    "groups/informative",
+    "episodes/failed_frac",
+    "stare/gate_on",
+    "stare/w",
+    "stare/m",
+    "eval/mean@k",
+    "eval/pass@k",
+    "tokens/s",
+]
 
 
-def _fmt(metrics: dict[str, Any]) -> str:
+def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:
+    """The metrics of one step on one line; the share of failed episodes and the most frequent
+    failure whenever there is one."""
     parts = []
     for label, key, fmt in SHOWN:
         v = metrics.get(key)
@@ -36,17 +56,30 @@ def _fmt(metrics: dict[str, Any]) -> str:
     gate = metrics.get("stare/gate_on")
     if gate is not None:
         parts.append(f"gate {'on' if gate else 'off'}")
+    if metrics.get("update/skipped"):
+        parts.append("no update (no informative group)")
+    frac = metrics.get("episodes/failed_frac") or 0.0
+    if frac > 0:
+        parts.append(f"FAILED {frac:.0%}" + (f" ({failure})" if failure else ""))
     return "  ".join(parts)
 
 
 class TrainProgress:
+    """``first_row``: the run's first metrics row when it resumes (so the summary compares the whole
+    run, not just the resumed part); ``every``: print one line every N steps (``logging.log_every``)."""
+
     def __init__(
-        self, total_steps: int, start_step: int = 0, console: Console | None = None, every: int = 1
+        self,
+        total_steps: int,
+        start_step: int = 0,
+        console: Console | None = None,
+        every: int = 1,
+        first_row: dict[str, Any] | None = None,
     ) -> None:
         self.console = console or Console(stderr=True)
         self.total, self.start, self.every = total_steps, start_step, every
         self.interactive = self.console.is_terminal
-        self.first: dict[str, Any] | None = None
+        self.first: dict[str, Any] | None = first_row
         self.last: dict[str, Any] = {}
         self.t0 = time.perf_counter()
         self.progress = Progress(
@@ -66,36 +99,26 @@ class TrainProgress:
         self.task = self.progress.add_task("train", total=self.total, completed=self.start, info="")
         return self
 
-    def update(self, step: int, metrics: dict[str, Any]) -> None:
-        self.first = self.first or metrics
-        self.last = metrics
-        self.progress.update(self.task, completed=step + 1, info=_fmt(metrics))
+    def update(self, step: int, metrics: dict[str, Any], failure: str | None = None) -> None:
+        row = {"step": step, **metrics}
+        self.first = self.first or row
+        self.last = row
+        line = step_line(metrics, failure)
+        self.progress.update(self.task, completed=step + 1, info=f"step {step}  {line}")
         if not self.interactive and (step % self.every == 0 or step + 1 == self.total):  # logging.log_every
-            print(f"step {step + 1}/{self.total}  {_fmt(metrics)}", file=sys.stderr, flush=True)
+            print(f"step {step} ({step + 1}/{self.total})  {line}", file=sys.stderr, flush=True)
 
     def __exit__(self, *exc: object) -> None:
         if self.interactive:
             self.progress.stop()
-        if self.first is None:
+        if self.first is None or not self.last:
             return
-        table = Table(title=f"training summary ({time.perf_counter() - self.t0:.0f}s)")
+        resumed = f", resumed at step {self.start}" if self.start else ""
+        table = Table(title=f"training summary ({time.perf_counter() - self.t0:.0f}s{resumed})")
         table.add_column("metric")
-        table.add_column("first step", justify="right")
-        table.add_column("last step", justify="right")
-        keys = [
-            "reward/mean",
-            "reward/correct",
-            "entropy/mean",
-            "entropy/rollout",
-            "length/policy_tokens",
-            "groups/informative",
-            "stare/gate_on",
-            "stare/w",
-            "eval/mean@k",
-            "eval/pass@k",
-            "tokens/s",
-        ]
-        for k in keys:
+        table.add_column(f"step {self.first.get('step', 0)}", justify="right")
+        table.add_column(f"step {self.last['step']}", justify="right")
+        for k in SUMMARY:
             a, b = self.first.get(k), self.last.get(k)
             if isinstance(a, (int, float)) or isinstance(b, (int, float)):
                 table.add_row(k, _num(a), _num(b))

@@ -55,8 +55,14 @@ def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
 
 
 def worker_config(cfg: Config) -> Config:
-    """The config a worker runs with: the same run, rollouts in-process (no nested workers)."""
-    return dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, workers=0))
+    """The config a worker runs with: the same run, rollouts in-process (no nested workers), and no
+    token-weighting settings (rollouts never read them, and a method registered in a module the
+    worker cannot import would make the whole config fail to unpickle there)."""
+    return dataclasses.replace(
+        cfg,
+        rollout=dataclasses.replace(cfg.rollout, workers=0),
+        algorithm=dataclasses.replace(cfg.algorithm, settings={}),
+    )
 
 
 class RolloutWorker:
@@ -118,7 +124,7 @@ class RolloutPool:
         return cls(cfg, path, cfg.rollout.workers, cfg.rollout.ray_address)
 
     def _spawn(self) -> Any:
-        return self._actor_cls.remote(self.cfg, self.model_path)
+        return self._actor_cls.remote(worker_config(self.cfg), self.model_path)
 
     @property
     def version(self) -> int:

@@ -36,9 +36,12 @@ from agentrl import algorithms as alg
 from agentrl import build, components, ddp
 from agentrl import offpolicy as off
 from agentrl.checkpoint import (
+    existing_run,
     latest_checkpoint,
     load_state,
+    move_aside,
     rank_state,
+    refuse_existing_run,
     save_checkpoint,
     saved_rank_state,
     set_rng_state,
@@ -49,11 +52,11 @@ from agentrl.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.evaluation import evaluate
 from agentrl.learner import Learner
-from agentrl.metrics import MetricsLogger, episode_metrics, plot_run
+from agentrl.metrics import FailureSummary, MetricsLogger, episode_metrics, failure_summary, plot_run
 from agentrl.progress import TrainProgress
 from agentrl.runner import EpisodeRequest
 from agentrl.seeds import mix_seed, seed_everything
-from agentrl.transcripts import TranscriptWriter
+from agentrl.transcripts import TranscriptWriter, read_metrics
 
 TRUNCATED = ("token_budget", "max_turns", "truncated")
 
@@ -62,13 +65,27 @@ TRUNCATED = ("token_budget", "max_turns", "truncated")
 class StepOutput:
     metrics: dict[str, float]
     episodes: list[Episode]
+    failure: FailureSummary | None = None
+    """The step's failed episodes: their share and the most frequent failure (None: none failed)."""
+
+
+class TrainingFailed(RuntimeError):
+    """The run cannot make progress (the circuit breaker tripped, or no step trained at all)."""
+
+
+def _over(failure: FailureSummary | None, limit: float | None) -> bool:
+    return failure is not None and limit is not None and failure.fraction > limit
 
 
 class Trainer:
-    def __init__(self, cfg: Config, log=print) -> None:
+    """``overwrite``: move a run already in ``run.output_dir`` aside (to ``<dir>.old-<n>``) instead of
+    refusing to start; without it (and without ``run.resume``) an existing run is an error."""
+
+    def __init__(self, cfg: Config, log=print, overwrite: bool = False) -> None:
         self.cfg, self.log = cfg, log
         self.rank, self.world = ddp.init_from_env()  # data-parallel ranks under torchrun (ddp.py)
         self.root_dir = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")  # rank 0's; checkpoints
+        self._claim_run_dir(overwrite)
         # other ranks keep their own copy of the run's files
         self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
         self.run_dir.mkdir(parents=True, exist_ok=True)
@@ -100,34 +117,57 @@ class Trainer:
             every=cfg.logging.log_every,
         )
 
+    def _claim_run_dir(self, overwrite: bool) -> None:
+        """Before any work: a new run never writes into a directory that holds another one."""
+        if self.cfg.run.resume:
+            return
+        if overwrite and self.rank == 0 and existing_run(self.root_dir):
+            self.log(f"--overwrite: moved the previous run to {move_aside(self.root_dir)}")
+        ddp.broadcast_from_rank0(None)  # every rank waits for the move
+        refuse_existing_run(self.root_dir)
+
     # -- the loop ----------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
+        """Steps ``start_step`` .. ``total_steps - 1``. Raises ``TrainingFailed`` when the circuit
+        breaker trips (too many failed episodes, ``trainer.max_failed_*``) and when no step trained
+        at all: such a run never reports success."""
         cfg, history = self.cfg, []
         t_start = time.perf_counter()
-        with TrainProgress(cfg.trainer.total_steps, self.start_step, every=cfg.logging.log_every) as progress:
+        failing = 0  # consecutive steps over trainer.max_failed_fraction
+        rows = read_metrics(self.run_dir) if self.start_step else []  # the run's first step, when resuming
+        with TrainProgress(
+            cfg.trainer.total_steps,
+            self.start_step,
+            every=cfg.logging.log_every,
+            first_row=rows[0] if rows else None,
+        ) as progress:
             for step in range(self.start_step, cfg.trainer.total_steps):
                 out = self.train_step(step)
                 if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
                     out.metrics.update(self.evaluate())
                 self.metrics.log(step, out.metrics)
-                if cfg.logging.transcripts and step % cfg.logging.transcript_every == 0:
+                failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
+                tripped = failing >= cfg.trainer.max_failed_steps
+                if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
                     self.transcripts.write(out.episodes)
+                if tripped:
+                    raise TrainingFailed(self._breaker_message(step, failing, out.failure))
                 if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
                     self.checkpoint(step + 1)
                 history.append(out.metrics)
-                progress.update(step, out.metrics)
+                progress.update(step, out.metrics, failure=str(out.failure) if out.failure else None)
                 elapsed = (time.perf_counter() - t_start) / 60
                 # rank 0's clock decides, so every rank stops after the same step
                 if cfg.trainer.max_wall_minutes and ddp.broadcast_from_rank0(
                     elapsed > cfg.trainer.max_wall_minutes
                 ):
                     self.log(
-                        f"stopping: trainer.max_wall_minutes={cfg.trainer.max_wall_minutes} reached at step {step + 1}"
+                        f"stopping: trainer.max_wall_minutes={cfg.trainer.max_wall_minutes} reached after step {step}"
                     )
                     break
                 if ddp.any_rank(self.stop_requested):  # a signal on any rank stops every rank here
                     self.stop_requested = True
-                    self.log(f"stopping on a signal after step {step + 1}, with a checkpoint")
+                    self.log(f"stopping on a signal after step {step}, with a checkpoint")
                     break
         done, every = self.start_step + len(history), cfg.trainer.checkpoint_every
         if history and not (every and done % every == 0):  # no periodic checkpoint at the last step
@@ -135,7 +175,33 @@ class Trainer:
         self.metrics.close()
         if cfg.logging.plots:
             plot_run(self.run_dir)
+        if history and not any(m.get("advantages/nonzero_frac", 0.0) > 0 for m in history):
+            raise TrainingFailed(self._nothing_trained_message(history))
         return history
+
+    def _breaker_message(self, step: int, failing: int, failure: FailureSummary | None) -> str:
+        assert failure is not None
+        return (
+            f"{failure.fraction:.0%} of step {step}'s episodes failed, and more than "
+            f"trainer.max_failed_fraction={self.cfg.trainer.max_failed_fraction} failed for {failing} steps in a "
+            f"row. Most frequent failure ({failure.count} episodes), at the '{failure.boundary}' boundary: "
+            f"{failure.message}. Example episode: {failure.example} (agentrl replay {self.run_dir} "
+            f"--episode {failure.example}). Fix the cause, or raise trainer.max_failed_fraction (null: never stop)."
+        )
+
+    def _nothing_trained_message(self, history: list[dict[str, float]]) -> str:
+        failed = max(m.get("episodes/failed_frac", 0.0) for m in history)
+        why = (
+            "episodes failed: see the FAILED part of the progress lines, and agentrl replay "
+            f"{self.run_dir} --filter failure=BOUNDARY"
+            if failed > 0
+            else "no group had rewards that differ (all correct or all wrong): check the warm start with "
+            "agentrl eval, or the reward functions"
+        )
+        return (
+            f"no step trained: in all {len(history)} steps every advantage was 0 or the update was "
+            f"skipped ({why})"
+        )
 
     def train_step(self, step: int) -> StepOutput:
         self.step = step
@@ -167,7 +233,7 @@ class Trainer:
         for ep in episodes:
             ep.step = step
             ep.metrics["weighting"] = self.learner.weighting
-        return StepOutput(metrics, episodes)
+        return StepOutput(metrics, episodes, failure_summary(episodes))
 
     # -- rollouts and filters ----------------------------------------------------------------
     def collect(self, step: int) -> tuple[list[Episode], list[Episode], dict[str, float]]:
@@ -267,9 +333,16 @@ class Trainer:
         )
 
     def _resume_point(self) -> tuple[Path | None, dict[str, Any] | None]:
-        """Rank 0's newest complete checkpoint and its state: rank 0 picks it for every rank."""
+        """Rank 0's newest complete checkpoint and its state: rank 0 picks it for every rank. Without
+        one the run starts over: lines a killed first attempt wrote before any checkpoint are cut, so
+        no step is written twice."""
         ckpt = ddp.broadcast_from_rank0(latest_checkpoint(self.root_dir) if self.rank == 0 else None)
         if ckpt is None:
+            cut = sum(truncate_to(self.run_dir / f, 0) for f in ("metrics.jsonl", "transcripts.jsonl"))
+            if cut:
+                self.log(
+                    f"no checkpoint in {self.root_dir}: starting over (dropped {cut} bytes written before one)"
+                )
             return None, None
         state = load_state(ckpt)  # every rank reads rank 0's directory (one node or a shared filesystem)
         saved_rank_state(state, self.rank, self.world, ckpt)  # another world size: fail before loading
@@ -297,20 +370,20 @@ class Trainer:
 
 
 # -- the entry point ------------------------------------------------------------------------------
-def train(cfg: Config, log=print) -> list[dict[str, float]]:
+def train(cfg: Config, log=print, overwrite: bool = False) -> list[dict[str, float]]:
     """Run training to ``trainer.total_steps`` (or resume to it).
 
     A first SIGTERM or SIGINT (Ctrl-C) lets the current step finish, writes a checkpoint at it and
     then raises ``KeyboardInterrupt`` (so the CLI exits with 130 and says how to resume); a second
     one raises ``KeyboardInterrupt`` at once, and the run resumes from its last checkpoint."""
-    trainer = Trainer(cfg, log=log)
+    trainer = Trainer(cfg, log=log, overwrite=overwrite)
 
     def _graceful(signum, frame):
         if trainer.stop_requested:
             raise KeyboardInterrupt
         trainer.stop_requested = True
         log(
-            f"{signal.Signals(signum).name}: finishing step {trainer.step + 1}, then checkpointing and "
+            f"{signal.Signals(signum).name}: finishing step {trainer.step}, then checkpointing and "
             "stopping (send it again to stop now, losing the step)"
         )
 

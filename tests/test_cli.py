@@ -55,7 +55,10 @@ def test_sft_train_eval_plot(tmp_path, tiny_model_dir, capsys):
     ]
     assert main(["sft", "configs/quickstart.yaml", *args]) == 0
     assert "warm-started model:" in capsys.readouterr().out
-    assert main(["train", "configs/quickstart.yaml", *args]) == 0
+    # a 3-step warm start solves no task, so every advantage is 0: the run writes everything, then
+    # says it trained on nothing (exit 3) instead of reporting success
+    assert main(["train", "configs/quickstart.yaml", *args]) == 3
+    assert "no step trained" in capsys.readouterr().err
     run = tmp_path / "run"
     assert (run / "checkpoints" / "step_2").is_dir() and (run / "plots" / "entropy.png").exists()
     out = tmp_path / "eval.json"

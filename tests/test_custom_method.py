@@ -133,3 +133,41 @@ def test_the_docs_example_runs_as_written():
     inputs = WeightingInputs.build(logp, torch.ones(1, 3), torch.tensor([1.0]), torch.ones(1, 3))
     tw = compute_weights("tilt", inputs, **record.kwargs(cfg.algorithm.tilt, None))  # type: ignore[arg-type]
     assert tw.weights[0, 1] > 1 > tw.weights[0, 0]  # the surprising token gets more weight
+
+
+USER_FILE = """
+import torch
+from agentrl.algorithms import TokenWeighting, TokenWeights, register_weighting
+from agentrl.env import Environment, StepResult, Task, register
+
+
+def halve(inputs):
+    "ω = 0.5 everywhere."
+    return TokenWeights(torch.full_like(inputs.logp_old, 0.5), inputs.mask)
+
+
+register_weighting(TokenWeighting("halve_from_user_file", halve))
+
+
+@register
+class Echo(Environment):
+    name = "echo_from_user_file"
+    max_turns = 1
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        return [Task(id=str(i), prompt="hi") for i in range(n or 4)]
+
+    def step(self, action):
+        return StepResult([], 0.0, True, False, {"answer": action})
+"""
+
+
+def test_a_method_registered_in_the_env_module_is_a_valid_name(tmp_path):
+    """``env.module`` is imported before the keys are checked, so a method it registers is known to
+    ``algorithm.name`` on the command line (the CLI and the study's subprocesses load configs so)."""
+    path = tmp_path / "user_env.py"
+    path.write_text(USER_FILE)
+    cfg = load_config(None, [f"env.module={path}", "env.name=echo_from_user_file",
+                             "algorithm.name=halve_from_user_file"])  # fmt: skip
+    assert cfg.algorithm.name == "halve_from_user_file" and cfg.algorithm.loss_agg == "token-mean"

@@ -22,11 +22,43 @@ def test_band_fraction_hand_values():
     assert math.isnan(band_fraction([1.0], 1.0, (0.5, 1.5), 3))
 
 
-def _write_study(tmp_path: Path, model_dir: Path, methods: dict) -> Path:
+VARIED_ENV = '''
+from agentrl.env import Environment, Reward, StepResult, Task, register
+
+
+@register
+class Varied(Environment):
+    """One turn; the reward counts distinct characters: a random policy's rewards differ (a run that
+    learns nothing is an error, and a random tiny model solves no calculator task)."""
+
+    name = "study_test_varied"
+    max_turns = 1
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        return [Task(id=f"{split}-{seed}-{i}", prompt=f"Say something {i}.") for i in range(n or 8)]
+
+    def step(self, action):
+        return StepResult([], 0.0, True, False, {"answer": action})
+
+    def rewards(self):
+        return [Reward("correct", lambda task, s: len(set(s.final_text or "")) / 10.0)]
+'''
+
+
+@pytest.fixture(scope="module")
+def varied_env(tmp_path_factory) -> Path:
+    """One file for the module's tests (an environment name registered from two files is refused)."""
+    path = tmp_path_factory.mktemp("env") / "varied_env.py"
+    path.write_text(VARIED_ENV)
+    return path
+
+
+def _write_study(tmp_path: Path, model_dir: Path, methods: dict, env_file: Path) -> Path:
     family = {
         "model": {"path": str(model_dir)},
-        "env": {"name": "calculator"},
-        "data": {"num_test": 4, "num_train": 16, "options": {"n_operands": 2, "max_value": 9}},
+        "env": {"name": "study_test_varied", "module": str(env_file)},
+        "data": {"num_test": 4, "num_train": 16},
         "rollout": {
             "prompts_per_step": 2,
             "group_size": 4,
@@ -63,8 +95,8 @@ METHODS = {
 }
 
 
-def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_model_dir):
-    path = _write_study(tmp_path, tiny_model_dir, METHODS)
+def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_model_dir, varied_env):
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
     logs: list[str] = []
     report = run_study(load_study(path), log=logs.append)
     text = report.read_text()
@@ -96,8 +128,8 @@ def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_mode
     assert any("2 runs, 2 already done" in line for line in logs), logs
 
 
-def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir):
-    path = _write_study(tmp_path, tiny_model_dir, {"bad": ["algorithm.name=grpoo"]})
+def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir, varied_env):
+    path = _write_study(tmp_path, tiny_model_dir, {"bad": ["algorithm.name=grpoo"]}, varied_env)
     with pytest.raises(ValueError, match="stepz"):
         load_study(path, ["stepz=3"])
     with pytest.raises(ValueError, match=r"reduced.methods names \['nope'\]"):
@@ -134,12 +166,12 @@ def test_reduced_study_command_end_to_end(tmp_path):
     assert "Runs without a result" not in text
 
 
-def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_dir):
+def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_dir, varied_env):
     from agentrl import components
     from agentrl.config import load_config
     from agentrl.study import family_overrides, probe_tasks
 
-    path = _write_study(tmp_path, tiny_model_dir, METHODS)
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
     study = load_study(path, ["seeds=[0,1,2]", "target.probe_prompts=4"])
     cfg = load_config(study.families["calc"], family_overrides(study, "calc"))
     by_seed = {s: components.load_tasks(cfg, "train", seed=s) for s in (0, 1, 2)}

@@ -128,11 +128,12 @@ def test_seeded_runs_reproduce(tmp_path, tiny_model_dir):
 
 
 def _cli_args(run, model_dir, *extra: str) -> list[str]:
-    """``agentrl train`` overrides for the subprocess tests: the tiny model on the calculator, 2 × 2
-    episodes of up to 8 tokens per step, no plots or TensorBoard."""
+    """``agentrl train`` overrides for the subprocess tests: the tiny model on ``test_crashy`` (its
+    reward varies under a random policy), 2 × 2 episodes of up to 8 tokens per step, no plots."""
     return [
         f"model.path={model_dir}",
-        "env.name=calculator",
+        "env.name=test_crashy",  # rewards vary with a random policy, so every step trains
+        f"env.module={Path(__file__).parent / 'distributed_envs.py'}",
         f"run.output_dir={run}",
         "run.device=cpu",
         "rollout.prompts_per_step=2",
