@@ -7,6 +7,7 @@ Every command that takes a config accepts dotted overrides after it:
 from __future__ import annotations
 
 import argparse
+import difflib
 import json
 import os
 import sys
@@ -154,6 +155,20 @@ def cmd_envs(args: argparse.Namespace) -> int:
     if not names:
         print("name an environment, or pass --all", file=sys.stderr)
         return 2
+    for name in names:
+        if name not in envs:
+            guess = difflib.get_close_matches(name, list(envs), n=1)
+            did = f" — did you mean '{guess[0]}'?" if guess else "."
+            hint = (
+                ""
+                if args.module
+                else " If it is defined in your own file or package, pass --module path/to/file.py (or pkg.module)."
+            )
+            print(
+                f"unknown environment {name!r}{did} Registered: {', '.join(sorted(envs))}.{hint}",
+                file=sys.stderr,
+            )
+            return 2
     options = json.loads(args.options) if args.options else {}
     failed = 0
     for name in names:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.env import Environment, EpisodeState, StepResult, Task, make_env
+from agentrl.env import Environment, EpisodeState, StepResult, Task, checked_messages, checked_step, make_env
 
 SCRIPTED_BAD_ACTIONS = {
     "malformed JSON tool call": '<tool_call>{"name": "x", "arguments": {</tool_call>',
@@ -54,29 +54,19 @@ def _check(report: CheckReport, what: str, fn: Callable[[], Any]) -> Any:
 
 
 def _valid_messages(msgs: Any) -> None:
-    assert isinstance(msgs, list) and msgs, (
-        f"expected a non-empty list of messages, got {type(msgs).__name__}"
-    )
+    checked_messages(msgs, "reset")
+    assert msgs, "reset returned no messages"
     for m in msgs:
-        assert isinstance(m, dict) and "role" in m and "content" in m, f"not a chat message: {m!r}"
         assert m["role"] in ("system", "user", "assistant", "tool"), f"unknown role {m['role']!r}"
-        assert isinstance(m["content"], str), f"content must be str, got {type(m['content']).__name__}"
     json.dumps(msgs)
 
 
 def _valid_step(result: Any) -> StepResult:
-    assert isinstance(result, tuple) and len(result) == 5, (
-        "step must return (observation, reward, terminated, truncated, info)"
+    step = checked_step(result)  # the runner's own check of the contract
+    assert step.terminated or step.truncated or step.observation, (
+        "a step that does not end the episode must return an observation"
     )
-    obs, reward, terminated, truncated, info = result
-    assert isinstance(obs, list), "observation must be a list of messages"
-    if obs:
-        _valid_messages(obs)
-    assert isinstance(reward, (int, float)), f"reward must be a number, got {type(reward).__name__}"
-    assert isinstance(terminated, bool) and isinstance(truncated, bool), "terminated/truncated must be bool"
-    assert isinstance(info, dict), "info must be a dict"
-    assert terminated or truncated or obs, "a step that does not end the episode must return an observation"
-    return StepResult(*result)
+    return step
 
 
 def check_environment(name: str, options: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
@@ -123,6 +113,9 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
         demos = env_cls.demonstrations(tasks or [task], seed=seed)
     except NotImplementedError:
         report.notes.append("no solver demonstrations: replay check skipped")
+        demos = []
+    except Exception as e:
+        report.problems.append(f"demonstrations() raised {type(e).__name__}: {e}")
         demos = []
     for i, (t, demo) in enumerate(zip(tasks or [task], demos[:3])):
         _check(
@@ -180,7 +173,12 @@ def _replay(name: str, options: dict[str, Any], task: Task, demo: list[dict], se
             if terminated or truncated:
                 assert i == len(demo), "the episode ended before the demonstration did"
         state = EpisodeState(task, messages, final_text, info)
-        total = reward + sum(r.weight * float(r.fn(task, state)) for r in env.rewards())
+        total = reward
+        for fn in env.rewards():
+            try:
+                total += fn.weight * float(fn.fn(task, state))
+            except Exception as e:
+                raise AssertionError(f"reward {fn.name!r} raised {type(e).__name__}: {e}") from e
         assert total > 0, f"the solver's demonstration earns reward {total}"
     finally:
         env.close()

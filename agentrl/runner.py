@@ -18,7 +18,7 @@ from typing import Any
 
 from agentrl.chat import ChatRenderer, Piece
 from agentrl.engines.base import Completion, Engine, SamplingParams
-from agentrl.env import Environment, EpisodeState, Message, StepResult, Task
+from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
 
@@ -126,7 +126,7 @@ class EpisodeRunner:
         try:
             env = self.env_factory()
             lv.env, ep.env = env, env.name
-            lv.messages = list(env.reset(req.task, req.seed))
+            lv.messages = checked_messages(env.reset(req.task, req.seed), "Environment.reset")
             tools = env.tool_schemas() or None
             ep.metrics["tools"] = tools
             lv.renderer = self._renderer(tools)
@@ -194,7 +194,7 @@ class EpisodeRunner:
     def _safe_step(self, lv: _Live) -> StepResult | None:
         assert lv.env is not None and lv.final_text is not None
         try:
-            return lv.env.step(lv.final_text)
+            return checked_step(lv.env.step(lv.final_text))
         except Exception as e:
             self._fail(lv, boundary_of(e, "env"), e)
             return None
@@ -282,13 +282,15 @@ class EpisodeRunner:
         assert env is not None and env.task is not None
         state = EpisodeState(env.task, lv.messages, lv.final_text, dict(lv.info, stop_reason=ep.stop_reason))
         total, comps = lv.step_reward, {}
+        name = "rewards()"
         try:
             for r in env.rewards():
+                name = repr(r.name)
                 value = float(r.fn(env.task, state))
                 comps[r.name] = value
                 total += r.weight * value
         except Exception as e:
-            ep.failure = Failure("reward", f"{type(e).__name__}: {e}")
+            ep.failure = Failure("reward", f"reward {name} raised {type(e).__name__}: {e}")
             ep.reward_components = comps
             ep.reward = 0.0
             return

@@ -5,12 +5,15 @@ from __future__ import annotations
 import pytest
 
 from agentrl.cli import main
-from agentrl.env import Environment, StepResult, Task, register, registered
+from agentrl.env import Environment, Reward, StepResult, Task, register, registered
 from agentrl.env_check import check_environment
 
 
-@pytest.mark.parametrize("name", sorted(registered()))
-def test_every_registered_environment_passes(name):
+BUILT_IN = sorted(n for n, cls in registered().items() if cls.__module__.startswith("environments."))
+
+
+@pytest.mark.parametrize("name", BUILT_IN)
+def test_every_built_in_environment_passes(name):
     report = check_environment(name)
     assert report.ok, report.problems
 
@@ -46,3 +49,52 @@ def test_cli_envs_list_and_check(capsys):
     assert main(["envs", "check", "calculator"]) == 0
     assert "environment 'calculator': OK" in capsys.readouterr().out
     assert main(["envs", "check", "test_broken"]) == 1
+
+
+class BadSolver(Environment):
+    """A user's environment whose solver crashes and whose reward raises."""
+
+    name = "test_bad_solver"
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        return [Task(id=f"{split}-{i}", prompt="What is 1 + 1?", answer=2) for i in range(n or 4)]
+
+    @classmethod
+    def demonstrations(cls, tasks, seed=0):
+        raise RuntimeError("solver table missing")
+
+
+class BadReward(BadSolver):
+    name = "test_bad_reward"
+
+    @classmethod
+    def demonstrations(cls, tasks, seed=0):
+        return [[*cls().reset(t, seed), {"role": "assistant", "content": "\\boxed{2}"}] for t in tasks]
+
+    def rewards(self):
+        return [Reward("exact", lambda task, state: {}["answer"])]
+
+
+register(BadSolver)
+register(BadReward)
+
+
+def test_a_raising_solver_and_a_raising_reward_are_named_violations():
+    report = check_environment("test_bad_solver")
+    assert "demonstrations() raised RuntimeError: solver table missing" in report.problems
+    report = check_environment("test_bad_reward")
+    assert any("reward 'exact' raised KeyError: 'answer'" in p for p in report.problems), report.problems
+
+
+def test_checking_an_environment_from_a_file_without_module_hints_at_it(tmp_path, capsys):
+    path = tmp_path / "units_env.py"
+    path.write_text(
+        "from agentrl.env import Environment, register\n\n\n@register\nclass Units(Environment):\n"
+        "    name = 'test_units_from_file'\n"
+    )
+    assert main(["envs", "check", "test_units_from_file"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown environment 'test_units_from_file'" in err and "pass --module" in err
+    main(["envs", "check", "test_units_from_file", "--module", str(path)])
+    assert "environment 'test_units_from_file'" in capsys.readouterr().out

@@ -220,6 +220,7 @@ def test_failures_are_recorded_per_episode_and_the_batch_goes_on(tiny_tokenizer)
         env_cls=RewardFails,
     )
     assert ep.failure.boundary == "reward" and ep.reward == 0.0
+    assert ep.failure.message == "reward 'done' raised ValueError: reward bug"  # named, for the progress line
 
     (ep,) = run(ScriptedEngine([None], tokenizer=tiny_tokenizer), tiny_tokenizer, env_cls=Echo)
     assert ep.failure.boundary == "model"
@@ -299,3 +300,40 @@ def test_concurrent_encoding_is_thread_safe(tiny_tokenizer):
     with concurrent.futures.ThreadPoolExecutor(8) as pool:
         parallel = list(pool.map(lambda ts: r.encode(*ts), texts))
     assert parallel == serial
+
+
+class WrongStep(Environment):
+    """``step`` returns what a newcomer might: a 2-tuple, a bad reward, a string observation."""
+
+    name = "test_wrong_step"
+
+    def step(self, action):
+        kind = self.task.metadata["kind"]
+        if kind == "pair":
+            return [], 1.0
+        if kind == "reward":
+            return StepResult([], "1.0", True, False, {})  # type: ignore[arg-type]
+        return "the answer is 4", 0.0, True, False, {}
+
+
+class WrongReset(Environment):
+    name = "test_wrong_reset"
+
+    def reset(self, task, seed):
+        return "What is 2 + 2?"
+
+
+def test_a_wrong_return_type_fails_the_episode_at_the_env_boundary(tiny_tokenizer):
+    engine = ScriptedEngine(lambda prompt, i: "\\boxed{4}<|im_end|>", tokenizer=tiny_tokenizer)
+    expected = {
+        "pair": "Environment.step returned tuple ([], 1.0); expected StepResult(observation",
+        "reward": "reward is str '1.0', not a number",
+        "text": "Environment.step (observation) returned str 'the answer is 4'; expected a list of chat messages",
+    }
+    for kind, message in expected.items():
+        task = Task(id=kind, prompt="What is 2 + 2?", metadata={"kind": kind})
+        (ep,) = run(engine, tiny_tokenizer, env_cls=WrongStep, task=task)
+        assert ep.failure is not None and ep.failure.boundary == "env", ep.failure
+        assert message in ep.failure.message and "EnvError" in ep.failure.message, ep.failure.message
+    (ep,) = run(engine, tiny_tokenizer, env_cls=WrongReset)
+    assert ep.failure.boundary == "env" and "Environment.reset returned str 'What is 2 + 2?'" in ep.failure.message
