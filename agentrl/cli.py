@@ -189,6 +189,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
         rerun=args.rerun,
         rescore=args.rescore,
         limit=args.limit,
+        module=args.module,
     )
 
 
@@ -285,6 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--rescore", action="store_true", help="recompute rewards with the current environment code"
     )
     sp.add_argument("--limit", type=int, default=20)
+    sp.add_argument(
+        "--module", help="the environment's module or .py file (default: the run config's env.module)"
+    )
     sp.set_defaults(fn=cmd_replay)
     sp = sub.add_parser("inspect", help="write a self-contained HTML viewer for a run")
     sp.add_argument("run_dir")

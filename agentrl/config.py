@@ -49,6 +49,7 @@ from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections
     TrainerConfig,
     VLLMConfig,
 )
+from agentrl.demos import load_demonstrations
 from agentrl.env import import_environment_module, registered
 
 CONFIG_FILE = "config.yaml"
@@ -128,7 +129,12 @@ def _from_sources(sources: Sequence[tuple[str, Any]]) -> Config:
         raise ConfigError(errors)
     cfg: Config = dataclass_tree.build(Config, merged)
     _resolve(cfg)
-    problems = [*dataclass_tree.check_ranges(cfg), *_cross_checks(cfg), *_environment_problems(cfg)]
+    problems = [
+        *dataclass_tree.check_ranges(cfg),
+        *_cross_checks(cfg),
+        *_environment_problems(cfg),
+        *_demonstration_problems(cfg),
+    ]
     if problems:
         raise ConfigError([f"{msg} [{origin[p]}]" if p in origin else msg for p, msg in problems])
     return cfg
@@ -275,6 +281,22 @@ def _environment_problems(cfg: Config) -> Iterator[tuple[str, str]]:
             "env.name",
             f"unknown environment env.name={cfg.env.name!r}{did} Registered: {', '.join(sorted(envs))}.{hint}",
         )
+
+
+def _demonstration_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """``sft.demos`` exists and every line is a conversation (read once, before any work)."""
+    if not (cfg.sft.enabled and cfg.sft.demos):
+        return
+    if not Path(cfg.sft.demos).is_file():
+        yield (
+            "sft.demos",
+            f"sft.demos={cfg.sft.demos!r}: no such file (the current directory is {os.getcwd()})",
+        )
+        return
+    try:
+        load_demonstrations(cfg.sft.demos)
+    except ValueError as e:
+        yield "sft.demos", f"sft.demos: {e}"
 
 
 def _config_file(path: Path) -> Path:

@@ -159,6 +159,32 @@ def env_options(ep: Episode, path: str | None) -> dict[str, Any]:
     return {}
 
 
+def prepare_environments(path: str, module: str | None) -> dict[str, Any]:
+    """Make the run's environments constructible here, as the run made them: import ``module``
+    (``--module``) or the run config's ``env.module``, and return the keyword arguments every
+    environment gets besides its options (the run's sandbox). Raises ``ValueError`` saying what to do."""
+    from agentrl.components import sandbox_spec
+    from agentrl.config import ConfigError, load_config
+    from agentrl.env import import_environment_module
+
+    if module:
+        try:
+            import_environment_module(module)
+        except Exception as e:
+            raise ValueError(f"--module {module!r} cannot be imported: {type(e).__name__}: {e}") from e
+    run = run_dir_of(path)
+    if run is None:
+        return {}
+    overrides = [f"env.module={module}"] if module else []
+    try:
+        cfg = load_config(run, overrides)  # imports the run's env.module, checked like a training run
+    except ConfigError as e:
+        raise ValueError(
+            f"the run's config at {run} does not load here: {e} (pass --module to point at the environment's file)"
+        ) from e
+    return {"sandbox": sandbox_spec(cfg)}
+
+
 def _message_diff(where: str, want: list[dict], got: list[dict]) -> list[str]:
     out = []
     if len(want) != len(got):
@@ -177,7 +203,8 @@ def _message_diff(where: str, want: list[dict], got: list[dict]) -> list[str]:
 
 
 def rerun_episode(ep: Episode, options: dict[str, Any] | None = None) -> list[str]:
-    """Replay the recorded assistant turns through a fresh environment; return the differences."""
+    """Replay the recorded assistant turns through a fresh environment (``options``: its keyword
+    arguments); return the differences."""
     from agentrl.env import make_env
 
     task, msgs = task_of(ep), ep.messages
@@ -280,6 +307,7 @@ def replay_command(
     rescore: bool = False,
     limit: int = 20,
     console: Any = None,
+    module: str | None = None,
 ) -> int:
     """Render matching episodes; with --rerun/--rescore also check them. Exit code: 0 ok, 1 when a
     check found differences, 2 when nothing matched or the input is unusable."""
@@ -293,6 +321,13 @@ def replay_command(
         console.print(f"[red]replay: no transcript at {tpath}[/red]")
         return 2
     shown, differs = 0, False
+    context: dict[str, Any] = {}
+    if rerun or rescore:
+        try:
+            context = prepare_environments(path, module)
+        except ValueError as e:
+            console.print(f"[red]replay: {e}[/red]")
+            return 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TranscriptWarning)
         try:
@@ -304,7 +339,7 @@ def replay_command(
                     )
                     break
                 render_episode(ep, console)
-                opts = env_options(ep, path) if rerun or rescore else {}
+                opts = {**context, **env_options(ep, path)} if rerun or rescore else {}
                 if rerun:
                     differs |= _check(console, "rerun", rerun_episode, ep, opts)
                 if rescore:

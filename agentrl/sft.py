@@ -23,6 +23,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from agentrl import components
 from agentrl.chat import ChatRenderer
 from agentrl.config import Config
+from agentrl.demos import load_demonstrations
 from agentrl.env import Task
 from agentrl.forward import first_loss_column, prefix_plan, suffix_logits
 
@@ -59,21 +60,6 @@ def tokenize_conversation(renderer: ChatRenderer, messages: Sequence[Message]) -
                 mask += [0] * len(piece.token_ids)
         i = j
     return ids, mask
-
-
-def load_demonstrations(path: str | Path) -> list[list[Message]]:
-    """A JSONL file with one conversation per line: either a list of messages or {"messages": [...]}."""
-    demos = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            obj = json.loads(line)
-            msgs = obj["messages"] if isinstance(obj, dict) else obj
-            if not isinstance(msgs, list) or not all(isinstance(m, dict) and "role" in m for m in msgs):
-                raise ValueError(f"{path}:{n}: expected a list of chat messages")
-            demos.append(msgs)
-    return demos
 
 
 @dataclass
@@ -157,8 +143,11 @@ def sft_seed(cfg: Config) -> int:
     return cfg.run.seed if cfg.sft.seed is None else cfg.sft.seed
 
 
-def build_examples(cfg: Config, tokenizer: Any) -> list[tuple[list[int], list[int]]]:
-    """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks."""
+def build_examples(
+    cfg: Config, tokenizer: Any, log: Callable[[str], None] = print
+) -> list[tuple[list[int], list[int]]]:
+    """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks.
+    When there are fewer tasks than ``sft.num_demos``, tasks repeat, and the log says so."""
     env = components.env_factory(cfg)()
     try:
         renderer = ChatRenderer(tokenizer, env.tool_schemas() or None)
@@ -168,6 +157,13 @@ def build_examples(cfg: Config, tokenizer: Any) -> list[tuple[list[int], list[in
         demos = load_demonstrations(cfg.sft.demos)
     else:
         tasks = demo_tasks(cfg)
+        if len(tasks) < cfg.sft.num_demos:
+            log(
+                f"SFT warm start: sft.num_demos={cfg.sft.num_demos} but only {len(tasks)} training tasks, so "
+                f"each task is demonstrated ~{cfg.sft.num_demos / len(tasks):.1f} times (solvers sample among "
+                "the solutions where several exist). Raise data.num_train for more distinct tasks, or lower "
+                "sft.num_demos."
+            )
         rng = random.Random(sft_seed(cfg))
         tasks = [
             tasks[i % len(tasks)]
@@ -203,7 +199,7 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
     """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
     torch.manual_seed(sft_seed(cfg))
     model, tokenizer = components.load_model(cfg, base_path)
-    examples = build_examples(cfg, tokenizer)
+    examples = build_examples(cfg, tokenizer, log)
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
     n_tok = sum(sum(m) for _, m in examples)
     log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps")

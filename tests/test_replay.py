@@ -170,3 +170,61 @@ def test_rescore_reports_changed_rewards_and_missing_task(tmp_path):
     c = console()
     assert replay_command(str(path), rescore=True, console=c) == 1
     assert "could not rescore: ValueError" in out(c)
+
+
+USER_ENV = '''
+from agentrl.env import Environment, Reward, StepResult, Task, register
+
+
+@register
+class Units(Environment):
+    """A user's environment that only its own file defines."""
+
+    name = "test_units_replay"
+    max_turns = 1
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        return [Task(id=f"{split}-{i}", prompt=f"Convert {i} m.") for i in range(n or 4)]
+
+    def step(self, action):
+        return StepResult([], 0.0, True, False, {"answer": action})
+
+    def rewards(self):
+        return [Reward("variety", lambda task, s: len(set(s.final_text or "")) / 10.0)]
+'''
+
+
+def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
+    """``replay --rerun/--rescore`` of a run whose environment lives in the user's own file: the run's
+    ``env.module`` is imported (in a fresh process, as a user runs it), or ``--module`` for a bare
+    transcript file."""
+    import shutil
+    import subprocess
+    import sys
+
+    from agentrl.config import load_config
+    from agentrl.trainer import Trainer
+
+    env_file = tmp_path / "units_env.py"
+    env_file.write_text(USER_ENV)
+    run = tmp_path / "run"
+    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"env.module={env_file}", "env.name=test_units_replay",
+                             f"run.output_dir={run}", "run.device=cpu", "rollout.prompts_per_step=2",
+                             "rollout.group_size=2", "rollout.max_tokens_per_turn=6", "trainer.total_steps=1",
+                             "logging.tensorboard=false", "logging.plots=false"])  # fmt: skip
+    Trainer(cfg, log=lambda *_: None).train()
+
+    def replay(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "agentrl.cli", "replay", *args, "--rerun", "--rescore",
+                               "--limit", "1"], capture_output=True, text=True, timeout=300)  # fmt: skip
+
+    done = replay(str(run))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "rerun: identical" in done.stdout and "rescore: identical" in done.stdout
+    bare = tmp_path / "elsewhere" / "transcripts.jsonl"
+    bare.parent.mkdir()
+    shutil.copy(run / "transcripts.jsonl", bare)
+    assert "could not rerun" in replay(str(bare)).stdout  # no run config, no module: it cannot know
+    done = replay(str(bare), "--module", str(env_file))
+    assert done.returncode == 0 and "rescore: identical" in done.stdout, done.stdout[-2000:]

@@ -336,4 +336,7 @@ def test_a_wrong_return_type_fails_the_episode_at_the_env_boundary(tiny_tokenize
         assert ep.failure is not None and ep.failure.boundary == "env", ep.failure
         assert message in ep.failure.message and "EnvError" in ep.failure.message, ep.failure.message
     (ep,) = run(engine, tiny_tokenizer, env_cls=WrongReset)
-    assert ep.failure.boundary == "env" and "Environment.reset returned str 'What is 2 + 2?'" in ep.failure.message
+    assert (
+        ep.failure.boundary == "env"
+        and "Environment.reset returned str 'What is 2 + 2?'" in ep.failure.message
+    )

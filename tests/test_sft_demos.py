@@ -33,3 +33,35 @@ def test_exclusion_that_leaves_nothing_is_an_error():
     cfg = load_config("configs/long_cot_cpu.yaml", ["sft.exclude_train_seeds=[0,1,2]"])
     with pytest.raises(ValueError, match="problem space is too small"):
         demo_tasks(cfg)
+
+
+def test_a_demonstration_file_in_the_wrong_format_names_the_line(tmp_path):
+    import pytest
+
+    from agentrl.config import ConfigError, load_config
+
+    good = '[{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "\\\\boxed{4}"}]\n'
+    cases = {
+        '{"prompt": "2+2?", "completion": "4"}\n': "line 2: an object with keys ['completion', 'prompt'] but no 'messages'",
+        "not json\n": "line 2: not JSON",
+        '[{"role": "user", "text": "hi"}]\n': "line 2: message 0 is \"{'role': 'user', 'text': 'hi'}\"",
+    }
+    for bad, message in cases.items():
+        path = tmp_path / "demos.jsonl"
+        path.write_text(good + bad)
+        with pytest.raises(ConfigError) as e:
+            load_config(None, ["sft.enabled=true", f"sft.demos={path}"])
+        assert message in str(e.value) and "expected one conversation per line" in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config(None, ["sft.enabled=true", f"sft.demos={tmp_path / 'missing.jsonl'}"])
+
+
+def test_too_few_tasks_for_num_demos_is_said(tiny_tokenizer):
+    from agentrl.config import load_config
+    from agentrl.sft import build_examples
+
+    logs: list[str] = []
+    cfg = load_config(None, ["env.name=calculator", "data.num_train=5", "sft.num_demos=20"])
+    examples = build_examples(cfg, tiny_tokenizer, logs.append)
+    assert len(examples) == 20
+    assert any("sft.num_demos=20 but only 5 training tasks" in x and "4.0 times" in x for x in logs), logs

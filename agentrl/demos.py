@@ -1,0 +1,55 @@
+"""Demonstration files for the SFT warm start (``sft.demos``): the format, and a reader whose errors
+name the line, what was found there and what was expected. Checked when the config loads, before
+any work."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+Message = dict[str, Any]
+
+
+DEMO_FORMAT = (
+    'one conversation per line: a JSON list of chat messages ({"role": "user" | "assistant" | "tool" | '
+    '"system", "content": "..."}), or an object {"messages": [...]}, starting with what the '
+    "environment's reset returns and with at least one assistant message"
+)
+
+
+def load_demonstrations(path: str | Path) -> list[list[Message]]:
+    """A JSONL file of demonstrations (``DEMO_FORMAT``). A line in another format is an error that
+    names the line, what was found there and what was expected."""
+    demos = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            where = f"{path}, line {n}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{where}: not JSON ({e.msg}); expected {DEMO_FORMAT}") from None
+            if isinstance(obj, dict):
+                if "messages" not in obj:
+                    raise ValueError(
+                        f"{where}: an object with keys {sorted(obj)[:8]} but no 'messages'; expected {DEMO_FORMAT}"
+                    )
+                obj = obj["messages"]
+            if not isinstance(obj, list) or not obj:
+                raise ValueError(
+                    f"{where}: found {type(obj).__name__} {str(obj)[:80]!r}; expected {DEMO_FORMAT}"
+                )
+            for i, m in enumerate(obj):
+                if not (
+                    isinstance(m, dict)
+                    and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)
+                ):
+                    raise ValueError(
+                        f"{where}: message {i} is {str(m)[:80]!r}, not a {{'role': str, 'content': str}} dict; "
+                        f"expected {DEMO_FORMAT}"
+                    )
+            demos.append(obj)
+    return demos
