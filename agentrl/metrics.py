@@ -16,12 +16,40 @@ from typing import Any
 from agentrl.episode import Episode
 from agentrl.transcripts import read_metrics
 
+CURVES: dict[str, str] = {
+    "reward": "reward/mean",
+    "correct": "reward/correct",
+    "entropy": "entropy/mean",
+    "entropy_branching": "entropy/branching",
+    "entropy_rollout": "entropy/rollout",
+    "length": "length/policy_tokens",
+    "turns": "length/turns",
+    "failed": "episodes/failed_frac",
+    "gate": "stare/gate_on",
+    "W": "stare/w",
+    "M": "stare/m",
+    "target": "stare/target_entropy",
+    "mean_weight": "stare/mean_weight",
+    "clip_low": "loss/clip_frac_low",
+    "clip_high": "loss/clip_frac_high",
+    "clip_dual": "loss/dual_clip_frac",
+    "eval_mean": "eval/mean@k",
+    "eval_pass": "eval/pass@k",
+    "step_s": "time/step_s",
+    "tokens_s": "tokens/s",
+}
+"""The one table of metric names the views read (the HTML viewer, the PNG plots, the console summary):
+what a view calls a curve -> the name the trainer writes in ``metrics.jsonl``. STARE's are its record's
+``stats`` keys under ``stare/``; ``tests/test_viewer_browser.py`` checks every name against a real run."""
+IMPORTANT = [CURVES[k] for k in ("reward", "entropy", "length", "gate", "entropy_branching", "W", "M",
+                                 "clip_low", "clip_high", "failed", "step_s", "tokens_s")]  # fmt: skip
+"""The curves the viewer shows first, in this order."""
 PLOTS: dict[str, list[str]] = {
-    "entropy": ["entropy/mean", "entropy/branching", "entropy/rollout", "stare/target"],
-    "reward": ["reward/mean", "reward/correct", "eval/mean@k", "eval/pass@k"],
-    "length": ["length/policy_tokens", "length/turns"],
-    "clip": ["clip/low_frac", "clip/high_frac", "clip/dual_frac"],
-    "stare_gate": ["stare/gate", "stare/W", "stare/M", "stare/mean_weight"],
+    "entropy": [CURVES[k] for k in ("entropy", "entropy_branching", "entropy_rollout", "target")],
+    "reward": [CURVES[k] for k in ("reward", "correct", "eval_mean", "eval_pass")],
+    "length": [CURVES[k] for k in ("length", "turns")],
+    "clip": [CURVES[k] for k in ("clip_low", "clip_high", "clip_dual")],
+    "stare_gate": [CURVES[k] for k in ("gate", "W", "M", "mean_weight")],
 }
 
 
@@ -185,7 +213,7 @@ def plot_run(run_dir: Path) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 3.5), dpi=100)
         for k, pts in series.items():
             xs, ys = zip(*pts)
-            style = "--" if k in ("stare/target",) else "-"
+            style = "--" if k == CURVES["target"] else "-"
             ax.plot(xs, ys, style, label=k, marker="." if len(xs) < 30 else None)
         ax.set_xlabel("step")
         ax.set_title(name)

@@ -21,6 +21,8 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from agentrl.metrics import CURVES
+
 SHOWN = [
     ("reward", "reward/mean", "{:.3f}"),
     ("entropy", "entropy/mean", "{:.3f}"),
@@ -29,20 +31,10 @@ SHOWN = [
     ("s/step", "time/step_s", "{:.1f}"),
 ]
 SUMMARY = [
-    "reward/mean",
-    "reward/correct",
-    "entropy/mean",
-    "entropy/rollout",
-    "length/policy_tokens",
-    "groups/informative",
-    "episodes/failed_frac",
-    "stare/gate_on",
-    "stare/w",
-    "stare/m",
-    "eval/mean@k",
-    "eval/pass@k",
-    "tokens/s",
-]
+    CURVES[k]
+    for k in ("reward", "correct", "entropy", "entropy_rollout", "length", "failed", "gate", "W", "M", "eval_mean",
+              "eval_pass", "tokens_s")  # fmt: skip
+] + ["groups/informative"]
 
 
 def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:
@@ -53,7 +45,7 @@ def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:
         v = metrics.get(key)
         if isinstance(v, (int, float)):
             parts.append(f"{label} {fmt.format(v)}")
-    gate = metrics.get("stare/gate_on")
+    gate = metrics.get(CURVES["gate"])
     if gate is not None:
         parts.append(f"gate {'on' if gate else 'off'}")
     if metrics.get("update/skipped"):

@@ -172,3 +172,96 @@ def test_deep_link_opens_an_episode(browser, page):
     assert browser.find_element(By.ID, "ep-title").text == "t24+7-s5-g2-0"
     assert "max_turns" in browser.find_element(By.ID, "ep-header").text
     assert len(browser.find_elements(By.CSS_SELECTOR, "#tokens .tok.role-env")) > 0
+
+
+@pytest.fixture(scope="module")
+def real_run(tmp_path_factory, tiny_model_dir):
+    """A real STARE run: 4 steps with H_tgt = the first batch's entropy, so the gate is off at step 0
+    (H̄ is not below itself) and switches with the entropy after that."""
+    from agentrl.trainer import Trainer
+    from tests.test_trainer import small_config
+
+    tmp = tmp_path_factory.mktemp("real")
+    cfg = small_config(
+        tmp, tiny_model_dir, "algorithm.name=stare", "algorithm.stare.variant=C2", "algorithm.stare.target_scale=1.0",
+        "algorithm.stare.W=2.0", "algorithm.stare.M=0.5", "algorithm.stare.P=0.3", "trainer.total_steps=6",
+    )  # fmt: skip
+    Trainer(cfg, log=lambda *_: None).train()
+    page = tmp / "view.html"
+    assert inspect_command(str(tmp / "run"), output=str(page)) == 0
+    return tmp / "run", page
+
+
+def test_a_real_runs_page_shades_the_gate_and_explains_a_pinned_token(browser, real_run):
+    import json
+
+    from selenium.webdriver.common.by import By
+
+    from agentrl.metrics import CURVES, IMPORTANT
+    from tests.jsonl import lines
+
+    run, page = real_run
+    rows = [json.loads(x) for x in lines(run / "metrics.jsonl")]
+    on = [r["step"] for r in rows if r[CURVES["gate"]]]
+    assert 0 < len(on) < len(rows) and 0 not in on, on  # the gate switches in this run
+    d = browser
+    d.get(page.as_uri())
+    keys = [c.get_attribute("data-key") for c in d.find_elements(By.CSS_SELECTOR, "#curves .curve")]
+    shown = [k for k in IMPORTANT if k in rows[0]]
+    assert keys[: len(shown)] == shown  # the promised order, with the trainer's own names
+    gate = d.find_element(By.CSS_SELECTOR, f"#curves .curve[data-key='{CURVES['gate']}']")
+    assert len(gate.find_elements(By.CSS_SELECTOR, "rect.gate")) == len(
+        on
+    )  # one shaded band per gate-on step
+    # a token STARE selected at a gate-on step: the pinned panel says the gate was on and it got W or M
+    episodes = [json.loads(x) for x in lines(run / "transcripts.jsonl")]
+    ep, i = next(
+        (e, i)
+        for e in episodes
+        if e["step"] in on and e.get("overlays")
+        for i, s in enumerate(e["overlays"]["selected"])
+        if s
+    )
+    d.get(page.as_uri() + "#episode=" + ep["id"])
+    tok = d.find_element(By.CSS_SELECTOR, f"#tokens .tok[data-i='{i}']")
+    js(d, "arguments[0].click()", tok)  # a sampled token may render empty (nothing to click on)
+    why = d.find_element(By.ID, "why").text
+    which = "W" if ep["overlays"]["selected"][i] > 0 else "M"
+    value = rows[ep["step"]][CURVES[which]]
+    assert (
+        f"Gate at step {ep['step']}: on" in why and f"target H_tgt = {rows[0][CURVES['target']]:.4f}" in why
+    )
+    shown = lambda x: str(int(x)) if float(x).is_integer() else f"{x:.3f}"  # noqa: E731  (the viewer's fmt)
+    weight = ep["overlays"]["weight"][i]
+    assert f"It received {which}: weight {shown(weight)} ({which} = {shown(value)} at this step)" in why, why
+    # and a policy token of a gate-off step: every weight stays 1
+    off = next(e for e in episodes if e["step"] not in on and e.get("overlays"))
+    j = next(k for k, w in enumerate(off["overlays"]["weight"]) if w is not None)
+    d.get(page.as_uri() + "#episode=" + off["id"])
+    js(d, "arguments[0].click()", d.find_element(By.CSS_SELECTOR, f"#tokens .tok[data-i='{j}']"))
+    assert f"Gate at step {off['step']}: off" in d.find_element(By.ID, "why").text
+    assert [e for e in d.get_log("browser") if e["level"] == "SEVERE"] == []
+
+
+def test_a_deep_link_opens_at_the_episode(browser, real_run):
+    from selenium.webdriver.common.by import By
+
+    run, page = real_run
+    episode_id = json_first_id(run)
+    browser.get("about:blank")  # a fresh load, as when the link is opened
+    browser.get(page.as_uri() + "#episode=" + episode_id)
+    box = js(
+        browser,
+        "const r = document.getElementById('episode-section').getBoundingClientRect(); return [r.top, r.bottom, innerHeight, scrollY]",
+    )
+    assert browser.find_element(By.ID, "ep-title").text == episode_id
+    top, bottom, height, scrolled = box
+    assert scrolled > 0 and 0 <= top and min(bottom, height) - top > 200, box  # in view, not below the fold
+
+
+def json_first_id(run: Path) -> str:
+    import json
+
+    from tests.jsonl import lines
+
+    return json.loads(lines(run / "transcripts.jsonl")[-1])["id"]

@@ -143,3 +143,21 @@ def test_unknown_and_malformed_overlay_keys_are_tolerated():
     p = episode_payload(ep, PieceDecoder(None))
     assert p["overlays"] == {"trained": [None, 1.0, 0.0]}
     assert p["engine_logp"] == [None, -1.0, -2.0] and p["pieces"] == ["a", "b", "c"]
+
+
+def test_every_curve_name_is_a_metric_the_trainer_writes(tmp_path, tiny_model_dir):
+    """The viewer's, the plots' and the summary's names (metrics.CURVES) against a real STARE run with
+    evaluation: a renamed metric breaks this test instead of silently emptying a curve."""
+    import json
+
+    from agentrl.metrics import CURVES
+    from agentrl.trainer import Trainer
+    from tests.jsonl import lines
+    from tests.test_trainer import small_config
+
+    cfg = small_config(tmp_path, tiny_model_dir, "algorithm.name=stare", "trainer.eval_every=1", "eval.k=1",
+                       "eval.num_tasks=2")  # fmt: skip
+    Trainer(cfg, log=lambda *_: None).train()
+    written = set().union(*(json.loads(x) for x in lines(tmp_path / "run" / "metrics.jsonl")))
+    env_specific = {CURVES["correct"]}  # a reward component named "correct" (test_chatter has none)
+    assert set(CURVES.values()) - env_specific - written == set()

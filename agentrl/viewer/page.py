@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.episode import Episode
+from agentrl.metrics import CURVES, IMPORTANT
 from agentrl.transcripts import (
     OVERLAY_KEYS,
     TranscriptWarning,
@@ -36,10 +37,6 @@ from agentrl.transcripts import (
     transcripts_path,
 )
 
-IMPORTANT_METRICS = (
-    "reward/mean", "entropy/mean", "length/mean", "stare/gate", "entropy/branching", "stare/W", "stare/M",
-    "clip/low_frac", "clip/high_frac", "time/step_s", "tokens/s",
-)  # fmt: skip
 
 
 # -- index and sampling -------------------------------------------------------------------------
@@ -96,11 +93,11 @@ def step_curves(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         if r["step"] is None:
             continue
         a = acc[r["step"]]
-        a["reward/mean"].append(r["reward"] or 0.0)
-        a["length/mean"].append(r["tokens"])
-        a["failed/frac"].append(1.0 if r["failure"] else 0.0)
+        a[CURVES["reward"]].append(r["reward"] or 0.0)
+        a[CURVES["length"]].append(r["policy_tokens"])
+        a[CURVES["failed"]].append(1.0 if r["failure"] else 0.0)
         if r["entropy"] is not None:
-            a["entropy/mean"].append(r["entropy"])
+            a[CURVES["entropy"]].append(r["entropy"])
     return [{"step": s, **{k: _r(sum(v) / len(v)) for k, v in acc[s].items()}} for s in sorted(acc)]
 
 
@@ -229,7 +226,8 @@ def build_data(run_dir: str, max_episodes: int = 2000) -> dict[str, Any]:
         "run": {"name": Path(run or tpath.parent).resolve().name, "path": str(run or tpath), "config": load_run_config(run)},
         "metrics": numeric or step_curves(rows),
         "metrics_source": "metrics.jsonl" if numeric else "computed from transcripts",
-        "important": list(IMPORTANT_METRICS),
+        "important": IMPORTANT,
+        "curves": CURVES,
         "episodes": kept,
         "tokens": payloads,
         "sampling": {"total": len(rows), "kept": len(kept), "note": note},

@@ -9,6 +9,7 @@
   const esc = (s) => String(s).replace(/[&<>"]/g, (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" })[c]);
   const fmt = (x, nd = 3) => (x === null || x === undefined ? "–" : typeof x === "number" ? (Number.isInteger(x) ? String(x) : x.toFixed(nd)) : String(x));
   const stepMetrics = new Map(DATA.metrics.map((m) => [m.step, m]));
+  const N = DATA.curves; // the trainer's metric names (agentrl/metrics.py CURVES): N.gate, N.W, N.M, ...
 
   // -- header, warnings, theme ------------------------------------------------------------------
   $("run-name").textContent = "· " + DATA.run.name;
@@ -37,7 +38,7 @@
     const sx = (x) => L + (x1 > x0 ? ((x - x0) / (x1 - x0)) * (W - L - 4) : (W - L) / 2);
     const sy = (y) => 4 + (y1 > y0 ? (1 - (y - y0) / (y1 - y0)) * (H - B - 8) : (H - B) / 2);
     let body = "";
-    if (key === "stare/gate") {
+    if (key === N.gate) {
       const bw = Math.max(2, (W - L - 4) / Math.max(1, pts.length));
       body = pts.map(([x, y]) => (y ? `<rect class="gate" x="${sx(x) - bw / 2}" y="4" width="${bw}" height="${H - B - 8}"></rect>` : "")).join("");
     }
@@ -126,7 +127,7 @@
     $("ep-header").innerHTML = [["env", row.env], ["task", row.task], ["step", row.step], ["group", row.group],
       ["reward", fmt(row.reward) + (comps ? ` (${comps})` : "")], ["stop", row.stop], ["turns", row.turns],
       ["tokens", `${row.tokens} (${row.policy_tokens} policy)`], ["weighting", row.weighting],
-      ["STARE gate", gate && "stare/gate" in gate ? (gate["stare/gate"] ? "on" : "off") : null]]
+      ["STARE gate", gate && N.gate in gate ? (gate[N.gate] ? "on" : "off") : null]]
       .filter(([, v]) => v !== null && v !== undefined).map(([a, b]) => `<span><span class="k">${a}</span>${esc(b)}</span>`).join("") +
       (t.failure ? `<span class="failure">FAILED at the ${esc(t.failure.boundary)} boundary: ${esc(t.failure.message)}</span>` : "");
     let html = "", lastTurn = -1;
@@ -248,8 +249,14 @@
         const c = x.selected > 0 ? cut.plus : cut.minus;
         parts.push(`Selected as <b>${x.selected > 0 ? "L+" : "L−"}</b>: among the step's ${x.selected > 0 ? "A>0" : "A<0"} policy tokens its surprisal ${fmt(x.surprisal, 3)} is in the top P` + (c !== undefined ? ` (lowest selected surprisal at step ${row.step} among shown episodes: ${fmt(c, 3)})` : "") + ".");
       } else if (x.advantage) parts.push(`Not selected: its surprisal ${fmt(x.surprisal, 3)} is below the step's top-P cutoff` + (cut.plus !== undefined || cut.minus !== undefined ? ` (≈ ${fmt(x.advantage > 0 ? cut.plus : cut.minus, 3)})` : "") + ".");
-      if ("stare/gate" in m) parts.push(`Gate at step ${row.step}: <b>${m["stare/gate"] ? "on" : "off"}</b>` + (m["entropy/mean"] !== undefined ? ` (batch entropy H̄ = ${fmt(m["entropy/mean"], 4)})` : "") + (m["stare/gate"] ? "" : ", so every weight stays 1") + ".");
-      if (x.selected && m["stare/gate"]) parts.push(`Weight ${fmt(x.weight, 3)} = ${x.selected > 0 ? "W" : "M"}` + (m[x.selected > 0 ? "stare/W" : "stare/M"] !== undefined ? ` (${fmt(m[x.selected > 0 ? "stare/W" : "stare/M"], 3)} at this step)` : "") + ".");
+      if (N.gate in m) {
+        const target = m[N.target] !== undefined ? `, target H_tgt = ${fmt(m[N.target], 4)}` : "";
+        parts.push(`Gate at step ${row.step}: <b>${m[N.gate] ? "on" : "off"}</b>` + (m[N.entropy] !== undefined ? ` (batch entropy H̄ = ${fmt(m[N.entropy], 4)}${target})` : "") + (m[N.gate] ? "" : ", so every weight stays 1") + ".");
+      }
+      if (x.selected && m[N.gate]) {
+        const which = x.selected > 0 ? "W" : "M", key = x.selected > 0 ? N.W : N.M;
+        parts.push(`It received <b>${which}</b>: weight ${fmt(x.weight, 3)}` + (m[key] !== undefined ? ` (${which} = ${fmt(m[key], 3)} at this step)` : "") + ".");
+      } else if (x.selected && N.gate in m) parts.push("Selected, but the gate was off: its weight stays 1.");
     } else parts.push(`Weight ${fmt(x.weight, 3)}; selected flag ${fmt(x.selected)} (+1 = selected/kept/penalised by ${esc(method)}).`);
     if (x.clipped) parts.push(`The ratio was ${CLIP[x.clipped]}: this token's gradient was cut by the clipped surrogate.`);
     return parts.join(" ");
@@ -282,5 +289,11 @@
   }
   addEventListener("hashchange", openFromHash);
   openFromHash();
+  if (state.current) {
+    // a deep link opens at the episode, not at the top: the browser restores the scroll position of
+    // a reload and lays out the curves after this script ran, so scroll again once the page has loaded
+    history.scrollRestoration = "manual";
+    addEventListener("load", () => $("episode-section").scrollIntoView({ block: "start" }));
+  }
   window.agentrlViewer = { openEpisode, setOverlay: (n) => { $("ov-" + n).checked = true; state.overlay = n; applyOverlay(); } };
 })();

@@ -258,8 +258,9 @@ def build_run(tok, out: Path) -> None:
                 lines.append(ep.to_json())
         ent = round(0.55 - 0.06 * step, 4)
         metrics.append({"step": step, "entropy/mean": ent, "reward/mean": round(sum(rewards) / len(rewards), 4),
-                        "length/mean": 60 + step, "stare/gate": int(gate), "stare/W": 1.1, "stare/M": 0.9,
-                        "clip/low_frac": 0.01, "clip/high_frac": 0.02, "time/step_s": 1.5, "tokens/s": 900.0})  # fmt: skip
+                        "length/policy_tokens": 60 + step, "stare/gate_on": int(gate), "stare/w": 1.1,
+                        "stare/m": 0.9, "loss/clip_frac_low": 0.01, "loss/clip_frac_high": 0.02,
+                        "time/step_s": 1.5, "tokens/s": 900.0})  # fmt: skip
     (out / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics) + '{"step": 7, "entr')
     # A kill during the write of step 7 leaves a torn last line.
     (out / "transcripts.jsonl").write_text(
