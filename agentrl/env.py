@@ -27,6 +27,7 @@ parses tool calls, runs them, and returns their outputs; a turn without a call i
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import difflib
 import inspect
 import re
@@ -277,7 +278,22 @@ class Environment:
             return {"role": "tool", "name": call.name, "content": f"Error: {e}"}
         except Exception as e:
             raise ToolError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
-        return {"role": "tool", "name": call.name, "content": str(out)}
+        return {"role": "tool", "name": call.name, "content": tool_result_text(out)}
+
+
+def tool_result_text(out: Any) -> str:
+    """What the model reads for a tool's return value: a string as it is, a number as ``str``, and
+    structured values (dicts, lists, tuples, booleans, None) as JSON, so a dict reads
+    ``{"city": "City7", "population": 1259}`` and not Python's repr. A value JSON cannot encode falls
+    back to ``str``."""
+    if isinstance(out, str):
+        return out
+    if isinstance(out, (int, float)) and not isinstance(out, bool):
+        return str(out)
+    try:
+        return json.dumps(out, ensure_ascii=False)
+    except (TypeError, ValueError):
+        return str(out)
 
 
 class ToolFeedback(Exception):

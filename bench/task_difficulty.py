@@ -7,6 +7,8 @@ this warm-starts the CPU quickstart's tiny model on the environment's demonstrat
 pass@k per family, with the SFT time.
 
 Usage: .venv/bin/python bench/task_difficulty.py [--envs countdown shop] [--set sft.steps=300 ...]
+       .venv/bin/python bench/task_difficulty.py --config configs/examples/lookup_cpu.yaml \
+           --envs population_lookup --set sft.steps=1200 eval.k=4 --curve 600,1200   # any environment
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def measure(
     from agentrl.models import resolve_model_path
     from agentrl.sft import build_examples, sft_train
 
-    cfg = load_config(config, [f"env.name={name}", *FAMILIES[name], *overrides])
+    cfg = load_config(config, [f"env.name={name}", *FAMILIES.get(name, []), *overrides])
     base = resolve_model_path(cfg.model.path)
     model, tokenizer = components.load_model(cfg, base)
     examples = build_examples(cfg, tokenizer)

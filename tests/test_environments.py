@@ -169,3 +169,13 @@ def test_shop_bad_arguments_and_unknown_items_are_feedback():
 def test_environment_passes_the_checker(name):
     report = check_environment(name)
     assert report.ok, format_report(report)
+
+
+def test_structured_tool_results_reach_the_model_as_json():
+    from agentrl.env import tool_result_text
+
+    assert tool_result_text("17") == "17" and tool_result_text(17) == "17" and tool_result_text(2.5) == "2.5"
+    assert tool_result_text({"city": "City7", "population": 1259}) == '{"city": "City7", "population": 1259}'
+    assert tool_result_text([1, "a", None, True]) == '[1, "a", null, true]'
+    assert tool_result_text(True) == "true" and tool_result_text(None) == "null"
+    assert tool_result_text({1, 2}) == "{1, 2}"  # not JSON-encodable: str

@@ -256,7 +256,7 @@ def test_a_deep_link_opens_at_the_episode(browser, real_run):
     )
     assert browser.find_element(By.ID, "ep-title").text == episode_id
     top, bottom, height, scrolled = box
-    assert scrolled > 0 and 0 <= top and min(bottom, height) - top > 200, box  # in view, not below the fold
+    assert scrolled > 0 and top >= 0 and min(bottom, height) - top > 200, box  # in view, not below the fold
 
 
 def json_first_id(run: Path) -> str:

@@ -5,14 +5,12 @@ result, and answers with the number in ``\\boxed{}``. This file is the example o
 docs/environments.md; tests/test_guide_example.py checks it and trains on it.
 """
 
-from __future__ import annotations
-
 import random
 
 from agentrl.env import Environment, EpisodeState, Reward, Task, ToolFeedback, register, tool
 from agentrl.tools import format_tool_call
 
-CITIES = {f"City{i}": 1000 + 37 * i for i in range(200)}  # a made-up world: nothing to memorise
+CITIES = {f"City{i}": 1000 + 37 * i for i in range(1000)}  # a made-up world: nothing to memorise
 
 
 @register
