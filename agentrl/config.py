@@ -91,8 +91,16 @@ def config_from_dict(data: Mapping[str, Any], overrides: Sequence[str] = ()) -> 
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:
-    """Plain nested dicts (tuples become lists), ready for YAML or JSON."""
-    return _plain(dataclass_tree.to_tree(cfg))
+    """Plain nested dicts (tuples become lists), ready for YAML or JSON. Of the token weightings'
+    settings sections, only the selected method's is kept: the others have no effect on this run,
+    and a method registered by some other module must not make the saved config unloadable where
+    that module is not imported."""
+    tree = _plain(dataclass_tree.to_tree(cfg))
+    keep = weighting_name(cfg)
+    for name in registry.settings_types():
+        if name != keep:
+            tree["algorithm"].pop(name, None)
+    return tree
 
 
 def config_to_yaml(cfg: Config) -> str:

@@ -237,9 +237,10 @@ def test_wrong_type():
 def test_invalid_choice_did_you_mean_and_valid_list():
     msg = _error(overrides=["algorithm.name=grp"])
     assert msg.startswith(
-        "algorithm.name='grp' is not a valid choice; did you mean 'grpo'? "
-        "Valid: clip_cov, dapo, dr_grpo, grpo, high_entropy, kl_cov, rloo, stapo, stare, steer"
+        "algorithm.name='grp' is not a valid choice; did you mean 'grpo'? Valid: clip_cov, dapo,"
     )
+    builtin = "clip_cov, dapo, dr_grpo, grpo, high_entropy, kl_cov, rloo, stapo, stare, steer"
+    assert all(name in msg for name in builtin.split(", "))  # (and any method a test registered)
     assert "did you mean 'C2'?" in _error(overrides=["algorithm.stare.variant=c2"])
     assert "Valid: batch, micro" in _error(overrides=["algorithm.stare.scope=global"])
 

@@ -171,3 +171,20 @@ def test_a_method_registered_in_the_env_module_is_a_valid_name(tmp_path):
     cfg = load_config(None, [f"env.module={path}", "env.name=echo_from_user_file",
                              "algorithm.name=halve_from_user_file"])  # fmt: skip
     assert cfg.algorithm.name == "halve_from_user_file" and cfg.algorithm.loss_agg == "token-mean"
+
+
+def test_a_saved_config_loads_where_other_methods_are_not_registered(tmp_path):
+    """config.yaml keeps the selected method's settings only: a method some module registered in the
+    saving process (here, this file's) must not make the run unloadable elsewhere."""
+    import subprocess
+
+    from agentrl.config import save_config
+
+    save_config(load_config(None, ["algorithm.name=stare", "algorithm.stare.W=2.0"]), tmp_path / "a")
+    text = (tmp_path / "a" / "config.yaml").read_text()
+    assert "surprisal_tilt" not in text and "steer:" not in text and "W: 2.0" in text
+    done = subprocess.run([sys.executable, "-c", f"from agentrl.config import load_config; load_config({str(tmp_path / 'a')!r})"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    save_config(load_config(None, ["algorithm.name=surprisal_tilt"]), tmp_path / "b")
+    assert "surprisal_tilt:\n    alpha: 0.5" in (tmp_path / "b" / "config.yaml").read_text()
