@@ -27,9 +27,9 @@ parses tool calls, runs them, and returns their outputs; a turn without a call i
 from __future__ import annotations
 
 import concurrent.futures
-import json
 import difflib
 import inspect
+import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field

@@ -30,11 +30,10 @@ SHOWN = [
     ("tok/s", "tokens/s", "{:.0f}"),
     ("s/step", "time/step_s", "{:.1f}"),
 ]
-SUMMARY = [
-    CURVES[k]
-    for k in ("reward", "correct", "entropy", "entropy_rollout", "length", "failed", "gate", "W", "M", "eval_mean",
-              "eval_pass", "tokens_s")  # fmt: skip
-] + ["groups/informative"]
+_SUMMARY_CURVES = ("reward", "correct", "entropy", "entropy_rollout", "length", "failed", "gate", "W", "M")
+SUMMARY = [CURVES[k] for k in (*_SUMMARY_CURVES, "eval_mean", "eval_pass", "tokens_s")] + [
+    "groups/informative"
+]
 
 
 def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:

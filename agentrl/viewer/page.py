@@ -38,7 +38,6 @@ from agentrl.transcripts import (
 )
 
 
-
 # -- index and sampling -------------------------------------------------------------------------
 def summarize(d: dict[str, Any], offset: int) -> dict[str, Any]:
     """The table row of one episode (from its decoded JSON, without building the Episode)."""
