@@ -231,13 +231,7 @@ class RolloutPool:
 
 def failed_episode(req: EpisodeRequest, message: str, retries: int) -> Episode:
     """The record of an episode that no worker could run."""
-    ep = Episode(
-        id=req.episode_id or f"{req.task.id}-s{req.seed}",
-        env="",
-        task_id=req.task.id,
-        seed=req.seed,
-        group=req.group,
-    )
+    ep = req.new_episode()
     ep.failure = Failure("worker", message)
     ep.stop_reason = "error"
     ep.metrics.update(worker_retries=retries, task={"id": req.task.id, "prompt": req.task.prompt})

@@ -42,6 +42,16 @@ class EpisodeRequest:
     group: str | None = None
     episode_id: str | None = None
 
+    def new_episode(self) -> Episode:
+        """The empty episode record this request fills (its id defaults to ``<task id>-s<seed>``)."""
+        return Episode(
+            id=self.episode_id or f"{self.task.id}-s{self.seed}",
+            env="",
+            task_id=self.task.id,
+            seed=self.seed,
+            group=self.group,
+        )
+
 
 @dataclass
 class _Live:
@@ -109,13 +119,7 @@ class EpisodeRunner:
         return list(self.pool.map(self._finish, lives))
 
     def _start(self, req: EpisodeRequest) -> _Live:
-        ep = Episode(
-            id=req.episode_id or f"{req.task.id}-s{req.seed}",
-            env="",
-            task_id=req.task.id,
-            seed=req.seed,
-            group=req.group,
-        )
+        ep = req.new_episode()
         ep.metrics["task"] = {
             "id": req.task.id,
             "prompt": req.task.prompt,

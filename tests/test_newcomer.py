@@ -13,10 +13,11 @@ import pytest
 from agentrl import build
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.env import Environment, Reward, StepResult, Task, register
+from agentrl.env import register
 from agentrl.trainer import Trainer, TrainingFailed
 from tests.jsonl import lines
-from tests.test_trainer import small_config
+from tests.test_trainer import Chatter, small_config
+from tests.test_trainer_exactness import AllCorrect  # noqa: F401  (registers test_all_correct)
 
 
 def _steps(run: Path) -> list[int]:
@@ -58,36 +59,13 @@ def test_eval_of_a_run_directory_evaluates_its_newest_checkpoint(tmp_path, tiny_
 
 
 @register
-class BrokenStep(Environment):
+class BrokenStep(Chatter):
     """Every step raises: every episode fails at the env boundary."""
 
     name = "test_broken_step"
-    max_turns = 1
-
-    @classmethod
-    def load_tasks(cls, split, n=None, seed=0, **options):
-        return [Task(id=f"{split}-{i}", prompt=f"Say {i}.") for i in range(n or 8)]
 
     def step(self, action):
         raise ValueError("the unit table has no entry 'furlong'")
-
-
-@register
-class AlwaysRight(Environment):
-    """Every answer is right: no group has different rewards, so dynamic sampling keeps none."""
-
-    name = "test_always_right"
-    max_turns = 1
-
-    @classmethod
-    def load_tasks(cls, split, n=None, seed=0, **options):
-        return [Task(id=f"{split}-{i}", prompt=f"Say {i}.") for i in range(n or 8)]
-
-    def step(self, action):
-        return StepResult([], 0.0, True, False, {"answer": action})
-
-    def rewards(self):
-        return [Reward("correct", lambda task, s: 1.0)]
 
 
 def test_the_circuit_breaker_stops_a_run_whose_episodes_fail(tmp_path, tiny_model_dir, capsys):
@@ -107,7 +85,7 @@ def test_the_circuit_breaker_stops_a_run_whose_episodes_fail(tmp_path, tiny_mode
 
 def test_a_run_that_trained_on_nothing_is_not_a_success(tmp_path, tiny_model_dir, capsys):
     run = tmp_path / "run"
-    args = [f"model.path={tiny_model_dir}", "env.name=test_always_right", f"run.output_dir={run}",
+    args = [f"model.path={tiny_model_dir}", "env.name=test_all_correct", f"run.output_dir={run}",
             "run.device=cpu", "algorithm.name=dapo", "rollout.prompts_per_step=2", "rollout.group_size=4",
             "rollout.max_tokens_per_turn=4", "trainer.total_steps=2", "algorithm.max_sampling_rounds=1",
             "logging.tensorboard=false", "logging.plots=false"]  # fmt: skip

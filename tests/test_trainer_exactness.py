@@ -9,24 +9,16 @@ import pytest
 from agentrl import learner as learner_mod
 from agentrl.config import ConfigError
 from agentrl.engines.scripted import ScriptedEngine
-from agentrl.env import Environment, Reward, StepResult, Task, register
+from agentrl.env import Reward, register
 from agentrl.trainer import Trainer
-from tests.test_trainer import small_config
+from tests.test_trainer import Chatter, small_config
 
 
 @register
-class AllCorrect(Environment):
+class AllCorrect(Chatter):
     """Every answer is correct: the outcome never varies, only the length does."""
 
     name = "test_all_correct"
-    max_turns = 1
-
-    @classmethod
-    def load_tasks(cls, split, n=None, seed=0, **options):
-        return [Task(id=f"{split}-{i}", prompt=f"Say {i}.") for i in range(n or 8)]
-
-    def step(self, action: str) -> StepResult:
-        return StepResult([], 0.0, True, False, {"answer": action})
 
     def rewards(self):
         return [Reward("correct", lambda task, s: 1.0)]
