@@ -28,6 +28,7 @@ from agentrl.episode import Episode
 from agentrl.trainer import Trainer
 from tests.jsonl import lines
 from tests.test_trainer import small_config
+from tests.user_files import one_turn_env
 
 
 @dataclass
@@ -135,10 +136,12 @@ def test_the_docs_example_runs_as_written():
     assert tw.weights[0, 1] > 1 > tw.weights[0, 0]  # the surprising token gets more weight
 
 
-USER_FILE = """
+USER_FILE = (
+    one_turn_env("echo_from_user_file")
+    + """
+
 import torch
 from agentrl.algorithms import TokenWeighting, TokenWeights, register_weighting
-from agentrl.env import Environment, StepResult, Task, register
 
 
 def halve(inputs):
@@ -147,20 +150,8 @@ def halve(inputs):
 
 
 register_weighting(TokenWeighting("halve_from_user_file", halve))
-
-
-@register
-class Echo(Environment):
-    name = "echo_from_user_file"
-    max_turns = 1
-
-    @classmethod
-    def load_tasks(cls, split, n=None, seed=0, **options):
-        return [Task(id=str(i), prompt="hi") for i in range(n or 4)]
-
-    def step(self, action):
-        return StepResult([], 0.0, True, False, {"answer": action})
 """
+)
 
 
 def test_a_method_registered_in_the_env_module_is_a_valid_name(tmp_path):

@@ -13,6 +13,7 @@ from agentrl.errors import Failure
 from agentrl.replay import replay_command, rerun_episode, rescore_episode
 from agentrl.tools import format_tool_call
 from agentrl.transcripts import TranscriptWriter
+from tests.user_files import one_turn_env
 
 RUN = Path(__file__).parent / "data" / "transcripts" / "run"
 
@@ -172,29 +173,6 @@ def test_rescore_reports_changed_rewards_and_missing_task(tmp_path):
     assert "could not rescore: ValueError" in out(c)
 
 
-USER_ENV = '''
-from agentrl.env import Environment, Reward, StepResult, Task, register
-
-
-@register
-class Units(Environment):
-    """A user's environment that only its own file defines."""
-
-    name = "test_units_replay"
-    max_turns = 1
-
-    @classmethod
-    def load_tasks(cls, split, n=None, seed=0, **options):
-        return [Task(id=f"{split}-{i}", prompt=f"Convert {i} m.") for i in range(n or 4)]
-
-    def step(self, action):
-        return StepResult([], 0.0, True, False, {"answer": action})
-
-    def rewards(self):
-        return [Reward("variety", lambda task, s: len(set(s.final_text or "")) / 10.0)]
-'''
-
-
 def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
     """``replay --rerun/--rescore`` of a run whose environment lives in the user's own file: the run's
     ``env.module`` is imported (in a fresh process, as a user runs it), or ``--module`` for a bare
@@ -207,7 +185,7 @@ def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
     from agentrl.trainer import Trainer
 
     env_file = tmp_path / "units_env.py"
-    env_file.write_text(USER_ENV)
+    env_file.write_text(one_turn_env("test_units_replay"))
     run = tmp_path / "run"
     cfg = load_config(None, [f"model.path={tiny_model_dir}", f"env.module={env_file}", "env.name=test_units_replay",
                              f"run.output_dir={run}", "run.device=cpu", "rollout.prompts_per_step=2",

@@ -14,6 +14,7 @@ import yaml
 from agentrl.config import ConfigError
 from agentrl.study import load_study, run_study
 from agentrl.study_report import band_fraction
+from tests.user_files import one_turn_env
 
 
 def test_band_fraction_hand_values():
@@ -22,35 +23,11 @@ def test_band_fraction_hand_values():
     assert math.isnan(band_fraction([1.0], 1.0, (0.5, 1.5), 3))
 
 
-VARIED_ENV = '''
-from agentrl.env import Environment, Reward, StepResult, Task, register
-
-
-@register
-class Varied(Environment):
-    """One turn; the reward counts distinct characters: a random policy's rewards differ (a run that
-    learns nothing is an error, and a random tiny model solves no calculator task)."""
-
-    name = "study_test_varied"
-    max_turns = 1
-
-    @classmethod
-    def load_tasks(cls, split, n=None, seed=0, **options):
-        return [Task(id=f"{split}-{seed}-{i}", prompt=f"Say something {i}.") for i in range(n or 8)]
-
-    def step(self, action):
-        return StepResult([], 0.0, True, False, {"answer": action})
-
-    def rewards(self):
-        return [Reward("correct", lambda task, s: len(set(s.final_text or "")) / 10.0)]
-'''
-
-
 @pytest.fixture(scope="module")
 def varied_env(tmp_path_factory) -> Path:
     """One file for the module's tests (an environment name registered from two files is refused)."""
     path = tmp_path_factory.mktemp("env") / "varied_env.py"
-    path.write_text(VARIED_ENV)
+    path.write_text(one_turn_env("study_test_varied"))
     return path
 
 
