@@ -141,7 +141,7 @@ def accumulate_policy_gradient(
     **loss_kwargs: Any,
 ) -> float:
     """Backward of ``loss_scale`` × the trainer's policy loss on ``rows`` of ``batch``, micro-batch by
-    micro-batch (the same calls as ``Trainer.update``). Returns the unscaled loss of these rows. With a
+    micro-batch (the same calls as ``Learner.optimise``). Returns the unscaled loss of these rows. With a
     DDP model, gradients are all-reduced on the last micro-batch only."""
     total = 0.0
     parts = list(rows.split(micro_batch_size))
