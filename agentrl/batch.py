@@ -23,7 +23,7 @@ from agentrl.forward import first_loss_column, prefix_plan, suffix_logits
 class Batch:
     episodes: list[Episode]
     ids: Tensor  # [B, T] right-padded token ids
-    lengths: Tensor  # [B] real lengths
+    lengths: Tensor  # [B] real lengths; on the CPU wherever the batch is (they decide slicing)
     mask: Tensor  # [B, T-1] float loss mask (targets = ids[:, 1:])
     advantages: Tensor  # [B]
     engine_logp: Tensor  # [B, T-1] the engine's logprob of each target token (0 where none)
@@ -33,6 +33,24 @@ class Batch:
     @property
     def size(self) -> int:
         return self.ids.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
+    def to(self, device: torch.device | str) -> Batch:
+        """The batch on ``device`` (the policy's): the one place a batch changes device. ``lengths``
+        stay on the CPU: reading them (to trim micro-batches) then costs no device sync."""
+        move = lambda t: t.to(device, non_blocking=True)  # noqa: E731
+        return replace(
+            self,
+            ids=move(self.ids),
+            mask=move(self.mask),
+            advantages=move(self.advantages),
+            engine_logp=move(self.engine_logp),
+            has_engine_logp=move(self.has_engine_logp),
+            turn_start=move(self.turn_start),
+        )
 
     def rows(self, idx: Tensor) -> Batch:
         """Rows ``idx``, trimmed to their longest sequence."""
@@ -89,15 +107,17 @@ def batch_forward(
     share_prefix: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs of the target tokens and full-vocabulary entropies, [B, T-1] each, in micro-batches
-    (each trimmed to its own longest sequence). With ``grad`` the result carries gradient.
+    (each trimmed to its own longest sequence), on the batch's device (``Batch.to``: the model's;
+    bf16 autocast for that device type). With ``grad`` the result carries gradient.
 
     ``share_prefix``: each distinct prompt prefix of a micro-batch is run once (``agentrl.forward``:
     the system prompt all rows share, or a group's whole prompt); the shared columns, all before the
     micro-batch's first policy token, are then left at 0 (prompt tokens: no loss,
     no metric or overlay reads them)."""
     B, T = batch.ids.shape
-    logp = torch.zeros((B, T - 1))
-    ent = torch.zeros((B, T - 1))
+    logp = torch.zeros((B, T - 1), device=batch.device)
+    ent = torch.zeros((B, T - 1), device=batch.device)
+    autocast_device = batch.device.type if batch.device.type in ("cpu", "cuda") else "cpu"
     parts = []
     for idx in torch.arange(B).split(micro_batch_size):
         t = int(batch.lengths[idx].max())
@@ -110,7 +130,7 @@ def batch_forward(
             )
             plan = prefix_plan(ids, batch.lengths[idx], limit=limit)
             share, owners = plan.share, plan.owners
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        with torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=bf16):
             logits = suffix_logits(model, ids, share, owners)[:, :-1]  # [b, t-1-share, V]
         lp, h = alg.token_logprobs_and_entropy(logits, ids[:, share + 1 :], temperature)
         if grad:

@@ -57,6 +57,7 @@ class Learner:
         log: Callable[[str], None] = print,
     ) -> None:
         self.cfg, self.model, self.pad_id, self.rank, self.world = cfg, model, pad_id, rank, world
+        self.device = next(model.parameters()).device  # every batch tensor follows the policy
         self.step = 0
         self.dp_model = ddp.wrap(model, world)  # the model itself on one process
         # shared-prompt forward (agentrl.forward): one process only (DDP expects one forward per
@@ -102,7 +103,7 @@ class Learner:
             for v, e in zip(void, episodes)
         ]
         zeros = torch.zeros(len(episodes))
-        return build_batch(episodes, zeros, multipliers, pad_id=self.pad_id)
+        return build_batch(episodes, zeros, multipliers, pad_id=self.pad_id).to(self.device)
 
     # -- the update, in phases ---------------------------------------------------------------
     def update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -168,9 +169,10 @@ class Learner:
         if ref is not None and a.kl_in == "reward":
             kl = alg.kl_penalty(stats.logp, ref, a.kl_estimator)  # [B, T]
             per_episode = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double()  # [B]
-            rewards = rewards - a.kl_coef * per_episode
+            rewards = rewards - a.kl_coef * per_episode.cpu()
             out["kl/reward_penalty_mean"] = float(a.kl_coef * per_episode.mean())
-        advantages = alg.compute_advantages(a.advantage, rewards, [e.group for e in batch.episodes])
+        groups = [e.group for e in batch.episodes]
+        advantages = alg.compute_advantages(a.advantage, rewards, groups).to(batch.device)
         out["advantages/nonzero_frac"] = float((advantages != 0).float().mean())  # 0: nothing to learn
         return advantages, out
 

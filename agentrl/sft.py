@@ -90,6 +90,7 @@ def sft_train(
     if not examples:
         raise ValueError("no SFT examples")
     rng = random.Random(seed)
+    device = next(model.parameters()).device  # the batches follow the model
     params = [p for p in model.parameters() if p.requires_grad]
     fused = all(p.is_floating_point() for p in params) or None  # one kernel for all parameters
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=fused)
@@ -103,7 +104,7 @@ def sft_train(
         if len(order) < batch_size:
             order += rng.sample(range(len(examples)), len(examples))
         batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
-        ids, mask = _pad(batch, pad_id)
+        ids, mask = (t.to(device) for t in _pad(batch, pad_id))
         share, owners = 0, None
         if share_prefix:  # the system prompt every demonstration starts with is run once
             lengths = torch.tensor([len(x) for x, _ in batch])

@@ -183,6 +183,7 @@ def policy_loss(
     entropy: Tensor | None = None,
     entropy_coef: float = 0.0,
     abs_kl_weights: Tensor | None = None,
+    stats: bool = True,
 ) -> PolicyLoss:
     """Loss = Agg(ω ⊙ L_dualclip + abs_kl ⊙ |logp - logp_old|) + β·Agg(KL) - β_H·Agg(H).
 
@@ -199,6 +200,8 @@ def policy_loss(
             ``use_kl_loss``), aggregated like the policy loss; ``kl_estimator`` k1, k2 or k3.
         entropy, entropy_coef: current-policy entropy [B, T] (with grad) for an entropy bonus.
         abs_kl_weights: [B, T] KL-Cov's β on its selected tokens (0 elsewhere).
+        stats: False skips the statistics (reading their values forces a device sync); the loss is
+            the same.
 
     Returns ``PolicyLoss(loss, stats, clip_status)``. The stats, detached, over this micro-batch's
     policy tokens: ``pg_loss``, ``clip_frac_low`` (A<0, r<1-ε_low), ``clip_frac_high`` (A>0,
@@ -222,21 +225,25 @@ def policy_loss(
     loss = pg
     with torch.no_grad():
         status = clip_status(ratio.detach(), advantages, clip_low, clip_high, dual_clip)
-        stats = {
-            "pg_loss": float(pg.detach()),
-            "clip_frac_low": float(masked_mean((status == CLIP_LOW).float(), mask)),
-            "clip_frac_high": float(masked_mean((status == CLIP_HIGH).float(), mask)),
-            "dual_clip_frac": float(masked_mean((status == CLIP_DUAL).float(), mask)),
-            "approx_kl": float(masked_mean(k3_kl(logp.detach(), logp_old), mask)),
-            "ratio_mean": float(masked_mean(ratio.detach(), mask)),
-            "n_tokens": float(as_bool_mask(mask).sum()),
-        }
+        values: dict[str, float] = {}
+        if stats:
+            values = {
+                "pg_loss": float(pg.detach()),
+                "clip_frac_low": float(masked_mean((status == CLIP_LOW).float(), mask)),
+                "clip_frac_high": float(masked_mean((status == CLIP_HIGH).float(), mask)),
+                "dual_clip_frac": float(masked_mean((status == CLIP_DUAL).float(), mask)),
+                "approx_kl": float(masked_mean(k3_kl(logp.detach(), logp_old), mask)),
+                "ratio_mean": float(masked_mean(ratio.detach(), mask)),
+                "n_tokens": float(as_bool_mask(mask).sum()),
+            }
     if logp_ref is not None and kl_coef != 0.0:
         kl = kl_penalty(logp, logp_ref, kl_estimator)
         loss = loss + kl_coef * aggregate(kl, mask, agg_mode, normaliser)
-        stats["kl_ref"] = float(masked_mean(kl.detach(), mask))
+        if stats:
+            values["kl_ref"] = float(masked_mean(kl.detach(), mask))
     if entropy is not None:
         if entropy_coef != 0.0:
             loss = loss - entropy_coef * aggregate(entropy, mask, agg_mode, normaliser)
-        stats["entropy"] = float(masked_mean(entropy.detach(), mask))
-    return PolicyLoss(loss, stats, status)
+        if stats:
+            values["entropy"] = float(masked_mean(entropy.detach(), mask))
+    return PolicyLoss(loss, values, status)
