@@ -81,7 +81,7 @@ def _read(path: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-def build_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, path: str) -> Engine:
+def build_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, path: str) -> Engine:
     """The generation engine: in this process (``components.local_engine``), or with
     ``rollout.workers`` > 0 a pool of Ray workers, each holding such an engine."""
     if cfg.rollout.workers > 0:

@@ -1,15 +1,23 @@
 """Checkpoints that make a killed run resumable with no transcript lost or written twice.
 
-A checkpoint is a directory ``RUN/checkpoints/step_N/`` holding the policy in HF format, the
-tokenizer, and ``trainer_state.pt`` (optimizer, sampler position, algorithm state such as STARE's
-controller, the step, and under ``ranks`` one part per data-parallel rank: its RNG states and the
-byte lengths of its own ``metrics.jsonl`` and ``transcripts.jsonl`` at that step). It is written to a
-temporary directory and renamed, so a kill during a save leaves the previous checkpoint intact.
+A checkpoint is a directory ``RUN/checkpoints/step_N/`` holding the policy's weights, the tokenizer,
+and ``trainer_state.pt`` (sampler position, algorithm state such as STARE's controller, the step, the
+weights' format, and under ``ranks`` one part per data-parallel rank: its RNG states and the byte
+lengths of its own ``metrics.jsonl`` and ``transcripts.jsonl`` at that step). The weights:
 
-Under torchrun only rank 0 writes checkpoints, with every rank's part gathered into the same state
-file: the one rename makes all parts complete together, so no kill can leave a checkpoint some rank
-cannot resume from. On resume the JSONL files are cut back to the recorded lengths: steps after the
-checkpoint are re-run and their lines written once.
+- ``hf`` (``trainer.strategy: ddp``, one process): the policy in HF format (``model.safetensors``,
+  ``config.json``), or with LoRA the adapter in peft's format (``adapter/``); the optimizer's state
+  is in ``trainer_state.pt``. Rank 0 writes it all.
+- ``dcp`` (``trainer.strategy: fsdp2``): ``dcp/``, a torch.distributed.checkpoint of the model's and
+  the optimizer's shards (only the adapters with LoRA), each rank writing its own; ``config.json``
+  for ``agentrl export``. DCP reshards on load, so a run may resume on another number of ranks.
+
+Everything is written to a temporary directory that rank 0 renames once every rank's part is
+written (``begin`` / ``commit``): the rename is the completion marker, so a kill at any point leaves
+the previous checkpoint intact and no checkpoint some rank cannot resume from. On resume the JSONL
+files are cut back to the recorded lengths: steps after the checkpoint are re-run and their lines
+written once. With LoRA the state records the base model's identity and the adapter's settings; a
+resume or export with another base or other settings is refused.
 """
 
 from __future__ import annotations
@@ -52,32 +60,35 @@ def rank_state(run_dir: Path) -> dict[str, Any]:
     }
 
 
-def saved_rank_state(state: dict[str, Any], rank: int, world: int, ckpt: Path) -> dict[str, Any]:
-    """Rank ``rank``'s part of a checkpoint's state; a clear error when a different number of ranks
-    wrote it (rank r's RNG states and files have no counterpart under another world size)."""
+def saved_rank_state(state: dict[str, Any], rank: int, world: int) -> dict[str, Any] | None:
+    """Rank ``rank``'s part of a checkpoint's state; None for a rank the saving run did not have (a
+    resume on more ranks: that rank starts its RNG afresh and its own files over)."""
     parts = state.get("ranks") or [state]  # written before per-rank parts existed: one process
-    if len(parts) != world:
-        raise ConfigError(
-            f"{ckpt} was written by {len(parts)} data-parallel rank(s) but this run has {world}: "
-            f"resume with the same world size (torchrun --nproc_per_node {len(parts)}, or no torchrun for 1)"
-        )
-    return parts[rank]
+    return parts[rank] if rank < len(parts) else None
 
 
-def save_checkpoint(
-    run_dir: Path, step: int, model: Any, tokenizer: Any, state: dict[str, Any], keep: int = 2
-) -> Path:
-    """Write ``checkpoints/step_{step}`` atomically, then drop all but the newest ``keep``. ``state``
-    holds ``ranks``: every rank's ``rank_state``, in rank order."""
+def begin(run_dir: Path, step: int, rank: int) -> Path:
+    """The temporary directory every rank writes step ``step``'s checkpoint into (rank 0 clears a
+    leftover of a killed save first; every rank waits for it)."""
+    from agentrl import ranks
+
+    tmp = run_dir / "checkpoints" / f".tmp_step_{step}"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    ranks.broadcast_from_rank0(None)
+    return tmp
+
+
+def commit(run_dir: Path, tmp: Path, step: int, tokenizer: Any, state: dict[str, Any], keep: int = 2) -> Path:
+    """Rank 0, once every rank's weights are in ``tmp``: the tokenizer and ``trainer_state.pt``, then
+    the atomic rename to ``checkpoints/step_{step}``, then all but the newest ``keep`` are dropped.
+    ``state`` holds ``ranks``: every rank's ``rank_state``, in rank order."""
     root = run_dir / "checkpoints"
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}_{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    model.save_pretrained(tmp, safe_serialization=True)
     tokenizer.save_pretrained(tmp)
     torch.save({**state, "step": step}, tmp / STATE_FILE)
-    _fsync_dir(tmp)
+    _fsync_tree(tmp)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -85,6 +96,103 @@ def save_checkpoint(
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+# -- the weights ----------------------------------------------------------------------------------
+DCP_DIR = "dcp"
+
+
+def save_weights(out: Path, learner: Any, base_path: str) -> dict[str, Any]:
+    """Every rank: the learner's weights (and a sharded optimizer) into ``out``; returns the record
+    ``trainer_state.pt`` keeps under ``weights`` (format, LoRA settings, the base's identity)."""
+    from agentrl import lora
+
+    model: Any = learner.model
+    lora_on = lora.enabled(learner.cfg)
+    record: dict[str, Any] = {
+        "format": "dcp" if learner.strategy.equal_forwards else "hf",
+        "lora": lora.settings_dict(learner.cfg.model.lora) if lora_on else None,
+        "base": lora.identity(base_path) if lora_on else None,
+    }
+    if record["format"] == "dcp":
+        import torch.distributed.checkpoint as dcp
+
+        dcp.save(_sharded_state(learner), checkpoint_id=str(out / DCP_DIR))
+        if learner.rank == 0:
+            base: Any = lora.base_model(model)
+            base.config.save_pretrained(out)
+    elif learner.rank == 0:
+        if lora_on:
+            lora.save_adapter(model, out / lora.ADAPTER_DIR, base_path)
+        else:
+            model.save_pretrained(out, safe_serialization=True)
+    return record
+
+
+def load_weights(ckpt: Path, learner: Any, record: dict[str, Any]) -> None:
+    """Every rank: ``save_weights``'s output back into a learner built like the saving one (the
+    model from the base, or from ``ckpt`` itself for full HF weights). DCP reshards to this run's
+    ranks."""
+    from agentrl import lora
+
+    if record["format"] == "dcp":
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        state = _sharded_state(learner)
+        dcp.load(state, checkpoint_id=str(ckpt / DCP_DIR))
+        set_state_dict(
+            learner.model,
+            learner.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=_dcp_options(learner),
+        )
+    elif record["lora"]:
+        lora.load_adapter(learner.model, ckpt / lora.ADAPTER_DIR)
+
+
+def _dcp_options(learner: Any) -> Any:
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from agentrl import lora
+
+    return StateDictOptions(ignore_frozen_params=lora.enabled(learner.cfg))  # LoRA: the adapters only
+
+
+def _sharded_state(learner: Any) -> dict[str, Any]:
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optim_state = get_state_dict(learner.model, learner.optimizer, options=_dcp_options(learner))
+    return {"model": model_state, "optim": optim_state}
+
+
+def weights_record(state: dict[str, Any]) -> dict[str, Any]:
+    """The ``weights`` record of a checkpoint's state (older checkpoints: full HF weights)."""
+    return state.get("weights") or {"format": "hf", "lora": None, "base": None}
+
+
+def check_resumable(record: dict[str, Any], cfg: Any, ckpt: Path, base_path: str) -> None:
+    """A clear error when this run cannot load ``ckpt``'s weights: another strategy's format, other
+    LoRA settings, or an adapter trained on another base model."""
+    from agentrl import lora
+
+    fmt = "dcp" if cfg.trainer.strategy == "fsdp2" else "hf"
+    if record["format"] != fmt:
+        written = "fsdp2" if record["format"] == "dcp" else "ddp"
+        raise ConfigError(
+            f"{ckpt} was written with trainer.strategy={written} ({record['format']} weights) but this run "
+            f"has trainer.strategy={cfg.trainer.strategy}: resume with trainer.strategy={written} (any "
+            f"number of ranks), or `agentrl export` it and start a new run from the export"
+        )
+    now = lora.settings_dict(cfg.model.lora) if lora.enabled(cfg) else None
+    if record["lora"] != now:
+        raise ConfigError(
+            f"{ckpt} holds {'a LoRA adapter ' + str(record['lora']) if record['lora'] else 'full weights'} "
+            f"but this run has model.lora={now}: resume with the settings it was written with"
+        )
+    if record["lora"]:
+        lora.check_identity(record["base"], base_path, str(ckpt))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -118,6 +226,14 @@ def truncate_to(path: Path, length: int) -> int:
             f.flush()
             os.fsync(f.fileno())
     return max(extra, 0)
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in sorted(path.rglob("*")):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(path)
 
 
 def _fsync_dir(path: Path) -> None:

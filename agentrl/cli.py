@@ -68,8 +68,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl import build, components
-    from agentrl.checkpoint import latest_checkpoint
+    from agentrl.checkpoint import STATE_FILE, latest_checkpoint
     from agentrl.evaluation import evaluate
+    from agentrl.export import checkpoint_model
 
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
     newest = latest_checkpoint(run_dir) if run_dir and not args.checkpoint else None
@@ -80,7 +81,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if run_dir:
             print(f"{run_dir} has no checkpoint yet: evaluating the policy it starts from", file=sys.stderr)
     print(f"evaluating {path}", file=sys.stderr)
-    model, tokenizer = components.load_model(cfg, path)
+    if (Path(path) / STATE_FILE).exists():  # a checkpoint of any format (adapters merged, shards joined)
+        model, tokenizer = checkpoint_model(Path(path), cfg.model.dtype)
+        model = model.to(components.device_of(cfg))
+    else:
+        model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
     tasks = components.load_tasks(cfg, cfg.eval.split)
     if cfg.eval.num_tasks:
@@ -97,6 +102,23 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(json.dumps(metrics, indent=2))
     print(f"written to {out}")
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from agentrl.export import export
+
+    ckpt = export(args.run, args.out, step=args.step, dtype=args.dtype)
+    print(f"exported {ckpt} -> {args.out} (HF format, {args.dtype})")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    from agentrl.plan import plan, render
+
+    p = plan(cfg, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, nodes=args.nodes)
+    print(render(p))
+    return 0 if p.fits else 1
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
@@ -256,6 +278,25 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--split", default="train", choices=["train", "test"])
     sp.add_argument("-o", "--output", help="JSONL file (default: RUN_DIR/rollouts.jsonl)")
     sp.set_defaults(fn=cmd_rollout)
+    sp = sub.add_parser(
+        "export",
+        help="write a checkpoint (any format: HF, LoRA adapter, FSDP2 shards) as a plain HF model directory",
+    )
+    sp.add_argument(
+        "run", help="a run directory (its newest checkpoint, or --step) or a checkpoint directory"
+    )
+    sp.add_argument("out", help="where to write the model (config.json, model.safetensors, tokenizer)")
+    sp.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest)")
+    sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    sp.set_defaults(fn=cmd_export)
+    sp = with_config(
+        "plan",
+        "per-GPU memory of a config (weights, gradients, optimizer, activations, engine, KV cache) and whether it fits",
+    )
+    sp.add_argument("--gpus", type=int, default=1, help="GPUs per node (default 1)")
+    sp.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    sp.add_argument("--gpu-memory", type=float, default=80.0, help="memory per GPU in GiB (default 80)")
+    sp.set_defaults(fn=cmd_plan)
     sp = sub.add_parser("study", help="run the entropy-stability study and write its report")
     sp.add_argument("config", help="study config (configs/study.yaml)")
     sp.add_argument("overrides", nargs="*", help="dotted overrides of the study config, e.g. steps=10")

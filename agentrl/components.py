@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import os
 from collections.abc import Callable
 from typing import Any
 
@@ -20,15 +21,20 @@ from agentrl.data import load_tasks_from_source
 from agentrl.engines.base import Engine, SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Environment, Task, import_environment_module, make_env, registered
-from agentrl.models import load_policy
+from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.runner import Budgets, EpisodeRunner
+from agentrl.tokenizer import load_tokenizer
 from sandboxes import SandboxSpec
 
 
-def device_of(cfg: Config) -> str:
-    if cfg.run.device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return cfg.run.device
+def device_of(cfg: Config) -> torch.device:
+    """The run's device; on CUDA under torchrun, the GPU of this rank (``LOCAL_RANK``)."""
+    kind = cfg.run.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(kind)
 
 
 def sandbox_spec(cfg: Config) -> SandboxSpec:
@@ -89,19 +95,45 @@ def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
     )
 
 
-def load_model(cfg: Config, path: str) -> tuple[torch.nn.Module, Any]:
-    """The policy at ``path`` and its tokenizer, in ``model.dtype`` on the run's device."""
+def load_model(
+    cfg: Config, path: str, device: torch.device | str | None = None, dtype: str | None = None
+) -> tuple[torch.nn.Module, Any]:
+    """The policy at ``path`` and its tokenizer, in ``dtype`` (default ``model.dtype``) on ``device``
+    (default the run's). ``device="meta"``: the architecture only, parameters on the meta device
+    (no memory, nothing read but the config; ``sharding.materialize`` fills them), buffers real."""
     extra = {"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}
+    dtype = dtype or cfg.model.dtype
+    if str(device) == "meta":
+        return meta_model(path, dtype, **extra), load_tokenizer(
+            resolve_model_path(cfg.model.tokenizer or path)
+        )
     return load_policy(
-        path, dtype=cfg.model.dtype, device=device_of(cfg), tokenizer=cfg.model.tokenizer, **extra
+        path, dtype=dtype, device=str(device or device_of(cfg)), tokenizer=cfg.model.tokenizer, **extra
     )
 
 
-def local_engine(cfg: Config, model: torch.nn.Module, tokenizer: Any, path: str) -> Engine:
-    """A generation engine in this process. The HF engine gets its own copy of the weights, synced
+def meta_model(path: str, dtype: str, **kwargs: Any) -> torch.nn.Module:
+    """The model at ``path`` built from its config.json with parameters on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentrl.sharding import meta_parameters
+
+    config = AutoConfig.from_pretrained(resolve_model_path(path), **kwargs)
+    with meta_parameters():
+        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+
+
+def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, path: str) -> Engine:
+    """A generation engine in this process, in ``rollout.dtype``. The HF engine gets its own copy of
+    the weights (of ``model``, or read from ``path`` when the trainer's model is sharded), synced
     after each update through ``load_weights`` exactly like vLLM's, so both paths behave the same."""
     if cfg.rollout.engine == "hf":
-        engine_model = copy.deepcopy(model).eval()
+        dtype = cfg.rollout.dtype or cfg.model.dtype
+        if model is None:
+            engine_model = load_model(cfg, path, dtype=dtype)[0]
+        else:
+            engine_model = copy.deepcopy(model).to(torch_dtype(dtype))
+        engine_model.eval()
         for p in engine_model.parameters():
             p.requires_grad_(False)
         return HFEngine(engine_model, tokenizer=tokenizer, device=device_of(cfg))

@@ -34,6 +34,20 @@ class RunConfig:
 
 
 @dataclass
+class LoraConfig:
+    rank: int = knob(0, ge=0)
+    """LoRA adapter rank r; 0 = no LoRA (full fine-tuning). With r > 0 only the adapters train and enter the optimizer (peft); the engine samples with the merged weights."""
+    alpha: float = knob(16.0, gt=0)
+    """Scale numerator: the adapter's update is multiplied by alpha / rank."""
+    dropout: float = knob(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during training (0 keeps the trainer's log-probs equal to the engine's)."""
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
+    """Linear layers that get adapters, by the last part of their module name (Qwen2/Llama: attention and MLP projections); each must match a layer of the model, checked before any work."""
+
+
+@dataclass
 class ModelConfig:
     path: str = "tiny:h128-L8"
     """The policy: a local directory, a hub name, or ``tiny:<preset>`` for a tiny model built locally (e.g. ``tiny:h128-L8``)."""
@@ -47,6 +61,8 @@ class ModelConfig:
     """The frozen reference policy of the KL penalty (``algorithm.kl_coef`` > 0): a directory, hub name or ``tiny:PRESET``. None = the policy RL starts from (the warm start when ``sft.enabled``). Not loaded when ``kl_coef`` is 0."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass: less memory, ~30% more compute."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """Low-rank adapters instead of full fine-tuning (``rank`` > 0)."""
 
 
 @dataclass
@@ -97,6 +113,8 @@ class VLLMConfig:
 class RolloutConfig:
     engine: Literal["hf", "vllm"] = "hf"
     """Generation backend: ``hf`` = transformers in-process, ``vllm`` = vLLM (the ``vllm`` extra)."""
+    dtype: Literal["float32", "bfloat16"] | None = None
+    """The engine's weight dtype. None = ``model.dtype``; ``bfloat16`` with fp32 master weights (``trainer.bf16``) halves the engine's memory (vLLM on CPU always runs float32)."""
     group_size: int = knob(8, ge=1)
     """Episodes per task (G); advantages compare episodes within a group."""
     prompts_per_step: int = knob(16, ge=1)
@@ -182,6 +200,18 @@ class AlgorithmConfig(HasSections):
 
 
 @dataclass
+class FSDPConfig:
+    replicas: int = knob(1, ge=1)
+    """HSDP: split the ranks into this many groups (usually the number of nodes); parameters are sharded within a group and replicated across groups. 1 = plain FSDP over all ranks. Must divide the world size (checked before any work)."""
+    cpu_offload: bool = False
+    """Keep the parameter shards, gradients and optimizer states in host memory (FSDP2 ``CPUOffloadPolicy``); the optimizer step runs on the CPU. Less GPU memory, slower steps."""
+    grad_reduce: Literal["step", "micro_batch"] = "step"
+    """When gradients are reduce-scattered: ``step`` = once per optimizer step (between micro-batches each rank accumulates unsharded fp32 gradients, 4 bytes per trainable parameter); ``micro_batch`` = after every micro-batch (the accumulation stays sharded: less memory, more communication). The same update either way."""
+    reshard_after_forward: bool = True
+    """Free each decoder layer's gathered parameters after its forward and gather them again for the backward (ZeRO-3); False keeps them from forward to backward (ZeRO-2: one all-gather less per layer, more memory)."""
+
+
+@dataclass
 class TrainerConfig:
     total_steps: int = knob(200, ge=1)
     """Training steps (one step = one batch of rollouts and its updates)."""
@@ -201,12 +231,16 @@ class TrainerConfig:
     """Optimizer updates per step; the step's groups are split evenly between them."""
     epochs_per_step: int = knob(1, ge=1)
     """Passes over the step's batch."""
+    strategy: Literal["ddp", "fsdp2"] = "ddp"
+    """How the policy is spread over data-parallel ranks (torchrun): ``ddp`` = every rank holds the whole model, gradients and optimizer states; ``fsdp2`` = FSDP2 shards all three over the ranks (docs/scaling.md). One process: ``ddp`` is plain training, ``fsdp2`` shards over one rank (for CPU offload)."""
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    """FSDP2 settings (``strategy: fsdp2``)."""
     micro_batch_size: int = knob(8, ge=1)
     """Episodes per forward/backward; gradients accumulate up to a mini-batch (same result at any size)."""
     share_prefix: bool = True
-    """Run the prompt prefix a micro-batch shares (system prompt, tool schemas) once per forward instead of once per episode: same losses and gradients, less compute. Off under DDP and gradient checkpointing."""
+    """Run the prompt prefix a micro-batch shares (system prompt, tool schemas) once per forward instead of once per episode: same losses and gradients, less compute. Off in the gradient pass under DDP and gradient checkpointing, and in every pass under FSDP2."""
     bf16: bool = False
-    """bf16 autocast in forward/backward (faster from ~15M parameters up)."""
+    """bf16 compute in forward/backward (faster from ~15M parameters up): autocast with ``ddp``; FSDP2's mixed precision (bf16 parameters for compute, fp32 gradient reduction and master weights) with ``fsdp2``."""
     checkpoint_every: int = knob(0, ge=0)
     """Save a checkpoint every N steps; 0 = only at the end."""
     keep_checkpoints: int = knob(2, ge=1)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from agentrl import algorithms as alg
-from agentrl import build, components, ddp
+from agentrl import build, components, lora, ranks, sharding
 from agentrl import offpolicy as off
 from agentrl.algorithms.registry import weighting_name, weighting_settings
 from agentrl.batch import Batch, batch_forward, build_batch, token_metrics
@@ -44,28 +44,43 @@ class PolicyStats:
 
 
 class Learner:
-    """The policy's side of training. ``model`` is trained in place (the caller keeps a reference to
-    it for weight sync and checkpoints)."""
+    """The policy's side of training. ``model`` is the policy as loaded (on this rank's device, or
+    on the meta device for a rank that receives its shards from rank 0); the learner adds LoRA
+    (``model.lora``), wraps or shards it for ``strategy`` (``agentrl.sharding``) and trains it in
+    place: ``self.model`` is the result (a peft model with LoRA, FSDP2-sharded with ``fsdp2``)."""
 
     def __init__(
         self,
         cfg: Config,
         model: torch.nn.Module,
         pad_id: int,
-        rank: int = 0,
-        world: int = 1,
+        strategy: sharding.Strategy | None = None,
         log: Callable[[str], None] = print,
+        reference: torch.nn.Module | None = None,
     ) -> None:
-        self.cfg, self.model, self.pad_id, self.rank, self.world = cfg, model, pad_id, rank, world
-        self.device = next(model.parameters()).device  # every batch tensor follows the policy
+        self.cfg, self.pad_id = cfg, pad_id
+        self.strategy = strategy or sharding.Replicated(0, 1, next(model.parameters()).device)
+        self.rank, self.world = self.strategy.rank, self.strategy.world
+        self.device = self.strategy.device  # every batch tensor follows the policy
         self.step = 0
-        self.dp_model = ddp.wrap(model, world)  # the model itself on one process
-        # shared-prompt forward (agentrl.forward): one process only (DDP expects one forward per
-        # backward) and not with gradient checkpointing (which turns the KV cache off)
-        self.share_prefix = cfg.trainer.share_prefix and world == 1 and not cfg.model.gradient_checkpointing
+        self._broadcast = False  # set by _prepare: ranks > 0 get their shards from rank 0
+        self._rank0_state: dict[str, Any] | None = None
+        self.model = self._prepare(model, log)
+        self.train_module = self.strategy.prepare(self.model)  # DDP's wrapper, or the sharded model
+        if self._broadcast or sharding.on_meta(self.model):
+            sharding.materialize(self.model, self.device, self._rank0_state, broadcast=self._broadcast)
+        self._rank0_state = None
+        sharded = self.strategy.equal_forwards
+        # shared-prompt forward (agentrl.forward): a data-dependent number of forwards, so not where
+        # every forward is a collective (FSDP2); in the gradient pass, one process only (DDP expects
+        # one forward per backward) and not with gradient checkpointing (which turns the KV cache off)
+        self.share_prefix_nograd = cfg.trainer.share_prefix and not sharded
+        self.share_prefix = (
+            self.share_prefix_nograd and self.world == 1 and not cfg.model.gradient_checkpointing
+        )
         self.fuse_old_logprobs = True  # see policy_stats(); tests turn it off to compare both paths
         t = cfg.trainer
-        trainable = [p for p in model.parameters() if p.requires_grad]
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             trainable,
             lr=t.lr,
@@ -75,19 +90,46 @@ class Learner:
             # loop torch picks by default on CPU)
             fused=all(p.is_floating_point() for p in trainable) or None,
         )
-        self.ref_model = self._reference_model(log) if cfg.algorithm.kl_coef > 0 else None
+        # the KL penalty's frozen reference: with LoRA and no model.ref_path, the base model itself
+        # (the policy with its adapters off)
+        self.ref_is_base = cfg.algorithm.kl_coef > 0 and lora.enabled(cfg) and not cfg.model.ref_path
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0 and not self.ref_is_base:
+            self.ref_model = reference if reference is not None else self._reference_model(log)
         self.weighting = weighting_name(cfg)
         self.weighting_state: Any = None
+
+    def _prepare(self, model: torch.nn.Module, log: Callable[[str], None]) -> torch.nn.Module:
+        """Gradient checkpointing and LoRA on the loaded policy, before it is wrapped or sharded.
+        Rank 0's full weights are kept aside for the ranks that start on the meta device."""
+        cfg = self.cfg
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+        if lora.enabled(cfg):
+            model = lora.apply(model, cfg.model.lora, cfg.run.seed)
+            log(lora.describe(model))
+        # ranks > 0 of a sharded run start on meta and get rank 0's weights; a run whose every rank
+        # starts on meta (a DCP checkpoint will fill it) broadcasts nothing
+        sharded = self.strategy.equal_forwards and self.world > 1
+        self._broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
+        self._rank0_state = model.state_dict() if self._broadcast and self.rank == 0 else None
+        return model
 
     def _reference_model(self, log: Callable[[str], None]) -> torch.nn.Module:
         """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL
         started from (the warm start; on a resume too, never the checkpoint). It costs one more copy
-        of the weights in ``model.dtype`` (no gradients, no optimizer state) and one forward per step."""
+        of the weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state)
+        and one forward per step."""
         path = self.cfg.model.ref_path or build.policy_path(self.cfg, log=log)
-        ref, _ = components.load_model(self.cfg, path)
+        meta = self.strategy.equal_forwards and self.rank > 0
+        ref, _ = components.load_model(self.cfg, path, device="meta" if meta else self.device)
         ref.eval()
         for p in ref.parameters():
             p.requires_grad_(False)
+        full = ref.state_dict() if self.strategy.equal_forwards and self.rank == 0 else None
+        ref = self.strategy.prepare_frozen(ref)
+        if self.strategy.equal_forwards and self.world > 1:
+            sharding.materialize(ref, self.device, full)
         log(f"KL reference policy: {path}")
         return ref
 
@@ -125,8 +167,7 @@ class Learner:
         out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
         out.update(token_metrics(stats.logp, stats.entropy, batch))
         if self.cfg.logging.transcripts:
-            with torch.no_grad():
-                logp_new, _ = self._forward(self.model, batch)
+            logp_new, _ = self._no_grad_pass(self.model, batch)
             attach_overlays(batch, stats.logp, logp_new, stats.entropy, tw, clip_status)
         return out
 
@@ -146,16 +187,18 @@ class Learner:
         )
         if pending:
             return PolicyStats(torch.zeros_like(batch.mask), torch.zeros_like(batch.mask), pending=True)
-        with torch.no_grad():
-            logp, entropy = self._forward(self.model, batch)  # [B, T] each
+        logp, entropy = self._no_grad_pass(self.model, batch)  # [B, T] each
         return PolicyStats(logp, entropy)
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
-        """The frozen reference policy's log-probs [B, T] (None without a KL penalty)."""
+        """The frozen reference policy's log-probs [B, T] (None without a KL penalty). With LoRA and
+        no ``model.ref_path`` the reference is the base model: the policy with its adapters off."""
+        if self.ref_is_base:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                return self._no_grad_pass(self.model, batch)[0]
         if self.ref_model is None:
             return None
-        with torch.no_grad():
-            return self._forward(self.ref_model, batch)[0]
+        return self._no_grad_pass(self.ref_model, batch)[0]
 
     def advantages(
         self, batch: Batch, stats: PolicyStats, ref: torch.Tensor | None
@@ -185,7 +228,8 @@ class Learner:
         step = alg.StepContext(
             seed=mix_seed(self.cfg.run.seed, self.step, 29),  # a fresh draw every step, the same on resume
             row_groups=[
-                g.tolist() for g in ddp.micro_batches(plan[0], self.cfg.trainer.micro_batch_size, self.world)
+                g.tolist()
+                for g in ranks.micro_batches(plan[0], self.cfg.trainer.micro_batch_size, self.world)
             ],
             state=self.weighting_state,
         )
@@ -216,28 +260,33 @@ class Learner:
         parts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         grad_norms = []
         for minis in plan:
+            clip_status.zero_()  # the last epoch's status is the one shown
             for mini in minis:
                 norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
                 self.optimizer.zero_grad(set_to_none=True)
-                rows, scale = ddp.local_rows(mini, self.rank, self.world)  # this rank's rows, loss × W
-                micros = rows.split(t.micro_batch_size)
-                for i, micro in enumerate(micros):
-                    ddp.set_sync(self.dp_model, last=i == len(micros) - 1)  # all-reduce once
-                    result = self.micro_step(batch, micro, stats, ref, tw, tis, norm)
-                    (result.loss * scale).backward()
-                    clip_status[micro, : result.clip_status.shape[1]] = result.clip_status
+                micros = self._micro_batches(mini)  # this rank's rows, loss × W (the reductions average)
+                for i, m in enumerate(micros):
+                    self.strategy.set_sync(self.train_module, last=i == len(micros) - 1)  # reduce once
+                    result = self.micro_step(batch, m.rows, stats, ref, tw, tis, norm, dummy=m.dummy)
+                    (result.loss * m.scale).backward()
+                    if m.dummy:
+                        continue
+                    clip_status[m.rows, : result.clip_status.shape[1]] = result.clip_status
                     for k, v in result.stats.items():
                         parts[k].append((v, result.stats["n_tokens"]))
                 if t.grad_clip:
-                    grad_norms.append(
-                        float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), t.grad_clip))
-                    )
+                    grad_norms.append(self.strategy.clip_grad_norm(self.model, t.grad_clip))
                 self._set_lr()
                 self.optimizer.step()
+        if self.world > 1:  # every rank trained its own rows: share what the metrics and overlays read
+            clip_status = ranks.sum_over_ranks(clip_status)  # each row written by one rank
+            parts = ranks.merge_lists(parts)
+            if stats.pending:  # one mini-batch of all rows: each rank filled its own shard
+                stats.logp, stats.entropy = self._gather_own(stats.logp, stats.entropy)
         out = {f"loss/{k}": _weighted(v) for k, v in parts.items() if k != "n_tokens"}
-        if tis is not None and (m := (batch.mask > 0) & batch.has_engine_logp).any():
-            out["offpolicy/tis_mean"] = float(tis[m].mean())
-            out["offpolicy/tis_capped_frac"] = float((tis[m] >= a.is_cap).float().mean())
+        if tis is not None and (has := (batch.mask > 0) & batch.has_engine_logp).any():
+            out["offpolicy/tis_mean"] = float(tis[has].mean())
+            out["offpolicy/tis_capped_frac"] = float((tis[has] >= a.is_cap).float().mean())
         if grad_norms:
             out["grad/norm"] = float(np.mean(grad_norms))
         return out, clip_status
@@ -251,14 +300,17 @@ class Learner:
         tw: alg.TokenWeights,
         tis: torch.Tensor | None,
         normaliser: float,
+        dummy: bool = False,
     ) -> alg.PolicyLoss:
-        """The loss of rows ``micro`` (their forward with gradient; the caller runs the backward)."""
+        """The loss of rows ``micro`` (their forward with gradient; the caller runs the backward).
+        ``dummy``: a micro-batch that only keeps the ranks' collectives in step (scale 0): nothing is
+        recorded and no statistic is computed."""
         a = self.cfg.algorithm
         assert a.loss_agg is not None and a.clip_low is not None and a.clip_high is not None
         sub, part = batch.rows(micro), tw.rows(micro)  # trimmed to the micro-batch's longest episode
         w = sub.mask.shape[1]
-        logp, ent = self._forward(self.dp_model, sub, grad=True)
-        if stats.pending:  # one on-policy pass: these are π_old's values (see policy_stats)
+        logp, ent = self._forward(self.train_module, sub, grad=True)
+        if stats.pending and not dummy:  # one on-policy pass: these are π_old's values (see policy_stats)
             stats.logp[micro, :w], stats.entropy[micro, :w] = logp.detach(), ent.detach()
         weights = part.weights[:, :w] if tis is None else part.weights[:, :w] * tis[micro, :w]
         return alg.policy_loss(
@@ -279,6 +331,7 @@ class Learner:
             kl_estimator=a.kl_estimator,
             entropy=ent if a.entropy_coef else None,
             entropy_coef=a.entropy_coef,
+            stats=not dummy,
         )
 
     def _forward(
@@ -293,9 +346,52 @@ class Learner:
             size,
             self.cfg.rollout.temperature,
             grad=grad,
-            bf16=t.bf16,
-            share_prefix=self.share_prefix,
+            bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
+            share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
         )
+
+    def _no_grad_pass(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [B, T] of the whole batch with no gradient. Under W ranks each
+        computes only its own rows (``ranks.shard_rows``), in micro-batches (as many on every rank
+        under FSDP2), and every rank gets the whole batch's values."""
+        if self.world == 1:
+            with torch.no_grad():
+                return self._forward(model, batch)
+        own = ranks.shard_rows(batch.size, self.rank, self.world)
+        logp = torch.zeros((max(len(own), 1), batch.mask.shape[1]), device=batch.device)
+        ent = torch.zeros_like(logp)
+        with torch.no_grad():
+            for m in self._micro_batches(own, n_rows=batch.size):
+                lp, h = self._forward(model, batch.rows(m.rows))  # [b, w] each
+                if not m.dummy:
+                    at = m.rows - own[0]  # positions within this rank's contiguous share
+                    logp[at, : lp.shape[1]], ent[at, : h.shape[1]] = lp, h
+        return ranks.gather_rows(torch.stack([logp, ent], 1), batch.size, self.rank, self.world).unbind(1)  # type: ignore[return-value]
+
+    def _gather_own(self, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole batch's [B, T] values from each rank's own rows of ``logp`` and ``ent``."""
+        own = ranks.shard_rows(logp.shape[0], self.rank, self.world)
+        both = torch.stack([logp[own], ent[own]], 1)  # [b, 2, T]
+        return ranks.gather_rows(both, logp.shape[0], self.rank, self.world).unbind(1)  # type: ignore[return-value]
+
+    def _micro_batches(self, rows: torch.Tensor, n_rows: int | None = None) -> list[sharding.Micro]:
+        """This rank's micro-batches of ``rows``: its share (``ranks.local_rows``; all of them on one
+        process) split by ``micro_batch_size``, each with its loss scale. Where every forward is a
+        collective (FSDP2), padded with dummies to the count of the rank with the most rows.
+        ``n_rows``: ``rows`` is already this rank's share of that many rows."""
+        mb = self.cfg.trainer.micro_batch_size
+        if n_rows is None:
+            mine, scale = ranks.local_rows(rows, self.rank, self.world)
+            total = len(rows)
+        else:
+            mine, scale, total = rows, float(self.world), n_rows
+        if not len(mine):
+            mine, scale = torch.zeros(1, dtype=torch.long), 0.0
+        micros = [sharding.Micro(part, scale) for part in mine.split(mb)]
+        if self.strategy.equal_forwards:
+            pad = ranks.micro_counts(total, mb, self.world) - len(micros)
+            micros += [sharding.Micro(mine[:1], 0.0)] * pad
+        return micros
 
     def _update_plan(self, batch_size: int) -> list[list[torch.Tensor]]:
         """The rows of each optimizer step, per epoch: one mini-batch of all rows, or
@@ -320,19 +416,30 @@ class Learner:
         for g in self.optimizer.param_groups:
             g["lr"] = t.lr * scale
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- weights for the engine, state for checkpoints ----------------------------------------
+    def engine_weights(self) -> dict[str, torch.Tensor]:
+        """What the engine needs after an update, whole (a collective under FSDP2): with LoRA the
+        merged weights of the adapted layers (nothing else changed), else every parameter."""
+        if lora.enabled(self.cfg):
+            return dict(lora.merged_weights(self.model))
+        return dict(self.strategy.full_parameters(self.model))
+
     def state_dict(self) -> dict[str, Any]:
-        """The optimizer and the weighting's state (the model is saved by the caller)."""
+        """The weighting's state and, when the model is not sharded, the optimizer's (a sharded
+        optimizer is saved with the model's shards: ``checkpoint.save_weights``)."""
         state = self.weighting_state
-        return {
-            "optimizer": self.optimizer.state_dict(),
+        out = {
             "weighting": self.weighting,
             "weighting_state": state.to_dict() if hasattr(state, "to_dict") else state,
         }
+        if not self.strategy.equal_forwards:
+            out["optimizer"] = self.optimizer.state_dict()
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore ``state_dict``'s output; the weighting's state through its record's state class."""
-        self.optimizer.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
         record = alg.WEIGHTINGS[self.weighting]
         saved = state.get("weighting_state")
         if saved is not None and record.state is not None and state.get("weighting") == self.weighting:

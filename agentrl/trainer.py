@@ -33,19 +33,24 @@ from typing import Any
 import torch
 
 from agentrl import algorithms as alg
-from agentrl import build, components, ddp
+from agentrl import build, components, lora, ranks, sharding
 from agentrl import offpolicy as off
 from agentrl.checkpoint import (
+    begin,
+    check_resumable,
+    commit,
     existing_run,
     latest_checkpoint,
     load_state,
+    load_weights,
     move_aside,
     rank_state,
     refuse_existing_run,
-    save_checkpoint,
+    save_weights,
     saved_rank_state,
     set_rng_state,
     truncate_to,
+    weights_record,
 )
 from agentrl.config import Config, config_to_dict, save_config
 from agentrl.data import TaskSampler
@@ -83,7 +88,12 @@ class Trainer:
 
     def __init__(self, cfg: Config, log=print, overwrite: bool = False) -> None:
         self.cfg, self.log = cfg, log
-        self.rank, self.world = ddp.init_from_env()  # data-parallel ranks under torchrun (ddp.py)
+        self.rank, self.world = ranks.init_from_env()  # data-parallel ranks under torchrun (ranks.py)
+        self.device = components.device_of(cfg)
+        # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
+        self.strategy = sharding.make_strategy(cfg, self.rank, self.world, self.device)
+        if lora.enabled(cfg):  # target modules that match nothing fail before any work, too
+            lora.check_targets(components.meta_model(cfg.model.path, cfg.model.dtype), cfg.model.lora)
         self.root_dir = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")  # rank 0's; checkpoints
         self._claim_run_dir(overwrite)
         # other ranks keep their own copy of the run's files
@@ -95,13 +105,23 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.start_step = self.step = 0
         ckpt, state = self._resume_point() if cfg.run.resume else (None, None)
-        path = str(ckpt) if ckpt else build.policy_path(cfg, log=log)
-        self.model, self.tokenizer = components.load_model(cfg, path)
-        self.model.train()
-        if cfg.model.gradient_checkpointing:
-            self.model.gradient_checkpointing_enable()  # type: ignore[operator]
-        self.learner = Learner(cfg, self.model, self.tokenizer.pad_token_id or 0, self.rank, self.world, log)
-        self.engine = build.build_engine(cfg, self.model, self.tokenizer, path)
+        self.base_path = build.policy_path(cfg, log=log)  # the model RL starts from
+        record = weights_record(state) if state else None
+        if ckpt and record:
+            check_resumable(record, cfg, ckpt, self.base_path)
+        # full HF weights load from the checkpoint; LoRA and DCP checkpoints fill a model built from the base
+        path = str(ckpt) if record and record["format"] == "hf" and not record["lora"] else self.base_path
+        sharded = self.strategy.equal_forwards
+        # sharded: rank 0 reads the weights into host memory and the other ranks get their shards
+        # from it; when a full DCP checkpoint will fill every shard, no rank reads them
+        dcp_full = record is not None and record["format"] == "dcp" and not record["lora"]
+        device = ("meta" if self.rank > 0 or dcp_full else "cpu") if sharded else None
+        model, self.tokenizer = components.load_model(cfg, path, device=device)
+        model.train()
+        # the engine's copy of the weights, before LoRA and sharding change the model
+        self.engine = build.build_engine(cfg, None if sharded else model, self.tokenizer, path)
+        self.learner = Learner(cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log)
+        self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
         self.train_tasks = components.load_tasks(cfg, "train")
         self.sampler = TaskSampler(self.train_tasks, cfg.run.seed)
         self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
@@ -123,7 +143,7 @@ class Trainer:
             return
         if overwrite and self.rank == 0 and existing_run(self.root_dir):
             self.log(f"--overwrite: moved the previous run to {move_aside(self.root_dir)}")
-        ddp.broadcast_from_rank0(None)  # every rank waits for the move
+        ranks.broadcast_from_rank0(None)  # every rank waits for the move
         refuse_existing_run(self.root_dir)
 
     # -- the loop ----------------------------------------------------------------------------
@@ -158,14 +178,14 @@ class Trainer:
                 progress.update(step, out.metrics, failure=str(out.failure) if out.failure else None)
                 elapsed = (time.perf_counter() - t_start) / 60
                 # rank 0's clock decides, so every rank stops after the same step
-                if cfg.trainer.max_wall_minutes and ddp.broadcast_from_rank0(
+                if cfg.trainer.max_wall_minutes and ranks.broadcast_from_rank0(
                     elapsed > cfg.trainer.max_wall_minutes
                 ):
                     self.log(
                         f"stopping: trainer.max_wall_minutes={cfg.trainer.max_wall_minutes} reached after step {step}"
                     )
                     break
-                if ddp.any_rank(self.stop_requested):  # a signal on any rank stops every rank here
+                if ranks.any_rank(self.stop_requested):  # a signal on any rank stops every rank here
                     self.stop_requested = True
                     self.log(f"stopping on a signal after step {step}, with a checkpoint")
                     break
@@ -212,7 +232,7 @@ class Trainer:
         if kept:
             batch = self.learner.make_batch(kept)  # tensors
             metrics.update(self.learner.update(batch, step))  # π_old, advantages, weights, optimizer steps
-            self.engine.load_weights(self.model.state_dict())  # push the new weights
+            self.engine.load_weights(self.learner.engine_weights())  # push the new weights
         else:
             metrics["update/skipped"] = 1.0
         metrics.update(
@@ -261,7 +281,7 @@ class Trainer:
                 for j in range(cfg.rollout.group_size)
             ]
             try:
-                eps = ddp.gather_episodes(runner.run, requests)  # each rank runs its share
+                eps = ranks.gather_episodes(runner.run, requests)  # each rank runs its share
             finally:
                 runner.close()
             all_eps += eps
@@ -316,27 +336,28 @@ class Trainer:
         return evaluate(self.cfg, self.engine, self.tokenizer, tasks)[0]
 
     def checkpoint(self, step: int) -> Path:
-        """Every rank calls this. Rank 0 writes the checkpoint (weights, optimizer, sampler, algorithm
-        state: the same on every rank) with each rank's own RNG states and JSONL lengths gathered into
-        it, so the one atomic rename of ``save_checkpoint`` completes all ranks' parts together."""
-        parts = ddp.gather_to_rank0(rank_state(self.run_dir))
+        """Every rank calls this. Each writes its part of the weights (all of them on rank 0 unless
+        sharded) into one temporary directory; rank 0 adds the state (sampler, algorithm state, every
+        rank's RNG states and JSONL lengths gathered) and renames it complete (``checkpoint.commit``)."""
+        parts = ranks.gather_to_rank0(rank_state(self.run_dir))
+        tmp = begin(self.root_dir, step, self.rank)
+        record = save_weights(tmp, self.learner, self.base_path)
         if self.rank:
             return self.root_dir / "checkpoints" / f"step_{step}"
         state = {
-            **self.learner.state_dict(),  # optimizer, the weighting's state
+            **self.learner.state_dict(),  # the weighting's state (and the optimizer's, unless sharded)
             "sampler": self.sampler.state(),
             "engine_version": int(self.engine.version),
             "ranks": parts,
+            "weights": record,
         }
-        return save_checkpoint(
-            self.root_dir, step, self.model, self.tokenizer, state, keep=self.cfg.trainer.keep_checkpoints
-        )
+        return commit(self.root_dir, tmp, step, self.tokenizer, state, keep=self.cfg.trainer.keep_checkpoints)
 
     def _resume_point(self) -> tuple[Path | None, dict[str, Any] | None]:
         """Rank 0's newest complete checkpoint and its state: rank 0 picks it for every rank. Without
         one the run starts over: lines a killed first attempt wrote before any checkpoint are cut, so
         no step is written twice."""
-        ckpt = ddp.broadcast_from_rank0(latest_checkpoint(self.root_dir) if self.rank == 0 else None)
+        ckpt = ranks.broadcast_from_rank0(latest_checkpoint(self.root_dir) if self.rank == 0 else None)
         if ckpt is None:
             cut = sum(truncate_to(self.run_dir / f, 0) for f in ("metrics.jsonl", "transcripts.jsonl"))
             if cut:
@@ -344,26 +365,37 @@ class Trainer:
                     f"no checkpoint in {self.root_dir}: starting over (dropped {cut} bytes written before one)"
                 )
             return None, None
-        state = load_state(ckpt)  # every rank reads rank 0's directory (one node or a shared filesystem)
-        saved_rank_state(state, self.rank, self.world, ckpt)  # another world size: fail before loading
-        return ckpt, state
+        return ckpt, load_state(ckpt)  # every rank reads rank 0's directory (one node or a shared filesystem)
 
     def _resume(self, ckpt: Path, state: dict[str, Any]) -> None:
-        own = saved_rank_state(state, self.rank, self.world, ckpt)  # this rank's RNG and file lengths
         self.start_step = int(state["step"])
+        load_weights(ckpt, self.learner, weights_record(state))  # DCP reshards to this run's ranks
         self.learner.load_state_dict(state)
         self.sampler.load(state["sampler"])
-        self.engine.load_weights(self.model.state_dict())
+        weights = self.learner.engine_weights()
+        self.engine.load_weights(weights)
         while int(self.engine.version) < state["engine_version"]:
-            self.engine.load_weights(self.model.state_dict())  # keep version numbers continuous
+            self.engine.load_weights({})  # keep version numbers continuous
+        own = saved_rank_state(state, self.rank, self.world)  # this rank's RNG and file lengths
+        if own is None:  # a resume on more ranks than saved it: this rank starts its streams afresh
+            own = {"metrics_bytes": 0, "transcripts_bytes": 0, "rng": None}
+            seed_everything(mix_seed(self.cfg.run.seed, self.start_step, 1000 + self.rank))
         cut_m = truncate_to(self.run_dir / "metrics.jsonl", own["metrics_bytes"])
         cut_t = truncate_to(self.run_dir / "transcripts.jsonl", own["transcripts_bytes"])
-        set_rng_state(own["rng"])
+        if own["rng"] is not None:
+            set_rng_state(own["rng"])
+        saved_world = len(state.get("ranks") or [state])
         self.log(
             f"resumed from {ckpt} at step {self.start_step}"
             + (
                 f" (dropped {cut_m} + {cut_t} bytes of metrics/transcripts written after it)"
                 if cut_m or cut_t
+                else ""
+            )
+            + (
+                f"; written by {saved_world} rank(s), resumed on {self.world}: weights and optimizer "
+                "resharded, ranks without a saved part start fresh RNG streams"
+                if saved_world != self.world
                 else ""
             )
         )

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agentrl import algorithms as alg
-from agentrl import ddp
+from agentrl import ranks
 from agentrl.learner import Learner
 from agentrl.models import load_policy
 from tests.test_trainer import small_config
@@ -35,7 +35,7 @@ def _meta_learner(tmp_path, tiny_model_dir, *extra: str) -> Learner:
 
 def test_the_learner_computes_on_the_policy_device(tmp_path, tiny_model_dir):
     learner = _meta_learner(tmp_path, tiny_model_dir, "algorithm.name=stare", "algorithm.kl_coef=0.1")
-    episodes = ddp.synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
+    episodes = ranks.synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
     batch = learner.make_batch(episodes)
     assert {t.device.type for t in (batch.ids, batch.mask, batch.engine_logp, batch.advantages)} == {"meta"}
     assert batch.lengths.device.type == "cpu"  # host-side: trimming reads them
@@ -47,7 +47,7 @@ def test_the_learner_computes_on_the_policy_device(tmp_path, tiny_model_dir):
     rows = torch.arange(batch.size)
     sub = batch.rows(rows)
     w = sub.mask.shape[1]
-    logp, ent = learner._forward(learner.dp_model, sub, grad=True)  # the gradient pass
+    logp, ent = learner._forward(learner.train_module, sub, grad=True)  # the gradient pass
     loss = alg.policy_loss(
         logp, stats.logp[:, :w], sub.advantages, sub.mask, normaliser=1.0, logp_ref=ref[:, :w],
         kl_coef=0.1, entropy=ent, entropy_coef=0.01, stats=False,
@@ -62,7 +62,7 @@ def test_a_stray_cpu_tensor_fails_on_meta(tmp_path, tiny_model_dir):
     above would catch a tensor that does not follow the model. (Meta's embedding kernel accepts CPU
     token ids, so a stray ``ids`` tensor is caught only on a GPU.)"""
     learner = _meta_learner(tmp_path, tiny_model_dir)
-    episodes = ddp.synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
+    episodes = ranks.synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
     batch = learner.make_batch(episodes)
     logp, _ = learner._forward(learner.model, batch, grad=True)
     with pytest.raises(RuntimeError, match="device"):

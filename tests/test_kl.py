@@ -49,7 +49,9 @@ def test_estimators_and_the_loss_by_hand():
 def test_no_reference_model_without_a_penalty(tmp_path, tiny_model_dir, monkeypatch):
     loads = []
     real = components.load_model
-    monkeypatch.setattr(components, "load_model", lambda cfg, path: loads.append(path) or real(cfg, path))
+    monkeypatch.setattr(
+        components, "load_model", lambda cfg, path, **kw: loads.append(path) or real(cfg, path, **kw)
+    )
     trainer = Trainer(small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo"), log=lambda *_: None)
     assert trainer.learner.ref_model is None and loads == [str(tiny_model_dir)]  # the policy only
     with_kl = Trainer(

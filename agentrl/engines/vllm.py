@@ -103,7 +103,7 @@ class VLLMEngine:
         device = "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
         return cls(
             path,
-            dtype=cfg.model.dtype if device == "cuda" else "float32",
+            dtype=(cfg.rollout.dtype or cfg.model.dtype) if device == "cuda" else "float32",
             device=device,
             seed=cfg.run.seed,
             gpu_memory_utilization=v.gpu_memory_utilization,

@@ -1,0 +1,186 @@
+"""The data-parallel ranks: joining torchrun's process group, each rank's share of the rows, and the
+few collectives the trainer needs (episodes, statistics, decisions). The model's layout over the
+ranks, replicated (DDP) or sharded (FSDP2), is ``agentrl.sharding``.
+
+Why splitting rows is exact: the trainer's loss is a sum over micro-batches of a numerator divided by
+a normaliser computed once on the whole batch (``alg.loss_normaliser``), so the loss over the batch
+is the sum of the losses over any partition of its rows. Rank r of W computes that loss on its share
+of rows; DDP and FSDP2 average the ranks' gradients, so each rank scales its loss by W and the result
+is the single-process gradient of the whole batch (up to float summation order).
+
+Every rank holds the whole batch's π_old statistics and token weights (they are batch statistics:
+``gather_rows`` assembles them from each rank's own rows), then trains on its rows only. Launch
+with torchrun (or Ray's TorchTrainer, which sets the same environment variables).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from agentrl.batch import Batch, build_batch
+from agentrl.episode import Episode, Segment
+
+
+def backend_for() -> str:
+    """gloo for CPU tensors and, when CUDA is present, NCCL for CUDA ones (one group serves both:
+    CPU offload and object collectives use gloo, GPU tensors NCCL)."""
+    return "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+
+
+def init_from_env(backend: str | None = None) -> tuple[int, int]:
+    """Join the process group torchrun describes in the environment; (rank, world size). Without
+    torchrun's variables this is a single process: (0, 1). With CUDA each rank takes the GPU of its
+    ``LOCAL_RANK``."""
+    if "RANK" not in os.environ:
+        return 0, 1
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    if not dist.is_initialized():
+        dist.init_process_group(backend or backend_for())
+    return dist.get_rank(), dist.get_world_size()
+
+
+def shard_rows(n: int, rank: int, world: int) -> Tensor:
+    """This rank's contiguous share of ``n`` rows (sizes differ by at most one)."""
+    return torch.arange(rank * n // world, (rank + 1) * n // world)
+
+
+def local_rows(rows: Tensor, rank: int, world: int) -> tuple[Tensor, float]:
+    """This rank's rows of a mini-batch and the scale of its loss (W, the inverse of DDP's mean).
+
+    A rank left without rows (a mini-batch smaller than the world) still takes part in the gradient
+    all-reduce: it runs its first row with scale 0."""
+    if world <= 1:
+        return rows, 1.0
+    mine = rows[shard_rows(len(rows), rank, world)]
+    return (mine, float(world)) if len(mine) else (rows[:1], 0.0)
+
+
+def micro_counts(n: int, micro_batch_size: int, world: int) -> int:
+    """The most micro-batches any rank runs for ``n`` rows: ranks with fewer pad to it when every
+    forward is a collective (FSDP2)."""
+    return max(math.ceil(len(shard_rows(n, r, world)) / micro_batch_size) for r in range(world)) or 1
+
+
+def gather_rows(own: Tensor, n: int, rank: int, world: int) -> Tensor:
+    """The [n, ...] tensor whose rows ``shard_rows(n, r, world)`` are rank r's ``own`` (collective;
+    ``own`` has this rank's rows first, then anything)."""
+    if world <= 1:
+        return own[:n]
+    peak = math.ceil(n / world)
+    padded = own.new_zeros((peak, *own.shape[1:]))
+    k = len(shard_rows(n, rank, world))
+    padded[:k] = own[:k]
+    parts = [torch.empty_like(padded) for _ in range(world)]
+    dist.all_gather(parts, padded.contiguous())
+    return torch.cat([p[: len(shard_rows(n, r, world))] for r, p in enumerate(parts)])
+
+
+def micro_batches(minis: Sequence[Tensor], micro_batch_size: int, world: int) -> list[Tensor]:
+    """Every rank's micro-batches of these mini-batches, as ``local_rows`` and ``split`` cut them:
+    the row groups a per-micro-batch selection (STARE ``scope: micro``) ranks within."""
+    out = []
+    for mini in minis:
+        for rank in range(world):
+            rows = mini[shard_rows(len(mini), rank, world)] if world > 1 else mini
+            out += list(rows.split(micro_batch_size))
+    return out
+
+
+def set_sync(model: torch.nn.Module, last: bool) -> None:
+    """Like ``sync_if`` without a ``with`` block: DDP all-reduces in the backward only when ``last``."""
+    if hasattr(model, "require_backward_grad_sync"):
+        model.require_backward_grad_sync = last  # type: ignore[assignment]
+
+
+def gather_episodes(run: Callable[[list], list], requests: Sequence[Any]) -> list:
+    """Data-parallel rollouts: each rank runs its contiguous shard of ``requests`` and every rank
+    gets all episodes back, in request order (episodes carry their own seeds, so the result is
+    the single-process one up to batch-dependent rounding)."""
+    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+    if world == 1:
+        return run(list(requests))
+    mine = run([requests[i] for i in shard_rows(len(requests), rank, world).tolist()])
+    parts: list[Any] = [None] * world
+    dist.all_gather_object(parts, mine)
+    return [ep for part in parts for ep in part]
+
+
+def gather_to_rank0(obj: Any) -> list[Any] | None:
+    """Every rank's ``obj`` in rank order on rank 0, None on the others ([obj] on one process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [obj]
+    parts: list[Any] | None = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(obj, parts, dst=0)
+    return parts
+
+
+def broadcast_from_rank0(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every rank, so all ranks take rank 0's decision (which checkpoint to
+    resume from, whether the wall-clock budget is spent)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def sum_over_ranks(t: Tensor) -> Tensor:
+    """The elementwise sum of every rank's ``t`` (a new tensor, on every rank)."""
+    out = t.clone()
+    dist.all_reduce(out)
+    return out
+
+
+def merge_lists(parts: dict[str, list[Any]]) -> dict[str, list[Any]]:
+    """Every rank's lists under each key, concatenated in rank order (small Python values)."""
+    everyone: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, dict(parts))
+    merged: dict[str, list[Any]] = {}
+    for part in everyone:
+        for k, v in part.items():
+            merged.setdefault(k, []).extend(v)
+    return merged
+
+
+def all_ranks(flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on every rank."""
+    return not any_rank(not flag)
+
+
+def any_rank(flag: bool) -> bool:
+    """True on every rank when ``flag`` is True on any rank (a signal may reach only some ranks)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([int(flag)])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def synthetic_batch(vocab: int, n: int = 6, seed: int = 0) -> Batch:
+    """A seeded batch of episodes of different lengths (prompt, policy, tool, policy) with engine
+    logprobs and mixed-sign advantages: enough structure to exercise masks and padding."""
+    g = torch.Generator().manual_seed(seed)
+    eps = []
+    for i in range(n):
+        ep = Episode(id=f"e{i}", env="synthetic", task_id=f"t{i}", seed=i, group=f"g{i % 2}")
+
+        def ids(k: int) -> list[int]:
+            return torch.randint(5, vocab, (k,), generator=g).tolist()
+
+        ep.add(Segment("prompt", 0, ids(4 + i), "p"))
+        a = ids(3 + 2 * i)
+        ep.add(Segment("policy", 0, a, "a", [-1.0 - 0.1 * j for j in range(len(a))], 0))
+        ep.add(Segment("tool", 1, ids(2 + i % 3), "t"))
+        b = ids(5 - i % 3)
+        ep.add(Segment("policy", 1, b, "b", [-0.5] * len(b), 0))
+        eps.append(ep)
+    adv = torch.linspace(-1.0, 1.5, n)
+    return build_batch(eps, adv, [1.0] * n, pad_id=0)

@@ -1,0 +1,82 @@
+"""Learner updates on a fixed synthetic batch, under torchrun or in one process, for tests/test_sharding.py.
+
+    python -m torch.distributed.run --nproc_per_node 2 tests/sharded_update.py OUT.pt key=value ...
+    python tests/sharded_update.py OUT.pt key=value ...        # the single-process reference
+
+Builds a ``Trainer`` from the overrides (so loading, LoRA, sharding and materialisation take the
+training path), runs ``--steps`` updates of the learner on the same seeded episodes (no rollouts),
+and has rank 0 save: the full parameters after the updates, every step's metrics, the token weights
+and selection mask of every step, the log-probs of the batch under the final policy, the weights
+the engine received, and (``--checkpoint``) the checkpoint's path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from agentrl import ranks
+from agentrl.config import load_config
+from agentrl.trainer import Trainer
+
+
+def episodes(vocab: int, n: int = 8):
+    """``n`` episodes in 2 groups with rewards that differ within each group."""
+    eps = ranks.synthetic_batch(vocab, n=n).episodes
+    for i, ep in enumerate(eps):
+        ep.reward = float(i % 3) / 2
+    return eps
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out")
+    ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--steps", type=int, default=2)
+    ap.add_argument("--checkpoint", action="store_true", help="write a checkpoint after the updates")
+    args = ap.parse_args()
+    cfg = load_config(None, args.overrides)
+    trainer = Trainer(cfg, log=lambda *_: None)
+    learner = trainer.learner
+    weights, metrics = [], []
+    real = learner.token_weights
+
+    def recording(*a, **k):
+        tw = real(*a, **k)
+        weights.append({"weights": tw.weights.cpu().clone(), "mask": tw.mask.cpu().clone()})
+        return tw
+
+    learner.token_weights = recording  # type: ignore[method-assign]
+    vocab = int(learner.model.config.vocab_size)  # type: ignore[union-attr, arg-type]
+    for step in range(args.steps):
+        batch = learner.make_batch(episodes(vocab))
+        metrics.append(learner.update(batch, step))
+    engine = {k: v.cpu().clone() for k, v in learner.engine_weights().items()}  # collective
+    params = {n: t.cpu().clone() for n, t in learner.strategy.full_parameters(learner.model)}  # collective
+    logp = learner._no_grad_pass(learner.model, learner.make_batch(episodes(vocab)))[0].cpu()
+    ckpt = str(trainer.checkpoint(args.steps)) if args.checkpoint else None
+    if trainer.rank == 0:
+        torch.save(
+            {
+                "world": trainer.world,
+                "params": params,
+                "metrics": metrics,
+                "weights": weights,
+                "logp": logp,
+                "engine": engine,
+                "checkpoint": ckpt,
+            },
+            args.out,
+        )
+    if trainer.world > 1 or torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
