@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,6 +258,7 @@ class Learner:
         max_len = a.overlong.max_length or batch.ids.shape[1]
         clip_status = torch.zeros_like(batch.mask)
         parts: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        pg_losses = []  # per mini-batch: micro-batches' (and ranks') shares add up to its loss
         grad_norms = []
         for minis in plan:
             clip_status.zero_()  # the last epoch's status is the one shown
@@ -265,6 +266,7 @@ class Learner:
                 norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
                 self.optimizer.zero_grad(set_to_none=True)
                 micros = self._micro_batches(mini)  # this rank's rows, loss × W (the reductions average)
+                pg_losses.append(0.0)
                 for i, m in enumerate(micros):
                     self.strategy.set_sync(self.train_module, last=i == len(micros) - 1)  # reduce once
                     result = self.micro_step(batch, m.rows, stats, ref, tw, tis, norm, dummy=m.dummy)
@@ -272,8 +274,10 @@ class Learner:
                     if m.dummy:
                         continue
                     clip_status[m.rows, : result.clip_status.shape[1]] = result.clip_status
+                    pg_losses[-1] += result.stats["pg_loss"]  # a share: over the mini-batch's normaliser
                     for k, v in result.stats.items():
-                        parts[k].append((v, result.stats["n_tokens"]))
+                        if k != "pg_loss":  # the rest are means over the micro-batch's tokens
+                            parts[k].append((v, result.stats["n_tokens"]))
                 if t.grad_clip:
                     grad_norms.append(self.strategy.clip_grad_norm(self.model, t.grad_clip))
                 self._set_lr()
@@ -281,9 +285,11 @@ class Learner:
         if self.world > 1:  # every rank trained its own rows: share what the metrics and overlays read
             clip_status = ranks.sum_over_ranks(clip_status)  # each row written by one rank
             parts = ranks.merge_lists(parts)
+            pg_losses = ranks.sum_over_ranks(torch.tensor(pg_losses, dtype=torch.float64)).tolist()
             if stats.pending:  # one mini-batch of all rows: each rank filled its own shard
                 stats.logp, stats.entropy = self._gather_own(stats.logp, stats.entropy)
         out = {f"loss/{k}": _weighted(v) for k, v in parts.items() if k != "n_tokens"}
+        out["loss/pg_loss"] = float(np.mean(pg_losses))  # the mean mini-batch loss
         if tis is not None and (has := (batch.mask > 0) & batch.has_engine_logp).any():
             out["offpolicy/tis_mean"] = float(tis[has].mean())
             out["offpolicy/tis_capped_frac"] = float((tis[has] >= a.is_cap).float().mean())
@@ -417,12 +423,14 @@ class Learner:
             g["lr"] = t.lr * scale
 
     # -- weights for the engine, state for checkpoints ----------------------------------------
-    def engine_weights(self) -> dict[str, torch.Tensor]:
-        """What the engine needs after an update, whole (a collective under FSDP2): with LoRA the
-        merged weights of the adapted layers (nothing else changed), else every parameter."""
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What the engine needs after an update, one whole tensor at a time (under FSDP2 each is
+        all-gathered when the engine asks for it, a collective every rank must take in step, so
+        consume the stream to its end on every rank): with LoRA the merged weights of the adapted
+        layers (nothing else changed), else every parameter."""
         if lora.enabled(self.cfg):
-            return dict(lora.merged_weights(self.model))
-        return dict(self.strategy.full_parameters(self.model))
+            return lora.merged_weights(self.model)
+        return self.strategy.full_parameters(self.model)
 
     def state_dict(self) -> dict[str, Any]:
         """The weighting's state and, when the model is not sharded, the optimizer's (a sharded

@@ -26,7 +26,7 @@ import torch
 
 from agentrl import components
 from agentrl.config import Config
-from agentrl.engines.base import Completion, SamplingParams
+from agentrl.engines.base import Completion, SamplingParams, Weights, weight_items
 from agentrl.episode import Episode
 from agentrl.errors import Failure
 from agentrl.runner import EpisodeRequest
@@ -130,11 +130,11 @@ class RolloutPool:
     def version(self) -> int:
         return self._version
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+    def load_weights(self, weights: Weights) -> int:
         """Put the weights in the object store once; every worker copies them in place."""
         import ray
 
-        cpu = {k: v.detach().to("cpu", copy=True) for k, v in state_dict.items()}
+        cpu = {k: v.detach().to("cpu", copy=True) for k, v in weight_items(weights)}
         self._version += 1
         self._weights_ref = ray.put(cpu)
         ray.get([w.load_weights.remote(self._weights_ref, self._version) for w in self.workers])

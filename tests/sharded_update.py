@@ -6,7 +6,7 @@
 Builds a ``Trainer`` from the overrides (so loading, LoRA, sharding and materialisation take the
 training path), runs ``--steps`` updates of the learner on the same seeded episodes (no rollouts),
 and has rank 0 save: the full parameters after the updates, every step's metrics, the token weights
-and selection mask of every step, the log-probs of the batch under the final policy, the weights
+and selection mask of every step, the log-probs of the policy tokens under the final policy, the weights
 the engine received, and (``--checkpoint``) the checkpoint's path.
 """
 
@@ -39,7 +39,7 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--checkpoint", action="store_true", help="write a checkpoint after the updates")
-    args = ap.parse_args()
+    args = ap.parse_intermixed_args()
     cfg = load_config(None, args.overrides)
     trainer = Trainer(cfg, log=lambda *_: None)
     learner = trainer.learner
@@ -56,9 +56,11 @@ def main() -> None:
     for step in range(args.steps):
         batch = learner.make_batch(episodes(vocab))
         metrics.append(learner.update(batch, step))
-    engine = {k: v.cpu().clone() for k, v in learner.engine_weights().items()}  # collective
+    engine = {k: v.cpu().clone() for k, v in learner.engine_weights()}  # collective
     params = {n: t.cpu().clone() for n, t in learner.strategy.full_parameters(learner.model)}  # collective
-    logp = learner._no_grad_pass(learner.model, learner.make_batch(episodes(vocab)))[0].cpu()
+    final = learner.make_batch(episodes(vocab))
+    logp = learner._no_grad_pass(learner.model, final)[0].cpu()
+    logp = logp * (final.mask.cpu() > 0)  # positions past a row's end are left as the pass found them
     ckpt = str(trainer.checkpoint(args.steps)) if args.checkpoint else None
     if trainer.rank == 0:
         torch.save(

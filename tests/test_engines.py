@@ -300,6 +300,30 @@ def test_load_weights_bumps_version_and_changes_outputs(tiny_policy):
     assert engine.version == 1
 
 
+def test_load_weights_takes_a_stream_one_tensor_at_a_time(tiny_policy):
+    """The trainer streams (name, tensor) pairs (under FSDP2 each is gathered on demand): the engine
+    copies each before asking for the next, so at most one streamed tensor is alive at a time."""
+    import weakref
+
+    model, tok = tiny_policy
+    engine = HFEngine(model, tok, dtype="bfloat16")  # its own copy, so the stream really is copied in
+    alive = []
+
+    def stream():
+        for name, p in model.named_parameters():
+            t = torch.full_like(p, 0.5)
+            ref = weakref.ref(t)
+            yield name, t
+            del t
+            alive.append(sum(r() is not None for r in refs) + (ref() is not None))
+            refs.append(ref)
+
+    refs: list = []
+    assert engine.load_weights(stream()) == 1
+    assert all(float(p.float().sub(0.5).abs().max()) == 0 for p in engine.model.parameters())
+    assert max(alive) <= 1  # the engine kept no reference to an earlier tensor
+
+
 def test_bfloat16_engine_keeps_its_own_copy(tiny_policy):
     model, tok = tiny_policy
     engine = HFEngine(model, tok, dtype="bfloat16")

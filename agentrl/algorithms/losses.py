@@ -206,8 +206,9 @@ def policy_loss(
     Returns ``PolicyLoss(loss, stats, clip_status)``. The stats, detached, over this micro-batch's
     policy tokens: ``pg_loss``, ``clip_frac_low`` (A<0, r<1-ε_low), ``clip_frac_high`` (A>0,
     r>1+ε_high), ``dual_clip_frac``, ``approx_kl`` (k3 of π_old vs πθ), ``ratio_mean``, ``n_tokens``,
-    and ``kl_ref`` / ``entropy`` when given. Means are over this micro-batch; weight them by
-    ``n_tokens`` to combine micro-batches.
+    and ``kl_ref`` / ``entropy`` when given. ``pg_loss`` is this micro-batch's share of the batch's
+    loss (its numerator over ``normaliser``): add the shares to combine micro-batches. The rest are
+    means over this micro-batch; weight them by ``n_tokens`` to combine micro-batches.
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]

@@ -7,7 +7,7 @@ produced every logprob (token in, token out).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
@@ -16,6 +16,16 @@ import torch
 FinishReason = Literal["stop", "length", "abort"]
 """Why a completion ended: ``stop`` = a stop token id or stop string was produced, ``length`` = the
 ``max_tokens`` budget ran out, ``abort`` = the engine gave up (e.g. an error or a cancelled request)."""
+
+
+Weights = Mapping[str, torch.Tensor] | Iterable[tuple[str, torch.Tensor]]
+"""What ``Engine.load_weights`` takes: a dict, or a stream of (name, tensor) pairs (consumed once, in
+order: the trainer gathers a sharded parameter only when the engine asks for the next one)."""
+
+
+def weight_items(weights: Weights) -> Iterator[tuple[str, torch.Tensor]]:
+    """The (name, tensor) pairs of a dict or of a stream."""
+    return iter(weights.items()) if isinstance(weights, Mapping) else iter(weights)
 
 
 @dataclass(frozen=True)
@@ -71,8 +81,9 @@ class Engine(Protocol):
         SamplingParams for all prompts or one per prompt."""
         ...
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Replace the weights in place; returns the new version."""
+    def load_weights(self, weights: Weights) -> int:
+        """Replace the named weights in place (all or some; nothing only bumps the version);
+        returns the new version."""
         ...
 
 

@@ -25,14 +25,14 @@ from __future__ import annotations
 
 import copy
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
+from agentrl.engines.base import Completion, SamplingParams, Weights, per_prompt_params, weight_items
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import supports as lean_supports
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
@@ -149,17 +149,15 @@ class HFEngine:
     def version(self) -> int:
         return self._version
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Copy ``state_dict`` into the model in place (dtype and device converted); partial dicts
-        are allowed, unknown names and shape mismatches raise. Returns the new version."""
+    def load_weights(self, weights: Weights) -> int:
+        """Copy ``weights`` into the model in place (dtype and device converted), one tensor at a
+        time as a stream yields them; partial sets are allowed, unknown names and shape mismatches
+        raise. Returns the new version."""
         own = self.model.state_dict()
-        unknown = sorted(set(state_dict) - set(own))
-        if unknown:
-            raise KeyError(
-                f"load_weights: unknown parameter names {unknown[:5]}{'...' if len(unknown) > 5 else ''}"
-            )
         with torch.no_grad():
-            for name, tensor in state_dict.items():
+            for name, tensor in weight_items(weights):
+                if name not in own:
+                    raise KeyError(f"load_weights: unknown parameter name {name!r}")
                 if own[name].shape != tensor.shape:
                     raise ValueError(
                         f"load_weights: {name} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}"

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
+from agentrl.engines.base import Completion, SamplingParams, Weights, per_prompt_params, weight_items
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 
 Reply = Sequence[int] | tuple[Sequence[int], Sequence[float]] | str | None
@@ -52,8 +52,8 @@ class ScriptedEngine:
     def version(self) -> int:
         return self._version
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        self.loaded.append(state_dict)
+    def load_weights(self, weights: Weights) -> int:
+        self.loaded.append(dict(weight_items(weights)))
         self._version += 1
         return self._version
 

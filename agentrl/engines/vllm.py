@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
-from agentrl.engines.base import Completion, SamplingParams, per_prompt_params
+from agentrl.engines.base import Completion, SamplingParams, Weights, per_prompt_params, weight_items
 
 
 def _cpu_environment(kv_cache_gib: float) -> None:
@@ -116,9 +116,11 @@ class VLLMEngine:
     def version(self) -> int:
         return self._version
 
-    def load_weights(self, state_dict: Mapping[str, torch.Tensor]) -> int:
-        """Push ``state_dict`` (checkpoint names, e.g. a trainer's ``model.state_dict()``) into every
-        worker in place; an empty dict only bumps the version. Returns the new version."""
+    def load_weights(self, weights: Weights) -> int:
+        """Push ``weights`` (checkpoint names, e.g. a trainer's ``model.state_dict()``) into every
+        worker in place; nothing only bumps the version. Returns the new version. A stream is
+        collected into one blob first (whole-state sync: docs/scaling.md)."""
+        state_dict = dict(weight_items(weights))
         if state_dict:
             blob = safetensors_blob(state_dict)
             with self._lock:
