@@ -6,19 +6,24 @@ model is built on the meta device and its parameters counted exactly. Nothing is
 
 Every term is per GPU (one rank), in GiB (2^30 bytes), with the formula it came from. With N
 parameters, P trainable (N, or LoRA's adapters), S ranks sharing a shard (``fsdp2``: W/replicas;
-``ddp``: 1), b bytes per parameter (``model.dtype``), c bytes per activation (2 with
-``trainer.bf16``, else 4), t = ``micro_batch_size`` × ``max_episode_tokens`` tokens per micro-batch:
+``ddp``: 1), b bytes per parameter (``model.dtype``; LoRA's adapters are fp32, as peft keeps them),
+c bytes per activation (2 with ``trainer.bf16`` or bf16 weights, else 4), t =
+``micro_batch_size`` × ``max_episode_tokens`` tokens per micro-batch:
 
 - weights N·b/S; gradients P·b/S; AdamW's two moments 2·P·b/S (on the host with ``cpu_offload``);
 - FSDP2: the gathered parameters of two layers (the one computing and the one prefetched) and of
   the root (embeddings, head), in c bytes; with ``grad_reduce: step`` and more than one micro-batch
   per optimizer step, the unsharded fp32 gradients accumulated between reductions, 4·P;
 - DDP over several ranks: its gradient buckets, P·b; autocast (``trainer.bf16`` with fp32 weights
-  outside FSDP2): the bf16 copies of the trainable weights kept for the backward, 2·P;
-- activations per micro-batch: per token and layer c·(4h + 2·kv + 4·i) + 8h bytes (the inputs the
-  backward keeps: norms' fp32 inputs, the bf16 inputs of the q/k/v, o, gate/up and down projections,
-  attention output); with gradient checkpointing only each layer's input, c·h, plus one layer
-  recomputed; the logits and their gradient t·V·2c (the log-softmax runs in checkpointed chunks);
+  outside FSDP2): the bf16 copies of the weights the backward keeps, 2·N;
+- activations per micro-batch, per token and layer: 16h + c·(k·h + 2·kv + 4·i) + 4·heads bytes, the
+  tensors autograd saves in a Qwen2/Llama layer: each RMSNorm's fp32 input and normalised output
+  (16h), the projections' inputs (k = 4: q/k/v share one, attention output, MLP input; autocast
+  casts per projection, so k = 7), rotated q and k, v, the attention output, and the MLP's gate,
+  up, SiLU and product (4i), plus the attention's log-sum-exp. With gradient checkpointing only each
+  layer's input stays, r·h (r = 4 for an fp32 residual stream, 2 for bf16), plus one layer
+  recomputed in the backward. The logits and their gradient: t·V·2c (the log-softmax runs in
+  checkpointed chunks);
 - the KL reference (``kl_coef`` > 0; not with LoRA, whose reference is the base itself): N·b/S;
 - the colocated HF engine: its copy of the weights, N·e (e = ``rollout.dtype``), and the KV cache of
   its running sequences, q·ctx·L·2·kv·e with q = min(64, ``max_concurrent_episodes``, episodes per
@@ -182,6 +187,12 @@ def _bytes(dtype: str | None) -> int:
     return 2 if dtype in ("bfloat16", "float16") else 4
 
 
+def activation_bytes(a: Architecture, c: int, k: int) -> int:
+    """Bytes autograd keeps per token in one decoder layer (module docstring): c bytes per
+    activation, k projection inputs of width h (4, or 7 under autocast)."""
+    return 16 * a.hidden + c * (k * a.hidden + 2 * a.kv_dim + 4 * a.intermediate) + 4 * a.heads
+
+
 def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 1) -> Plan:
     """Per-GPU memory of ``cfg`` on ``nodes`` × ``gpus`` GPUs of ``gpu_memory_gib`` each."""
     from agentrl import lora
@@ -194,10 +205,13 @@ def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 
         check_mesh(world, t.fsdp.replicas)
     S = world // t.fsdp.replicas if fsdp else 1
     b = _bytes(cfg.model.dtype)
-    c = 2 if t.bf16 else 4
+    c = 2 if t.bf16 or b == 2 else 4
+    autocast = t.bf16 and b == 4 and not fsdp  # FSDP2 computes in bf16 through its mixed precision
+    residual = 2 if b == 2 or (fsdp and t.bf16) else 4
     e = _bytes(r.dtype or cfg.model.dtype)
     N = a.params
     P = a.lora_params if lora.enabled(cfg) else N
+    pb = 4 if lora.enabled(cfg) else b  # bytes per trainable parameter
     ctx = r.max_episode_tokens
     tokens = t.micro_batch_size * ctx
     episodes = r.prompts_per_step * r.group_size
@@ -214,9 +228,11 @@ def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 
             N * b / S,
             f"N·b/S = {N:,}·{b}/{S}",
         ),
-        Term("gradients" + (f" (1{shard})" if shard else ""), P * b / S, f"P·b/S = {P:,}·{b}/{S}"),
+        Term("gradients" + (f" (1{shard})" if shard else ""), P * pb / S, f"P·b/S = {P:,}·{pb}/{S}"),
         Term(
-            "AdamW moments" + (f" (1{shard})" if shard else ""), 2 * P * b / S, f"2·P·b/S = 2·{P:,}·{b}/{S}"
+            "AdamW moments" + (f" (1{shard})" if shard else ""),
+            2 * P * pb / S,
+            f"2·P·b/S = 2·{P:,}·{pb}/{S}",
         ),
     ]
     if offload:
@@ -224,14 +240,15 @@ def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 
     else:
         terms += states
     if fsdp:
-        gathered = (2 * a.layer_params + a.root_params) * c
-        terms.append(
-            Term(
+        if t.fsdp.reshard_after_forward:
+            gathered = Term(
                 "gathered parameters (FSDP2)",
-                gathered,
+                (2 * a.layer_params + a.root_params) * c,
                 f"(2 layers + root)·c = (2·{a.layer_params:,} + {a.root_params:,})·{c}",
             )
-        )
+        else:  # every layer stays gathered from its forward to its backward
+            gathered = Term("gathered parameters (FSDP2, no reshard)", N * c, f"N·c = {N:,}·{c}")
+        terms.append(gathered)
         if t.fsdp.grad_reduce == "step" and micros > 1:
             terms.append(
                 Term(
@@ -242,16 +259,17 @@ def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 
             )
     else:
         if world > 1:
-            terms.append(Term("DDP gradient buckets", P * b, f"P·b = {P:,}·{b}"))
-        if t.bf16 and b == 4:
-            terms.append(Term("bf16 weight copies (autocast)", 2 * P, f"2·P = 2·{P:,}"))
-    per_token_layer = c * (4 * a.hidden + 2 * a.kv_dim + 4 * a.intermediate) + 8 * a.hidden
+            terms.append(Term("DDP gradient buckets", P * pb, f"P·b = {P:,}·{pb}"))
+        if autocast:
+            terms.append(Term("bf16 weight copies (autocast)", 2 * N, f"2·N = 2·{N:,}"))
+    k = 7 if autocast else 4
+    per_token_layer = activation_bytes(a, c, k)
     if cfg.model.gradient_checkpointing:
-        act = tokens * (a.layers * c * a.hidden + per_token_layer)
-        how = f"t·(L·c·h + one layer) = {tokens:,}·({a.layers}·{c}·{a.hidden} + {per_token_layer:,})"
+        act = tokens * (a.layers * residual * a.hidden + per_token_layer)
+        how = f"t·(L·r·h + one layer) = {tokens:,}·({a.layers}·{residual}·{a.hidden} + {per_token_layer:,})"
     else:
         act = tokens * a.layers * per_token_layer
-        how = f"t·L·(c·(4h+2kv+4i)+8h) = {tokens:,}·{a.layers}·{per_token_layer:,}"
+        how = f"t·L·(16h + c·({k}h+2kv+4i) + 4·heads) = {tokens:,}·{a.layers}·{per_token_layer:,}"
     terms.append(Term("activations (one micro-batch)", act, how))
     terms.append(
         Term(
@@ -298,7 +316,7 @@ def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 
         )
         + (", CPU offload" if offload else "")
         + (", LoRA" if lora.enabled(cfg) else ", full fine-tuning")
-        + (", bf16" if t.bf16 else ", fp32")
+        + (", bf16 compute" if c == 2 else ", fp32 compute")
         + (", gradient checkpointing" if cfg.model.gradient_checkpointing else "")
         + f"; micro-batch {t.micro_batch_size} × {ctx} tokens, {micros} per optimizer step per rank"
     )
@@ -317,6 +335,7 @@ ADVICE = {
     "KL reference": "algorithm.kl_coef=0, or LoRA (the reference is then the base model itself)",
     "vLLM": "a lower rollout.vllm.gpu_memory_utilization",
     "bf16 weight copies": "trainer.strategy=fsdp2 (its mixed precision shards them)",
+    "gathered parameters": "trainer.fsdp.reshard_after_forward=true",
     "DDP gradient": "trainer.strategy=fsdp2",
 }
 
