@@ -17,8 +17,10 @@ from agentrl.plan import GIB, architecture, plan
 
 ROOT = Path(__file__).resolve().parents[1]
 # tiny:h128-L8: hidden 128, 8 layers, 4 heads (head_dim 32), 2 KV heads (kv width 64), MLP 448, vocab 1024
-H, L, I, HEADS, KV, V = 128, 8, 448, 4, 64, 1024
-LAYER = (H * H + H) + 2 * (H * KV + KV) + H * H + 3 * H * I + 2 * H  # q(+bias), k, v(+bias), o, MLP, 2 norms
+H, L, MLP, HEADS, KV, V = 128, 8, 448, 4, 64, 1024
+LAYER = (
+    (H * H + H) + 2 * (H * KV + KV) + H * H + 3 * H * MLP + 2 * H
+)  # q(+bias), k, v(+bias), o, MLP, 2 norms
 N = V * H + L * LAYER + H + V * H  # embeddings, layers, final norm, untied head
 
 
@@ -42,7 +44,7 @@ def test_counts_the_architecture_exactly():
         V * H,
     )
     lora = architecture(load_config(None, ["model.path=tiny:h128-L8", "model.lora.rank=8"]))
-    per_layer = (H + H) + (H + KV) * 2 + (H + H) + (H + I) * 2 + (I + H)  # r·(in + out) per target
+    per_layer = (H + H) + (H + KV) * 2 + (H + H) + (H + MLP) * 2 + (MLP + H)  # r·(in + out) per target
     assert lora.lora_params == 8 * L * per_layer == 167_936
 
 
@@ -60,7 +62,7 @@ def test_single_gpu_full_fine_tune_term_by_term():
     )
     p = plan(cfg, gpus=1, gpu_memory_gib=1.0)
     t = 2 * 256  # tokens per micro-batch
-    per_token_layer = 16 * H + 4 * (4 * H + 2 * KV + 4 * I) + 4 * HEADS
+    per_token_layer = 16 * H + 4 * (4 * H + 2 * KV + 4 * MLP) + 4 * HEADS
     want = {
         "policy weights (float32)": 4 * N,
         "gradients": 4 * N,
@@ -101,7 +103,7 @@ def test_hsdp_lora_bf16_checkpointed_term_by_term():
     cfg = load_config(None, HSDP_LORA)
     p = plan(cfg, gpus=4, nodes=2, gpu_memory_gib=80)
     P, t = 167_936, 128
-    per_token_layer = 16 * H + 2 * (4 * H + 2 * KV + 4 * I) + 4 * HEADS
+    per_token_layer = 16 * H + 2 * (4 * H + 2 * KV + 4 * MLP) + 4 * HEADS
     want = {
         "policy weights (float32, 1/4)": 4 * N / 4,
         "gradients (1/4)": 4 * P / 4,
@@ -147,9 +149,11 @@ def saved_bytes(model, ids, autocast: bool) -> int:
     for layer in model.model.layers:
         layer.register_forward_pre_hook(lambda *_: inside.__setitem__(0, True))
         layer.register_forward_hook(lambda *_: inside.__setitem__(0, False))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            model(input_ids=ids)
+    with (
+        torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t),
+        torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast),
+    ):
+        model(input_ids=ids)
     return sum(seen.values())
 
 
