@@ -39,7 +39,7 @@ def test_counts_the_architecture_exactly():
         L,
         H,
         KV,
-        I,
+        MLP,
         V,
         V * H,
     )
