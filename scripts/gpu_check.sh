@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# The GPU check: runs the tests marked `gpu` (tests/test_gpu.py) when torch sees a CUDA device, and
+# says why it skips otherwise. Uses .venv (bash scripts/setup.sh) when present, else python3 (the GPU
+# machine's own torch and transformers; its wheels for the rest: docs/scaling.md). Extra arguments
+# go to pytest. Not part of .ci/run: CI machines have no GPU.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=python3
+[ -x .venv/bin/python ] && PY=.venv/bin/python
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  why=$("$PY" -c "import torch; print(f'torch {torch.__version__} (CUDA build {torch.version.cuda}) sees no CUDA device')" 2>&1 | tail -1)
+  echo "gpu_check: skipped: $why"
+  exit 0
+fi
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+"$PY" -c "import torch, transformers; print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}')"
+exec "$PY" -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py "$@"
