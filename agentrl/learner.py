@@ -362,7 +362,9 @@ class Learner:
         under FSDP2), and every rank gets the whole batch's values."""
         if self.world == 1:
             with torch.no_grad():
-                return self._forward(model, batch)
+                out = self._forward(model, batch)
+            self.strategy.release(model)
+            return out
         own = ranks.shard_rows(batch.size, self.rank, self.world)
         logp = torch.zeros((max(len(own), 1), batch.mask.shape[1]), device=batch.device)
         ent = torch.zeros_like(logp)
@@ -372,6 +374,7 @@ class Learner:
                 if not m.dummy:
                     at = m.rows - own[0]  # positions within this rank's contiguous share
                     logp[at, : lp.shape[1]], ent[at, : h.shape[1]] = lp, h
+        self.strategy.release(model)
         return ranks.gather_rows(torch.stack([logp, ent], 1), batch.size, self.rank, self.world).unbind(1)  # type: ignore[return-value]
 
     def _gather_own(self, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -88,6 +88,10 @@ class Strategy(Protocol):
         """(name, full tensor) of every parameter, in the same order on every rank (collective)."""
         ...
 
+    def release(self, model: nn.Module) -> None:
+        """Free what a no-grad pass left gathered (only a backward frees it otherwise)."""
+        ...
+
 
 class Replicated:
     """One process, or DDP: the whole model on every rank."""
@@ -118,6 +122,9 @@ class Replicated:
     def full_parameters(self, model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         for name, p in model.named_parameters():
             yield name, p.detach()
+
+    def release(self, model: nn.Module) -> None:
+        pass
 
 
 class Sharded:
@@ -183,6 +190,15 @@ class Sharded:
     def full_parameters(self, model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         for name, p in model.named_parameters():
             yield name, full_tensor(p)
+
+    def release(self, model: nn.Module) -> None:
+        # the root (always) and, with reshard_after_forward=False, every layer stay gathered after a
+        # forward until their backward: a no-grad pass has none, so free them here
+        from torch.distributed.fsdp import FSDPModule
+
+        for m in model.modules():
+            if isinstance(m, FSDPModule):
+                m.reshard()
 
 
 def full_tensor(t: Tensor) -> Tensor:

@@ -61,6 +61,8 @@ def main() -> None:
     final = learner.make_batch(episodes(vocab))
     logp = learner._no_grad_pass(learner.model, final)[0].cpu()
     logp = logp * (final.mask.cpu() > 0)  # positions past a row's end are left as the pass found them
+    # after a no-grad pass nothing stays gathered (FSDP2 registers sharded parameters as DTensors)
+    sharded = all(type(p).__name__ == "DTensor" for p in learner.model.parameters())
     ckpt = str(trainer.checkpoint(args.steps)) if args.checkpoint else None
     if trainer.rank == 0:
         torch.save(
@@ -72,6 +74,7 @@ def main() -> None:
                 "logp": logp,
                 "engine": engine,
                 "checkpoint": ckpt,
+                "sharded": sharded,
             },
             args.out,
         )

@@ -145,8 +145,19 @@ def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(tmp_path, tin
         "trainer.micro_batch_size=1",
         "trainer.fsdp.grad_reduce=micro_batch",
     )
+    keep = update(  # ZeRO-2: layers stay gathered from forward to backward, freed after no-grad passes
+        tmp_path,
+        tiny_model_dir,
+        "mb1_keep",
+        2,
+        *fsdp,
+        "trainer.micro_batch_size=1",
+        "trainer.fsdp.reshard_after_forward=false",
+    )
     assert_same_update(accum, whole, initial)
     assert_same_update(eager, whole, initial)
+    assert_same_update(keep, whole, initial)
+    assert whole["sharded"] and keep["sharded"]
 
 
 @pytest.mark.slow
