@@ -19,7 +19,7 @@ from agentrl.checkpoint import DCP_DIR, latest_checkpoint, list_checkpoints, loa
 from agentrl.components import meta_model
 from agentrl.config import ConfigError
 from agentrl.config_schema import LoraConfig
-from agentrl.models import load_policy
+from agentrl.models import load_policy, torch_dtype
 from agentrl.tokenizer import load_tokenizer
 
 
@@ -56,11 +56,11 @@ def checkpoint_model(ckpt: Path, dtype: str = "float32") -> tuple[torch.nn.Modul
         else:
             trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
             _read_dcp(ckpt, trainable)
-        return model.merge_and_unload().to(_dtype(dtype)), tokenizer
+        return model.merge_and_unload().to(torch_dtype(dtype)), tokenizer
     full: Any = meta_model(str(ckpt), "float32")
     sharding.materialize(full, torch.device("cpu"), None, broadcast=False)
     _read_dcp(ckpt, dict(full.state_dict()))
-    return full.to(_dtype(dtype)), tokenizer
+    return full.to(torch_dtype(dtype)), tokenizer
 
 
 def _read_dcp(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:
@@ -69,12 +69,6 @@ def _read_dcp(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:
 
     state = {"model": tensors}
     dcp.load(state, checkpoint_id=str(ckpt / DCP_DIR), no_dist=True)  # type: ignore[call-arg]
-
-
-def _dtype(name: str) -> torch.dtype:
-    from agentrl.models import torch_dtype
-
-    return torch_dtype(name)
 
 
 def export(path: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32") -> Path:

@@ -103,13 +103,6 @@ def base_model(model: nn.Module) -> nn.Module:
     return inner.base_model.model if hasattr(model, "peft_config") else model  # type: ignore[no-any-return]
 
 
-def adapter_state(model: nn.Module) -> dict[str, Tensor]:
-    """The adapters' tensors, under peft's names (what ``adapter_model.safetensors`` holds)."""
-    from peft import get_peft_model_state_dict
-
-    return get_peft_model_state_dict(model)  # type: ignore[arg-type, no-any-return]
-
-
 def save_adapter(model: nn.Module, out: Path, base_path: str) -> None:
     """The adapter in peft's format (``PeftModel.from_pretrained(base, out)`` loads it)."""
     model.peft_config[ADAPTER].base_model_name_or_path = base_path  # type: ignore[index, union-attr]

@@ -372,8 +372,7 @@ class Trainer:
         load_weights(ckpt, self.learner, weights_record(state))  # DCP reshards to this run's ranks
         self.learner.load_state_dict(state)
         self.sampler.load(state["sampler"])
-        weights = self.learner.engine_weights()
-        self.engine.load_weights(weights)
+        self.engine.load_weights(self.learner.engine_weights())
         while int(self.engine.version) < state["engine_version"]:
             self.engine.load_weights({})  # keep version numbers continuous
         own = saved_rank_state(state, self.rank, self.world)  # this rank's RNG and file lengths
@@ -385,6 +384,12 @@ class Trainer:
         if own["rng"] is not None:
             set_rng_state(own["rng"])
         saved_world = len(state.get("ranks") or [state])
+        if self.rank == 0:  # ranks this run no longer has: their files end at the checkpoint too
+            for r, part in enumerate(state.get("ranks") or []):
+                if r >= self.world:
+                    gone = self.root_dir / "ranks" / str(r)
+                    truncate_to(gone / "metrics.jsonl", part["metrics_bytes"])
+                    truncate_to(gone / "transcripts.jsonl", part["transcripts_bytes"])
         self.log(
             f"resumed from {ckpt} at step {self.start_step}"
             + (

@@ -315,6 +315,9 @@ def test_fsdp2_checkpoint_resumes_on_one_and_on_two_ranks(tmp_path, tiny_model_d
         assert "resumed from" in done.stdout + done.stderr
         if procs == 1:
             assert "reshard" in (done.stdout + done.stderr).lower()
+            # rank 1 is gone: its files end at the checkpoint, like every running rank's
+            gone = [json.loads(x)["step"] for x in lines(run / "ranks" / "1" / "metrics.jsonl")]
+            assert gone == [0]
         got = [json.loads(x) for x in lines(run / "metrics.jsonl")]
         assert [r["step"] for r in got] == [0, 1]  # step 1 cut and trained again, once
         assert got[1]["reward/mean"] == want[1]["reward/mean"]
