@@ -45,6 +45,13 @@ def warm_start_key(cfg: Config, base: str) -> str:
     }
     if s.exclude_train_seeds:  # only when set, so existing keys (and caches) stay valid
         payload["exclude_train_seeds"] = sorted(s.exclude_train_seeds)
+    if s.num_tasks is not None:
+        payload["num_tasks"] = s.num_tasks
+    if s.holdout > 0:
+        payload["holdout"] = [s.holdout, s.eval_every, s.patience]
+    solver = getattr(components.env_class(cfg), "demo_version", 1)
+    if solver != 1:  # an environment whose solver changed declares it, so old warm starts are not reused
+        payload["solver"] = solver
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

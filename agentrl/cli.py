@@ -235,7 +235,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"study config error: {e}", file=sys.stderr)
         return 2
-    run_study(study, only_report=args.report_only)
+    run_study(study, only_report=args.report_only, prepare_only=args.prepare_only)
     return 0
 
 
@@ -304,6 +304,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--reduced", action="store_true", help="the small version in the config's 'reduced' section"
     )
     sp.add_argument("--report-only", action="store_true", help="rewrite the report from finished runs")
+    sp.add_argument(
+        "--prepare-only",
+        action="store_true",
+        help="build the warm starts and measure them (H0, branching H0, held-out accuracy), then stop",
+    )
     sp.set_defaults(fn=cmd_study)
     sp = sub.add_parser("plot", help="regenerate a run's PNG plots")
     sp.add_argument("run_dir")

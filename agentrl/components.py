@@ -64,12 +64,18 @@ def sandbox_spec(cfg: Config) -> SandboxSpec:
     )
 
 
-def env_factory(cfg: Config) -> Callable[[], Environment]:
-    """Makes one fresh environment per episode: ``env.options`` and the run's sandbox."""
+def env_class(cfg: Config) -> type[Environment]:
+    """The registered environment class ``env.name`` (importing ``env.module`` first)."""
     if cfg.env.module:
         import_environment_module(cfg.env.module)
     if cfg.env.name not in registered():
         make_env(cfg.env.name)  # raises with a did-you-mean and the registered names
+    return registered()[cfg.env.name]
+
+
+def env_factory(cfg: Config) -> Callable[[], Environment]:
+    """Makes one fresh environment per episode: ``env.options`` and the run's sandbox."""
+    env_class(cfg)
     return functools.partial(make_env, cfg.env.name, sandbox=sandbox_spec(cfg), **cfg.env.options)
 
 

@@ -254,6 +254,12 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
                 f"algorithm.overlong.max_length={alg.overlong.max_length}"
             ),
         )
+    if cfg.sft.patience > 0 and cfg.sft.holdout == 0:
+        yield (
+            "sft.patience",
+            f"sft.patience={cfg.sft.patience} stops on the held-out loss, but sft.holdout=0 holds nothing "
+            "out: set sft.holdout (e.g. 0.1) or patience=0",
+        )
     weighting = registry.WEIGHTINGS[weighting_name(cfg)]
     if weighting.check is not None:  # the selected method's own rules (its record)
         yield from weighting.check(weighting_settings(cfg), cfg)

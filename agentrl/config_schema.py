@@ -277,6 +277,14 @@ class SFTConfig:
     """Seed of the warm start (demonstrations, their order, the SFT run); None = ``run.seed``. Fix it to share one warm start across RL seeds, as ``agentrl study`` does."""
     exclude_train_seeds: list[int] = field(default_factory=list)
     """Keep the demonstrations off RL's training tasks: demonstrations are then drawn from a separate task stream, minus every task whose prompt is among the training tasks RL draws with these run seeds. Empty = demonstrations come from the training tasks of the SFT seed (the default; with a small problem space the warm start can then memorise the problems RL trains on)."""
+    num_tasks: int | None = knob(None, ge=1)
+    """Distinct training tasks the demonstrations are drawn from; None = ``data.num_train``. With ``exclude_train_seeds``, a pool larger than RL's task list leaves more tasks once RL's are removed."""
+    holdout: float = knob(0.0, ge=0, lt=1)
+    """Fraction of the demonstrations held out of training (0 = none). With a held-out set, its loss is measured every ``eval_every`` steps, the weights with the lowest held-out loss are kept, and ``patience`` can stop training early: a warm start that keeps the demonstrations' diversity instead of memorising their prompts."""
+    eval_every: int = knob(50, ge=1)
+    """Steps between held-out evaluations (with ``holdout`` > 0)."""
+    patience: int = knob(0, ge=0)
+    """Stop after this many held-out evaluations without a new lowest loss (0 = run every step, still keeping the best weights). Needs ``holdout`` > 0."""
 
 
 @dataclass

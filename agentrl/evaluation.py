@@ -49,3 +49,25 @@ def evaluate(
         "eval/failed_frac": sum(e.failed for e in episodes) / max(len(episodes), 1),
     }
     return metrics, episodes
+
+
+def pass_at_k_curve(episodes: Sequence[Episode], k_max: int) -> dict[int, float]:
+    """pass@j for j = 1 … ``k_max``, averaged over tasks, with the unbiased estimator of Chen et al.
+    (2021): for a task with n samples of which c are correct, pass@j = 1 - C(n-c, j) / C(n, j).
+    Every task needs at least ``k_max`` samples; a failed episode counts as wrong."""
+    by_task: dict[str, list[bool]] = defaultdict(list)
+    for e in episodes:
+        by_task[e.task_id].append(is_correct(e) and not e.failed)
+    if not by_task:
+        return {}
+    short = min(len(v) for v in by_task.values())
+    if short < k_max:
+        raise ValueError(f"pass@{k_max} needs at least {k_max} samples per task; a task has {short}")
+    curve = {}
+    for j in range(1, k_max + 1):
+        total = 0.0
+        for v in by_task.values():
+            n, c = len(v), sum(v)
+            total += 1.0 if n - c < j else 1.0 - math.comb(n - c, j) / math.comb(n, j)
+        curve[j] = total / len(by_task)
+    return curve

@@ -7,12 +7,13 @@ observations as template deltas), so what SFT teaches is what RL later samples a
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,10 @@ class SFTResult:
     losses: list[float]
     tokens: int
     seconds: float
+    holdout_losses: list[tuple[int, float]] = field(default_factory=list)
+    """(steps done, mean held-out loss) at every evaluation; empty without a held-out set."""
+    best_step: int | None = None
+    """Steps done when the held-out loss was lowest: the weights kept (None: the last ones)."""
 
 
 def sft_train(
@@ -83,10 +88,18 @@ def sft_train(
     pad_id: int = 0,
     on_step: Callable[[int, float], None] | None = None,
     share_prefix: bool = True,
+    holdout: Sequence[tuple[list[int], list[int]]] = (),
+    eval_every: int = 50,
+    patience: int = 0,
 ) -> SFTResult:
     """AdamW with linear warm-up and cosine decay; each step draws a shuffled batch. Loss is the mean
     over assistant tokens of the batch. ``share_prefix`` runs the prompt prefix common to the batch
-    once (``agentrl.forward``; same loss and gradients, several times faster on tool prompts)."""
+    once (``agentrl.forward``; same loss and gradients, several times faster on tool prompts).
+
+    With ``holdout`` examples, their mean loss is measured before training, every ``eval_every`` steps
+    and at the end; the weights with the lowest held-out loss are the ones kept, and with
+    ``patience`` > 0 training stops after that many evaluations without a new lowest (early
+    stopping: the warm start keeps the demonstrations' diversity instead of memorising prompts)."""
     if not examples:
         raise ValueError("no SFT examples")
     rng = random.Random(seed)
@@ -96,6 +109,20 @@ def sft_train(
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=fused)
     order: list[int] = []
     losses, tokens, t0 = [], 0, time.perf_counter()
+    held: list[tuple[int, float]] = []
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+
+    def check(done: int) -> bool:
+        """Measure the held-out loss after ``done`` steps; True when patience has run out."""
+        nonlocal best
+        loss = holdout_loss(model, holdout, batch_size, pad_id)
+        held.append((done, loss))
+        if best is None or loss < best[0]:
+            best = (loss, done, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        return patience > 0 and done - best[1] >= patience * eval_every
+
+    if holdout:
+        check(0)  # the starting point: if training only hurts the held-out loss, it is kept
     model.train()
     for step in range(steps):
         scale = min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
@@ -124,8 +151,36 @@ def sft_train(
         tokens += int(tmask.sum())
         if on_step:
             on_step(step, losses[-1])
+        if holdout and (step + 1) % eval_every == 0 and step + 1 < steps and check(step + 1):
+            break
+    best_step = None
+    if holdout:
+        if not held or held[-1][0] != len(losses):
+            check(len(losses))
+        assert best is not None
+        model.load_state_dict(best[2])
+        best_step = best[1]
     model.eval()
-    return SFTResult(steps, losses[-1], losses, tokens, time.perf_counter() - t0)
+    return SFTResult(len(losses), losses[-1], losses, tokens, time.perf_counter() - t0, held, best_step)
+
+
+@torch.no_grad()
+def holdout_loss(
+    model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
+) -> float:
+    """Mean loss per assistant token over ``examples`` (eval mode, no gradients)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0.0
+    for i in range(0, len(examples), batch_size):
+        ids, mask = (t.to(device) for t in _pad(examples[i : i + batch_size], pad_id))
+        logits = model(input_ids=ids).logits[:, :-1]
+        tok = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none")
+        total += float((tok * mask[:, 1:].flatten()).sum())
+        count += float(mask[:, 1:].sum())
+    model.train(was_training)
+    return total / max(count, 1.0)
 
 
 def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -183,10 +238,13 @@ def demo_tasks(cfg: Config) -> list[Task]:
     ``sft.exclude_train_seeds``, tasks from a separate stream minus every task whose prompt RL
     trains on under those run seeds. Raises when the exclusion leaves nothing."""
     seeds = list(cfg.sft.exclude_train_seeds)
+    sized = cfg
+    if cfg.sft.num_tasks is not None:  # the pool's size, not RL's
+        sized = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, num_train=cfg.sft.num_tasks))
     if not seeds:
-        return components.load_tasks(cfg, "train", seed=sft_seed(cfg))
+        return components.load_tasks(sized, "train", seed=sft_seed(cfg))
     taken = {t.prompt for s in seeds for t in components.load_tasks(cfg, "train", seed=s)}
-    pool = components.load_tasks(cfg, "train", seed=sft_seed(cfg) + _DEMO_STREAM)
+    pool = components.load_tasks(sized, "train", seed=sft_seed(cfg) + _DEMO_STREAM)
     kept = [t for t in pool if t.prompt not in taken]
     if not kept:
         raise ValueError(
@@ -201,9 +259,18 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
     torch.manual_seed(sft_seed(cfg))
     model, tokenizer = components.load_model(cfg, base_path)
     examples = build_examples(cfg, tokenizer, log)
+    holdout: list[tuple[list[int], list[int]]] = []
+    if cfg.sft.holdout > 0:  # a seeded split: the held-out demonstrations are never trained on
+        random.Random(sft_seed(cfg) + 1).shuffle(examples)
+        n_held = max(1, round(cfg.sft.holdout * len(examples)))
+        if n_held >= len(examples):
+            raise ValueError(f"sft.holdout={cfg.sft.holdout} leaves no demonstration to train on")
+        holdout, examples = examples[:n_held], examples[n_held:]
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
     n_tok = sum(sum(m) for _, m in examples)
-    log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps")
+    log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps"
+        + (f", {len(holdout)} held out (loss every {cfg.sft.eval_every} steps, best weights kept)"
+           if holdout else ""))  # fmt: skip
     with Progress(
         TextColumn("[bold]SFT warm start"),
         BarColumn(),
@@ -229,6 +296,9 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
             seed=sft_seed(cfg),
             pad_id=tokenizer.pad_token_id or 0,
             on_step=on_step,
+            holdout=holdout,
+            eval_every=cfg.sft.eval_every,
+            patience=cfg.sft.patience,
         )
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -242,8 +312,15 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
                 "tokens": result.tokens,
                 "seconds": result.seconds,
                 "examples": len(examples),
+                "holdout_examples": len(holdout),
+                "holdout_losses": result.holdout_losses,
+                "best_step": result.best_step,
             }
         )
     )
-    log(f"SFT done in {result.seconds:.1f}s, final loss {result.final_loss:.3f}")
+    if result.holdout_losses:
+        best = min(loss for _, loss in result.holdout_losses)
+        log(f"SFT held-out loss: {' '.join(f'{n}:{v:.3f}' for n, v in result.holdout_losses)}; kept step "
+            f"{result.best_step} (held-out loss {best:.3f})")  # fmt: skip
+    log(f"SFT done in {result.seconds:.1f}s, {result.steps} steps, final loss {result.final_loss:.3f}")
     return result

@@ -34,7 +34,7 @@ from agentrl import build, components, dataclass_tree
 from agentrl.batch import batch_forward, build_batch
 from agentrl.config import Config, load_config
 from agentrl.env import Task
-from agentrl.evaluation import evaluate
+from agentrl.evaluation import evaluate, pass_at_k_curve
 from agentrl.runner import EpisodeRequest
 from agentrl.study_report import write_report
 from agentrl.trainer import Trainer
@@ -82,6 +82,9 @@ class StudyConfig:
     """Extra dotted overrides per family."""
     methods: dict[str, list[str]] = field(default_factory=dict)
     """Method label -> dotted overrides that make it (e.g. ``[algorithm.name=dapo]``)."""
+    extra_methods: dict[str, list[str]] = field(default_factory=dict)
+    """More methods, run after every run of ``methods`` (seeds outermost again), so that a study cut
+    short by its budget has the required methods on every seed and the extras on the seeds that fit."""
     overrides: list[str] = field(default_factory=list)
     """Dotted overrides for every run."""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
@@ -95,7 +98,10 @@ class StudyConfig:
     warmup_steps: int = 3
     """Steps excluded from the band fraction (the controller needs a few steps to act)."""
     eval_k: int = 8
-    """Samples per held-out task at the end (mean@k, pass@k)."""
+    """Samples per held-out task at the end: mean@k, and pass@j for every j ≤ k (unbiased
+    estimator), the curve the report plots."""
+    pass_k: int | None = None
+    """The pass@j the tables show (≤ ``eval_k``); None = ``eval_k``."""
     eval_tasks: int = 32
     parallel: int = 2
     """Runs at once."""
@@ -125,6 +131,12 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), reduced: bool = 
     cfg = dataclass_tree.build(StudyConfig, _complete(StudyConfig(), values))
     if not cfg.families or not cfg.methods:
         raise ValueError(f"{path}: a study needs at least one entry in 'families' and in 'methods'")
+    if set(cfg.methods) & set(cfg.extra_methods):
+        raise ValueError(
+            f"{path}: {sorted(set(cfg.methods) & set(cfg.extra_methods))} in both 'methods' and 'extra_methods'"
+        )
+    if cfg.pass_k is not None and not 1 <= cfg.pass_k <= cfg.eval_k:
+        raise ValueError(f"{path}: pass_k={cfg.pass_k} must be between 1 and eval_k={cfg.eval_k}")
     if cfg.target.rule == "fixed" and cfg.target.value is None:
         raise ValueError(f"{path}: target.rule=fixed needs target.value")
     if reduced:
@@ -155,12 +167,15 @@ def _reduce(cfg: StudyConfig, path: str | Path) -> StudyConfig:
     r = cfg.reduced
     fams = r.families or list(cfg.families)[:1]
     meths = r.methods or list(cfg.methods)
-    for name, pool, what in ((fams, cfg.families, "families"), (meths, cfg.methods, "methods")):
+    pools = ((fams, cfg.families, "families"), (meths, {**cfg.methods, **cfg.extra_methods}, "methods"))
+    for name, pool, what in pools:
         unknown = [x for x in name if x not in pool]
         if unknown:
             raise ValueError(f"{path}: reduced.{what} names {unknown}; valid: {sorted(pool)}")
+    every = {**cfg.methods, **cfg.extra_methods}
     cfg.families = {k: cfg.families[k] for k in fams}
-    cfg.methods = {k: cfg.methods[k] for k in meths}
+    cfg.methods = {k: every[k] for k in meths}
+    cfg.extra_methods = {}
     cfg.seeds, cfg.steps, cfg.eval_tasks = list(r.seeds), r.steps, r.eval_tasks
     return cfg
 
@@ -178,11 +193,21 @@ def family_overrides(study: StudyConfig, family: str) -> list[str]:
 
 
 def plan(study: StudyConfig, targets: dict[str, float]) -> list[RunSpec]:
-    """Every (family, method, seed) run, seeds outermost so that a partial study is balanced."""
+    """Every (family, method, seed) run, seeds outermost so that a partial study is balanced: the
+    ``methods`` first, then the ``extra_methods``."""
+    runs = []
+    for group in (study.methods, study.extra_methods):
+        runs += _plan_group(study, targets, group)
+    return runs
+
+
+def _plan_group(
+    study: StudyConfig, targets: dict[str, float], methods: dict[str, list[str]]
+) -> list[RunSpec]:
     runs = []
     for seed in study.seeds:
         for family in study.families:
-            for method, m_over in study.methods.items():
+            for method, m_over in methods.items():
                 out = str(Path(study.output_dir) / family / method / f"s{seed}")
                 runs.append(
                     RunSpec(
@@ -231,7 +256,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         del target["probe"]
     else:
         target["seeds"] = list(study.seeds)
-    key = {"policy": path, "target": target, "eval": [study.eval_k, study.eval_tasks]}
+    key = {"policy": path, "target": target, "eval": [study.eval_k, study.eval_tasks], "version": 2}
     if prep_file.exists():
         prep = json.loads(prep_file.read_text())
         if prep.get("key") == key:
@@ -255,26 +280,42 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     with torch.no_grad():
         _, ent = batch_forward(model, batch, cfg.trainer.micro_batch_size, cfg.rollout.temperature)
     h0 = float((ent * batch.mask).sum() / batch.mask.sum().clamp(min=1))
+    policy_ent = ent[batch.mask > 0]  # the same "branching" as entropy/branching: the top 10 % of tokens
+    h0_branching = float(policy_ent.topk(max(1, int(0.1 * policy_ent.numel()))).values.mean())
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
-    metrics, _ = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
+    metrics, eval_episodes = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
     prep = {
         "key": key,
         "family": family,
         "config": study.families[family],
         "policy": path,
         "h0": h0,
+        "h0_branching": h0_branching,
         "target_entropy": h_tgt,
         "probe_episodes": len(episodes),
         "probe_reward": sum(e.reward for e in episodes) / max(len(episodes), 1),
         "initial_eval": metrics,
+        "initial_pass_curve": pass_at_k_curve(eval_episodes, study.eval_k),
+        "sft": _sft_record(path),
         "seconds": time.perf_counter() - t0,
     }
     prep_file.parent.mkdir(parents=True, exist_ok=True)
     prep_file.write_text(json.dumps(prep, indent=1))
-    log(f"{family}: H0 = {h0:.4f} nats, H_tgt = {h_tgt:.4f}; warm start mean@{study.eval_k} "
-        f"{metrics['eval/mean@k']:.3f}")  # fmt: skip
+    log(f"{family}: H0 = {h0:.4f} nats (branching {h0_branching:.3f}), H_tgt = {h_tgt:.4f}; probe reward "
+        f"{prep['probe_reward']:.3f}; warm start held-out mean@{study.eval_k} {metrics['eval/mean@k']:.3f}, "
+        f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}")  # fmt: skip
     return prep
+
+
+def _sft_record(path: str) -> dict[str, Any]:
+    """What the warm start's SFT did (``sft_result.json``), without the per-step losses."""
+    f = Path(path) / "sft_result.json"
+    if not f.exists():
+        return {}
+    rec = json.loads(f.read_text())
+    rec.pop("losses", None)
+    return rec
 
 
 # ------------------------------------------------------------------------------------- one run
@@ -285,13 +326,17 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     cfg = load_config(config_path, spec.overrides)
     trainer = Trainer(cfg, log=lambda s: print(s, flush=True))
     history = trainer.train()
-    final = trainer.evaluate()
+    train_seconds = time.perf_counter() - t0
+    tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
+    final, episodes = evaluate(cfg, trainer.engine, trainer.tokenizer, tasks, k=cfg.eval.k)
     result = {
         **asdict(spec),
         "steps": len(history),
         "seconds": time.perf_counter() - t0,
+        "train_seconds": train_seconds,
         "policy_tokens": sum(h.get("length/policy_tokens_total", 0.0) for h in history),
         "final_eval": final,
+        "pass_curve": pass_at_k_curve(episodes, cfg.eval.k),
         "status": "ok",
     }
     Path(spec.out, "result.json").write_text(json.dumps(result, indent=1))
@@ -311,13 +356,21 @@ def _launch(spec: RunSpec, config_path: str, threads: int) -> subprocess.Popen:
     return proc
 
 
-def run_study(study: StudyConfig, log: Callable[[str], None] = print, only_report: bool = False) -> Path:
-    """Prepare every family, run every missing run (``parallel`` at a time), write the report."""
+def run_study(
+    study: StudyConfig,
+    log: Callable[[str], None] = print,
+    only_report: bool = False,
+    prepare_only: bool = False,
+) -> Path | None:
+    """Prepare every family, run every missing run (``parallel`` at a time), write the report.
+    ``prepare_only``: build and measure the warm starts (``OUTPUT/FAMILY/prep.json``), then stop."""
 
     t0 = time.perf_counter()
     for spec in plan(study, {f: 1.0 for f in study.families}):  # every run's config, before any work
         load_config(study.families[spec.family], spec.overrides)
     preps = {f: prepare_family(study, f, log) for f in study.families}
+    if prepare_only:
+        return None
     runs = plan(study, {f: p["target_entropy"] for f, p in preps.items()})
     todo = [r for r in runs if not Path(r.out, "result.json").exists()]
     if only_report:

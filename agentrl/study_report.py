@@ -68,8 +68,22 @@ def _run_target(run_dir: Path, default: float) -> float:
     return float(cfg.get("algorithm", {}).get("stare", {}).get("target_entropy", default))
 
 
-def summarize_run(run_dir: Path, target: float, band: tuple[float, float], warmup: int) -> dict[str, Any]:
-    """One run's numbers for the report, from its ``metrics.jsonl`` and ``result.json``."""
+def _pass_at(result: dict[str, Any], k: int | None, default: float) -> float:
+    """pass@k from the run's pass@j curve (unbiased, from all its samples), else ``default``."""
+    curve = result.get("pass_curve") or {}
+    return float(curve.get(str(k), default)) if k is not None else default
+
+
+def summarize_run(
+    run_dir: Path,
+    target: float,
+    band: tuple[float, float],
+    warmup: int,
+    h0: float | None = None,
+    pass_k: int | None = None,
+) -> dict[str, Any]:
+    """One run's numbers for the report, from its ``metrics.jsonl`` and ``result.json``; ``h_ratio``
+    is the final entropy over the warm start's H0, ``pass_at_k`` read at ``pass_k`` from the curve."""
     rows = read_metrics(run_dir)
     result = json.loads((run_dir / "result.json").read_text())
     target = _run_target(run_dir, target)
@@ -78,6 +92,7 @@ def summarize_run(run_dir: Path, target: float, band: tuple[float, float], warmu
     gate = [x for x in _values(rows, "stare/gate_on") if x is not None]
     final_eval = result.get("final_eval", {})
     return {
+        "seed": result.get("seed"),
         "series": series,
         "target": target,
         "steps": len(rows),
@@ -92,7 +107,9 @@ def summarize_run(run_dir: Path, target: float, band: tuple[float, float], warmu
         "gate_on": sum(gate) / len(gate) if gate else math.nan,
         "skipped_updates": sum(1 for r in rows if r.get("update/skipped")),
         "mean_at_k": final_eval.get("eval/mean@k", math.nan),
-        "pass_at_k": final_eval.get("eval/pass@k", math.nan),
+        "pass_at_k": _pass_at(result, pass_k, final_eval.get("eval/pass@k", math.nan)),
+        "pass_curve": {int(j): v for j, v in result.get("pass_curve", {}).items()},
+        "h_ratio": _tail_mean(series["entropy"], n_tail) / h0 if h0 else math.nan,
         "seconds": result.get("seconds", math.nan),
         "policy_tokens": result.get("policy_tokens", math.nan),
     }
@@ -162,34 +179,168 @@ def _plot_family(
     return written
 
 
-def _per_seed_lines(
-    by_method: dict[str, list[dict]], runs: Sequence[Any], family: str, study: Any
-) -> list[str]:
-    """Seed by seed: the baseline's final entropy as a multiple of H_tgt ("collapsed" below the
-    band's floor) and each method's in-band fraction, for the "holds the band on every seed where
-    the baseline collapses" question."""
-    seeds = [r.seed for r in runs if r.family == family and r.method == next(iter(by_method), None)]
-    if not by_method or len(seeds) != len(next(iter(by_method.values()))):
+def _plot_pass_curves(family: str, prep: dict, by_method: dict[str, list[dict]], img: Path) -> Path | None:
+    """pass@j against j at the end of RL (mean over seeds), one line per method, the warm start dashed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 3.8), dpi=110)
+    drawn = False
+    start = {int(j): v for j, v in (prep.get("initial_pass_curve") or {}).items()}
+    if start:
+        ax.plot(sorted(start), [start[j] for j in sorted(start)], "k--", lw=1.2, label="warm start")
+        drawn = True
+    for i, (method, runs) in enumerate(by_method.items()):
+        curves = [r["pass_curve"] for r in runs if r.get("pass_curve")]
+        if not curves:
+            continue
+        js = sorted(set.intersection(*(set(c) for c in curves)))
+        ax.plot(js, [statistics.fmean(c[j] for c in curves) for j in js], color=f"C{i % 10}", lw=1.4,
+                marker=".", label=method)  # fmt: skip
+        drawn = True
+    if not drawn:
+        plt.close(fig)
+        return None
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples per task)")
+    ax.set_ylabel("held-out pass@k")
+    ax.set_title(f"{family}: held-out pass@k after RL (mean over seeds; unbiased estimator)", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    path = img / f"study_{family}_pass_at_k.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
+def paired_differences(by_method: dict[str, list[dict]], base: str, key: str) -> dict[str, list[float]]:
+    """Per method, ``key`` minus the baseline's on the same seed, for the seeds both finished."""
+    ref = {r["seed"]: r[key] for r in by_method.get(base, [])}
+    out = {}
+    for method, runs in by_method.items():
+        if method == base:
+            continue
+        diffs = [r[key] - ref[r["seed"]] for r in runs if r["seed"] in ref]
+        out[method] = [d for d in diffs if not math.isnan(d)]
+    return out
+
+
+def supported(diffs: Sequence[float]) -> bool:
+    """A paired difference the seeds support: at least two seeds, the same sign on every seed, and
+    the mean more than two standard errors from zero. Anything else is reported as seed noise."""
+    if len(diffs) < 2:
+        return False
+    same_sign = all(d > 0 for d in diffs) or all(d < 0 for d in diffs)
+    m, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    return same_sign and abs(m) > 2 * sd / math.sqrt(len(diffs))
+
+
+def _diff_cell(diffs: Sequence[float], pct: bool = False) -> str:
+    if not diffs:
+        return "–"
+    scale, unit = (100.0, " pp") if pct else (1.0, "")
+    m = statistics.fmean(diffs) * scale
+    sd = (statistics.stdev(diffs) if len(diffs) > 1 else 0.0) * scale
+    pos = sum(d > 0 for d in diffs)
+    mark = " **supported**" if supported(diffs) else ""
+    fmt = "{:+.0f}" if pct else "{:+.3f}"
+    return f"{fmt.format(m)}{unit} ± {sd:.{0 if pct else 3}f} ({pos}/{len(diffs)} seeds > 0){mark}"
+
+
+COMPARED = (  # (summary key, column title, percentage)
+    ("h_ratio", "final entropy / H0", False),
+    ("in_band", "in band", True),
+    ("final_entropy_branching", "branching entropy", False),
+    ("mean_at_k", "mean@k", False),
+    ("pass_at_k", "pass@k", False),
+)
+
+
+def _comparison_lines(by_method: dict[str, list[dict]], base: str, k: int, pass_k: int) -> list[str]:
+    """Every method against the baseline, paired by seed: mean ± sd of the difference, how many
+    seeds it is positive on, and whether the seeds support it (``supported``)."""
+    if base not in by_method or len(by_method) < 2:
         return []
-    base = next(iter(by_method))
+    titles = [t.replace("mean@k", f"mean@{k}").replace("pass@k", f"pass@{pass_k}") for _, t, _ in COMPARED]
     lines = [
         "",
-        f"Per seed: `{base}` final entropy / H_tgt (collapsed if below {study.band[0]}), then each "
-        "method's in-band fraction.",
+        f"Paired by seed against `{base}` (method minus `{base}` on the same seed: mean ± standard "
+        "deviation of the differences, and on how many seeds it is positive). **supported** marks a "
+        "difference with the same sign on every seed and a mean more than two standard errors from "
+        "zero; every other difference is within seed noise and the text claims nothing from it.",
         "",
-        "| seed | " + f"{base} final/H_tgt | " + " | ".join(by_method) + " |",
-        "|---|---|" + "---|" * len(by_method),
+        "| method | " + " | ".join(f"Δ {t}" for t in titles) + " |",
+        "|---|" + "---|" * len(titles),
     ]
-    for i, seed in enumerate(seeds):
-        b = by_method[base][i]
-        ratio = b["final_entropy"] / b["target"] if b.get("target") else math.nan
-        mark = " (collapsed)" if ratio < study.band[0] else ""
-        cells = [
-            f"{100 * rs[i]['in_band']:.0f} %" if i < len(rs) and not math.isnan(rs[i]["in_band"]) else "–"
-            for rs in by_method.values()
-        ]
-        lines.append(f"| {seed} | {ratio:.2f}{mark} | " + " | ".join(cells) + " |")
+    diffs = {key: paired_differences(by_method, base, key) for key, _, _ in COMPARED}
+    for method in by_method:
+        if method == base:
+            continue
+        cells = [_diff_cell(diffs[key][method], pct) for key, _, pct in COMPARED]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _verdict_lines(by_method: dict[str, list[dict]], base: str, study: Any, pass_k: int) -> list[str]:
+    """The study's questions, answered from the per-seed numbers: did the baseline collapse on every
+    seed, which methods held the band on ≥ 80 % of post-warm-up steps on every seed, and which
+    paired pass@k / mean@k differences the seeds support."""
+    if base not in by_method:
+        return []
+    floor = study.band[0]
+    ratios = [r["h_ratio"] for r in by_method[base]]
+    collapsed = sum(x < floor for x in ratios)
+    lines = [
+        "",
+        "**Answers, per seed.**",
+        "",
+        f"- `{base}` collapsed (final entropy < {floor} × H0) on **{collapsed}/{len(ratios)}** seeds "
+        f"(final / H0: {', '.join(f'{x:.2f}' for x in ratios)})",
+    ]
+    if collapsed == len(ratios):
+        lines[-1] += ". The setup is a test of entropy control."
+    else:
+        lines[-1] += ". Where it did not collapse, holding the band says nothing about entropy control."
+    held = []
+    for method, runs in by_method.items():
+        n_ok = sum(r["in_band"] >= 0.8 for r in runs if not math.isnan(r["in_band"]))
+        held.append(f"`{method}` {n_ok}/{len(runs)}")
+    lines.append("- In band on ≥ 80 % of post-warm-up steps, seeds: " + ", ".join(held) + ".")
+    for key, name in (("pass_at_k", f"pass@{pass_k}"), ("mean_at_k", f"mean@{study.eval_k}")):
+        diffs = paired_differences(by_method, base, key)
+        better = [m for m, d in diffs.items() if supported(d) and statistics.fmean(d) > 0]
+        worse = [m for m, d in diffs.items() if supported(d) and statistics.fmean(d) < 0]
+        lines.append(
+            f"- Held-out {name} against `{base}`: supported higher for "
+            + (", ".join(f"`{m}`" for m in better) or "none")
+            + "; supported lower for "
+            + (", ".join(f"`{m}`" for m in worse) or "none")
+            + "; every other difference is within seed noise."
+        )
+    return lines
+
+
+def _per_run_lines(by_method: dict[str, list[dict]], k: int, pass_k: int) -> list[str]:
+    """Every run on its own row: the numbers the means above are made of."""
+    lines = [
+        "",
+        "<details><summary>Per seed</summary>",
+        "",
+        f"| method | seed | final entropy | / H0 | in band | branching | final reward | mean@{k} | "
+        f"pass@{pass_k} | length | time |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for method, runs in by_method.items():
+        for r in runs:
+            lines.append(
+                f"| {method} | {r['seed']} | {r['final_entropy']:.4f} | {r['h_ratio']:.2f} | "
+                f"{100 * r['in_band']:.0f} % | {r['final_entropy_branching']:.3f} | {r['final_reward']:.3f} | "
+                f"{r['mean_at_k']:.3f} | {r['pass_at_k']:.3f} | {r['final_length']:.1f} | {r['seconds']:.0f} s |"
+            )
+    return [*lines, "", "</details>"]
 
 
 def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_seconds: float) -> Path:
@@ -201,6 +352,8 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
     k = study.eval_k
+    pass_k = study.pass_k or k
+    base = "grpo_ds" if "grpo_ds" in study.methods else next(iter(study.methods))  # the paired baseline
     lines = [
         f"# Entropy-stability study: {study.name}",
         "",
@@ -214,8 +367,10 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
         f"*In band* is the fraction of steps after step {study.warmup_steps} whose entropy lies in "
         f"[{study.band[0]}, {study.band[1]}] × H_tgt (a step with no informative group has no batch and "
         "counts as outside). *Final* values average the last fifth of the steps (at least 3). "
-        f"Held-out mean@{k} / pass@{k} are on {study.eval_tasks} test tasks at the end. Values are "
-        "mean ± standard deviation over seeds.",
+        "*Branching entropy* is the mean over the top 10 % most uncertain policy tokens of a batch. "
+        f"Held-out mean@{k} and pass@{pass_k} are on {study.eval_tasks} test tasks at the end, from {k} "
+        f"samples per task (pass@j with the unbiased estimator, curves for j = 1…{k} in the plots). "
+        "Values are mean ± standard deviation over seeds.",
         "",
         "The same methods in the tabular entropy lab (V = 16, many correct answers, 3 seeds, 400 steps), "
         "where the controllers were first measured, are in "
@@ -242,22 +397,33 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
             d = Path(r.out)
             if (d / "result.json").exists():
                 by_method.setdefault(r.method, []).append(
-                    summarize_run(d, target, study.band, study.warmup_steps)
+                    summarize_run(d, target, study.band, study.warmup_steps, prep["h0"], pass_k)
                 )
             else:
                 failed.append(f"{r.method} seed {r.seed}")
         ie = prep["initial_eval"]
+        start_curve = prep.get("initial_pass_curve") or {}
+        start_pass = start_curve.get(str(pass_k), start_curve.get(pass_k, ie["eval/pass@k"]))
+        branching = f" (branching {prep['h0_branching']:.3f})" if "h0_branching" in prep else ""
+        sft = prep.get("sft") or {}
+        sft_text = ""
+        if sft.get("holdout_losses"):
+            best = min(v for _, v in sft["holdout_losses"])
+            sft_text = (
+                f" SFT: {sft.get('examples')} demonstrations, {sft.get('holdout_examples')} held out; kept "
+                f"step {sft.get('best_step')} of {sft.get('steps')} (lowest held-out loss {best:.3f})."
+            )
         lines += [
             f"## {family}",
             "",
-            f"Config `{prep['config']}`. Warm start: H0 = {prep['h0']:.4f} nats, H_tgt = {target:.4f}, "
-            f"probe reward {prep['probe_reward']:.3f}, held-out mean@{k} {ie['eval/mean@k']:.3f}, "
-            f"pass@{k} {ie['eval/pass@k']:.3f} before RL.",
+            f"Config `{prep['config']}`. Warm start: H0 = {prep['h0']:.4f} nats{branching}, H_tgt = "
+            f"{target:.4f}, probe reward {prep['probe_reward']:.3f}, held-out mean@{k} "
+            f"{ie['eval/mean@k']:.3f}, pass@{pass_k} {start_pass:.3f} before RL.{sft_text}",
             "",
-            f"| method | final entropy | in band | rollout entropy | rollout in band | branching entropy | "
-            f"STARE gate on | informative groups | final reward | mean@{k} | pass@{k} | length | time/run | "
+            f"| method | final entropy | / H0 | in band | rollout entropy | rollout in band | branching entropy | "
+            f"STARE gate on | informative groups | final reward | mean@{k} | pass@{pass_k} | length | time/run | "
             "policy tokens/run |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for method, rs in by_method.items():
 
@@ -265,17 +431,22 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
                 return [r[key] for r in rs]
 
             lines.append(
-                f"| {method} | {_cell(col('final_entropy'))} | {_cell(col('in_band'), pct=True)} | "
+                f"| {method} | {_cell(col('final_entropy'))} | {_cell(col('h_ratio'), '{:.2f}')} | "
+                f"{_cell(col('in_band'), pct=True)} | "
                 f"{_cell(col('final_entropy_rollout'))} | {_cell(col('in_band_rollout'), pct=True)} | "
                 f"{_cell(col('final_entropy_branching'))} | {_cell(col('gate_on'), pct=True)} | "
                 f"{_cell(col('informative'), '{:.1f}')} | {_cell(col('final_reward'))} | "
                 f"{_cell(col('mean_at_k'))} | {_cell(col('pass_at_k'))} | {_cell(col('final_length'), '{:.1f}')} | "
                 f"{_cell(col('seconds'), '{:.0f}')} s | {_cell(col('policy_tokens'), '{:.0f}')} |"
             )
-        lines += _per_seed_lines(by_method, runs, family, study)
+        lines += _verdict_lines(by_method, base, study, pass_k)
+        lines += _comparison_lines(by_method, base, k, pass_k)
+        lines += _per_run_lines(by_method, k, pass_k)
         if failed:
             lines += ["", f"Runs without a result (failed or not run): {', '.join(failed)}."]
         pngs = _plot_family(family, target, study.band, by_method, img) if by_method else []
+        curve_png = _plot_pass_curves(family, prep, by_method, img) if by_method else None
+        pngs += [curve_png] if curve_png else []
         lines += [""] + [f"![{p.stem}](img/{p.name})" for p in pngs] + [""]
         summary[family] = {
             "prep": {k2: v for k2, v in prep.items() if k2 != "key"},

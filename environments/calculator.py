@@ -80,15 +80,29 @@ def _split_of(task_id: str, test_fraction: float) -> str:
 
 
 def _equivalent_forms(expr: str, rng: random.Random) -> str:
-    """A random expression equal to ``expr`` by commuting the operands of a top-level + or *."""
+    """A random expression equal to ``expr``: the operands of a top-level + or * commuted half the
+    time, and the spaces around operators dropped a quarter of the time."""
     tree = ast.parse(expr, mode="eval").body
     if isinstance(tree, ast.BinOp) and isinstance(tree.op, (ast.Add, ast.Mult)) and rng.random() < 0.5:
         op = "+" if isinstance(tree.op, ast.Add) else "*"
         left, right = ast.unparse(tree.left), ast.unparse(tree.right)
         if isinstance(tree.right, ast.BinOp):
             right = f"({right})"
-        return f"{right} {op} {left}"
+        expr = f"{right} {op} {left}"
+    if rng.random() < 0.25:
+        expr = expr.replace(" ", "")
     return expr
+
+
+# What the teacher may say before its call and after the result: several phrasings, all correct, so
+# a warm start learns a distribution over them (entropy that RL can keep or collapse).
+_BEFORE_CALL = ("", "", "Let me calculate {expr}.\n", "I'll use the calculator.\n")
+_AFTER_RESULT = (
+    "The answer is \\boxed{{{answer}}}.",
+    "\\boxed{{{answer}}}",
+    "{expr} = \\boxed{{{answer}}}.",
+    "So the result is \\boxed{{{answer}}}.",
+)
 
 
 @register
@@ -99,6 +113,7 @@ class Calculator(Environment):
     )
     tool_format = "json"
     max_turns = 4
+    demo_version = 2  # the solver's phrasings changed: warm starts made before are not reused
     n_operands: ClassVar[int] = 3
     max_value: ClassVar[int] = 30
 
@@ -132,17 +147,21 @@ class Calculator(Environment):
 
     @classmethod
     def demonstrations(cls, tasks: Sequence[Task], seed: int = 0) -> list[list[Message]]:
-        """Solver demonstrations: one call with the expression (or an equivalent reordering), the
-        tool's answer, then the boxed result."""
+        """Solver demonstrations, diverse where the answer allows it: an optional sentence, one call
+        with the expression (operands of + and * in either order, with or without spaces), the
+        tool's answer, then the boxed result in one of several phrasings."""
         rng = random.Random(seed)
         env = cls()
         demos = []
         for task in tasks:
-            expr = _equivalent_forms(task.metadata["expression"], rng)
+            asked = task.metadata["expression"]
+            expr = _equivalent_forms(asked, rng)
             msgs = env.reset(task, seed)
-            msgs.append({"role": "assistant", "content": format_tool_call("calculate", {"expression": expr})})
+            call = format_tool_call("calculate", {"expression": expr})
+            msgs.append({"role": "assistant", "content": rng.choice(_BEFORE_CALL).format(expr=asked) + call})
             msgs.append({"role": "tool", "name": "calculate", "content": env.calculate(expr)})
-            msgs.append({"role": "assistant", "content": f"The answer is \\boxed{{{task.answer}}}."})
+            after = rng.choice(_AFTER_RESULT).format(expr=asked, answer=task.answer)
+            msgs.append({"role": "assistant", "content": after})
             demos.append(msgs)
         return demos
 

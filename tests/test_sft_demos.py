@@ -65,3 +65,44 @@ def test_too_few_tasks_for_num_demos_is_said(tiny_tokenizer):
     examples = build_examples(cfg, tiny_tokenizer, logs.append)
     assert len(examples) == 20
     assert any("sft.num_demos=20 but only 5 training tasks" in x and "4.0 times" in x for x in logs), logs
+
+
+def test_a_larger_pool_keeps_more_demonstration_tasks_off_rls():
+    over = ["sft.seed=0", "sft.exclude_train_seeds=[0,1,2]"]
+    small = demo_tasks(load_config("configs/study/tool_use.yaml", [*over, "sft.num_tasks=null"]))
+    cfg = load_config("configs/study/tool_use.yaml", over)
+    large = demo_tasks(cfg)
+    taken = {t.prompt for s in (0, 1, 2) for t in load_tasks(cfg, "train", seed=s)}
+    assert cfg.sft.num_tasks == 1600 and len(large) > 1000 > 200 >= len(small)
+    assert not any(t.prompt in taken for t in large)
+    assert warm_start_key(cfg, "base") != warm_start_key(
+        load_config("configs/study/tool_use.yaml", [*over, "sft.num_tasks=1200"]), "base"
+    )
+
+
+def test_the_calculator_teacher_is_diverse_and_always_right():
+    from environments.calculator import Calculator, safe_eval
+
+    tasks = Calculator.load_tasks("train", n=200, seed=0, n_operands=2, max_value=30)
+    demos = Calculator.demonstrations(tasks, seed=0)
+    calls, answers = set(), set()
+    for task, demo in zip(tasks, demos):
+        call, result, answer = demo[2]["content"], demo[3]["content"], demo[4]["content"]
+        expr = call.split('"expression": "')[1].split('"')[0]
+        assert safe_eval(expr) == task.answer and result == str(task.answer)
+        assert answer.count(f"\\boxed{{{task.answer}}}") == 1
+        asked = task.metadata["expression"]
+        sentence = call.split("<tool_call>")[0].replace(asked, "E")
+        calls.add((sentence, " " in expr, expr.replace(" ", "") == asked.replace(" ", "")))
+        answers.add(answer.replace(asked, "E").replace(str(task.answer), "N"))
+    assert len(calls) == 12 and len(answers) == 4  # 3 sentences x spacing x order; 4 phrasings
+
+
+def test_a_changed_solver_is_not_served_an_old_warm_start(monkeypatch):
+    """An environment whose solver changed declares a new ``demo_version``; it enters the key."""
+    from environments.calculator import Calculator
+
+    cfg = load_config("configs/quickstart.yaml")
+    now = warm_start_key(cfg, "base")
+    monkeypatch.setattr(Calculator, "demo_version", 1)
+    assert warm_start_key(cfg, "base") != now

@@ -17,6 +17,44 @@ from agentrl.study_report import band_fraction
 from tests.user_files import one_turn_env
 
 
+def test_paired_differences_and_what_the_seeds_support():
+    from agentrl.study_report import paired_differences, supported
+
+    runs = {
+        "base": [{"seed": 0, "x": 1.0}, {"seed": 1, "x": 2.0}, {"seed": 2, "x": 3.0}],
+        "m": [{"seed": 2, "x": 3.5}, {"seed": 0, "x": 1.4}, {"seed": 1, "x": 2.6}],  # order differs
+        "partial": [{"seed": 1, "x": 1.0}],
+    }
+    diffs = paired_differences(runs, "base", "x")
+    assert diffs["m"] == pytest.approx([0.5, 0.4, 0.6]) and diffs["partial"] == [-1.0]
+    assert supported([0.5, 0.4, 0.6])  # same sign, mean 0.5, sd 0.1: far beyond 2 standard errors
+    assert not supported([0.5, -0.1, 0.6])  # one seed disagrees
+    assert not supported([0.01, 1.0, 0.02])  # same sign but the spread swamps the mean
+    assert not supported([-1.0])  # one seed supports nothing
+
+
+def test_extra_methods_run_after_every_required_run(tmp_path, tiny_model_dir, varied_env):
+    from agentrl.study import plan
+
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
+    study = load_study(path, ["seeds=[0,1]", "extra_methods={steer: [algorithm.name=steer]}"])
+    order = [(r.method, r.seed) for r in plan(study, {"calc": 0.1})]
+    assert order == [
+        ("grpo_ds", 0),
+        ("stare_pi", 0),
+        ("grpo_ds", 1),
+        ("stare_pi", 1),
+        ("steer", 0),
+        ("steer", 1),
+    ]
+    reduced = load_study(
+        path, ["extra_methods={steer: [algorithm.name=steer]}", "reduced.methods=[steer]"], reduced=True
+    )
+    assert list(reduced.methods) == ["steer"] and not reduced.extra_methods
+    with pytest.raises(ValueError, match="both 'methods' and 'extra_methods'"):
+        load_study(path, ["extra_methods={grpo_ds: [algorithm.name=grpo]}"])
+
+
 def test_band_fraction_hand_values():
     # target 1, band [0.5, 1.5], warm-up 1: steps 1..4 -> 0.7 in, 2.0 out, None out, 1.5 in
     assert band_fraction([9.0, 0.7, 2.0, None, 1.5], 1.0, (0.5, 1.5), 1) == pytest.approx(0.5)
@@ -82,17 +120,24 @@ def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_mode
     rows = [
         line for line in text.splitlines() if line.startswith("| grpo_ds") or line.startswith("| stare_pi")
     ]
-    assert len(rows) == 2 and all(line.count("|") == 15 for line in rows), rows
-    for panel in ("entropy", "entropy_rollout", "entropy_branching", "reward", "length"):
+    rows = [line for line in rows if line.count("|") == 16]  # the main table (not the per-seed rows)
+    assert len(rows) == 2, text
+    for panel in ("entropy", "entropy_rollout", "entropy_branching", "reward", "length", "pass_at_k"):
         assert (tmp_path / "report" / "img" / f"study_calc_{panel}.png").stat().st_size > 1000
-    assert "| seed | grpo_ds final/H_tgt | grpo_ds | stare_pi |" in text  # the per-seed table
+    assert "| grpo_ds | 0 |" in text and "| stare_pi | 0 |" in text  # the per-seed rows
+    assert "Paired by seed against `grpo_ds`" in text and "| stare_pi | " in text
+    assert "collapsed (final entropy < 0.5 × H0) on **" in text
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     prep = summary["calc"]["prep"]
     assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(prep["h0"])
+    assert prep["h0_branching"] >= prep["h0"]  # the top 10 % of tokens are at least the mean
+    assert sorted(int(j) for j in prep["initial_pass_curve"]) == [1, 2]
     for method in METHODS:
         (run,) = summary["calc"]["methods"][method]
-        assert run["steps"] == 2
+        assert run["steps"] == 2 and run["seed"] == 0
         assert 0.0 <= run["mean_at_k"] <= run["pass_at_k"] <= 1.0
+        assert run["pass_curve"]["1"] == pytest.approx(run["mean_at_k"])  # pass@1 is the mean accuracy
+        assert run["pass_curve"]["2"] == pytest.approx(run["pass_at_k"])
         assert run["policy_tokens"] > 0
     # the runs' configs carry the measured target and the shared warm-start seed
     cfg = yaml.safe_load((tmp_path / "runs" / "calc" / "stare_pi" / "s0" / "config.yaml").read_text())
