@@ -78,7 +78,8 @@ def test_every_study_config_and_each_of_its_runs_loads(path):
     for reduced in (False, True):
         study = load_study(path, reduced=reduced)
         runs = plan(study, {f: 0.5 for f in study.families})
-        assert len(runs) == len(study.seeds) * len(study.families) * len(study.methods)
+        methods = len(study.methods) + len(study.extra_methods)
+        assert len(runs) == len(study.seeds) * len(study.families) * methods
         for spec in runs:
             cfg = load_config(ROOT / study.families[spec.family], spec.overrides)
             assert cfg.trainer.total_steps == study.steps and cfg.run.seed == spec.seed

@@ -191,8 +191,8 @@ def test_template_is_prefix_stable(tiny_tokenizer, tools):
 def test_preset_parameter_counts(tiny_tokenizer):
     # h128-L8 by hand: per layer q 128*128+128, k and v 128*64+64 each, o 128*128, MLP 3*128*448,
     # two norms 2*128 -> 221,696; x8 = 1,773,568; + embeddings and untied head 2*1024*128 + final norm 128
-    # = 2,035,840.
-    want = {"h128-L8": 2_035_840, "h384-L7": 15_419_392, "h640-L12": 60_319_872}
+    # = 2,035,840. h128-L4: 4 * 221,696 + 262,272 = 1,149,056.
+    want = {"h128-L8": 2_035_840, "h128-L4": 1_149_056, "h384-L7": 15_419_392, "h640-L12": 60_319_872}
     for name, shape in PRESETS.items():
         with torch.device("meta"):
             model = Qwen2ForCausalLM(tiny_config(shape, tiny_tokenizer))
