@@ -131,6 +131,11 @@ def _cell(xs: Sequence[float], fmt: str = "{:.3f}", pct: bool = False) -> str:
     return (fmt.format(m) + " ± " + fmt.format(sd)) if len(xs) > 1 else fmt.format(m)
 
 
+def _line_style(i: int) -> str:
+    """Solid for the first ten methods, then dashed, then dotted: colours repeat after ten."""
+    return ("-", "--", ":")[min(i // 10, 2)]
+
+
 def _plot_family(
     family: str, target: float, band: tuple[float, float], by_method: dict[str, list[dict]], img: Path
 ) -> list[Path]:
@@ -161,7 +166,7 @@ def _plot_family(
                     mean.append(sum(vals) / len(vals))
                     lo.append(min(vals))
                     hi.append(max(vals))
-            ax.plot(xs, mean, color=color, label=method, lw=1.4)
+            ax.plot(xs, mean, color=color, ls=_line_style(i), label=method, lw=1.4)
             if len(curves) > 1:
                 ax.fill_between(xs, lo, hi, color=color, alpha=0.12, lw=0)
         if key.startswith("entropy"):
@@ -197,7 +202,7 @@ def _plot_pass_curves(family: str, prep: dict, by_method: dict[str, list[dict]],
         if not curves:
             continue
         js = sorted(set.intersection(*(set(c) for c in curves)))
-        ax.plot(js, [statistics.fmean(c[j] for c in curves) for j in js], color=f"C{i % 10}", lw=1.4,
+        ax.plot(js, [statistics.fmean(c[j] for c in curves) for j in js], color=f"C{i % 10}", ls=_line_style(i), lw=1.4,
                 marker=".", label=method)  # fmt: skip
         drawn = True
     if not drawn:
