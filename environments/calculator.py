@@ -10,6 +10,7 @@ arithmetic evaluator over an AST: no model code ever runs.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import hashlib
 import operator
 import random
@@ -79,9 +80,9 @@ def _split_of(task_id: str, test_fraction: float) -> str:
     return "test" if h < test_fraction else "train"
 
 
-def _equivalent_forms(expr: str, rng: random.Random) -> str:
+def _equivalent_forms(expr: str, rng: random.Random, spacing: bool = False) -> str:
     """A random expression equal to ``expr``: the operands of a top-level + or * commuted half the
-    time, and the spaces around operators dropped a quarter of the time."""
+    time, and with ``spacing`` the spaces around operators dropped a quarter of the time."""
     tree = ast.parse(expr, mode="eval").body
     if isinstance(tree, ast.BinOp) and isinstance(tree.op, (ast.Add, ast.Mult)) and rng.random() < 0.5:
         op = "+" if isinstance(tree.op, ast.Add) else "*"
@@ -89,11 +90,12 @@ def _equivalent_forms(expr: str, rng: random.Random) -> str:
         if isinstance(tree.right, ast.BinOp):
             right = f"({right})"
         expr = f"{right} {op} {left}"
-    if rng.random() < 0.25:
+    if spacing and rng.random() < 0.25:
         expr = expr.replace(" ", "")
     return expr
 
 
+TEACHERS = ("one", "diverse")
 # What the teacher may say before its call and after the result: several phrasings, all correct, so
 # a warm start learns a distribution over them (entropy that RL can keep or collapse).
 _BEFORE_CALL = ("", "", "Let me calculate {expr}.\n", "I'll use the calculator.\n")
@@ -113,7 +115,6 @@ class Calculator(Environment):
     )
     tool_format = "json"
     max_turns = 4
-    demo_version = 2  # the solver's phrasings changed: warm starts made before are not reused
     n_operands: ClassVar[int] = 3
     max_value: ClassVar[int] = 30
 
@@ -134,6 +135,9 @@ class Calculator(Environment):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         n_operands = int(options.get("n_operands", cls.n_operands))
         max_value = int(options.get("max_value", cls.max_value))
+        teacher = str(options.get("teacher", "one"))
+        if teacher not in TEACHERS:
+            raise ValueError(f"calculator: data.options.teacher={teacher!r}; valid: {', '.join(TEACHERS)}")
         want = 256 if n is None else n
         rng = random.Random(f"calculator-{split}-{seed}-{n_operands}-{max_value}")
         tasks: dict[str, Task] = {}
@@ -143,25 +147,30 @@ class Calculator(Environment):
             task = make_task(rng, n_operands, max_value)
             if _split_of(task.id, 0.2) == split:
                 tasks.setdefault(task.id, task)
-        return list(tasks.values())
+        # how the solver demonstrates each task (SFT only; RL never reads it)
+        return [dataclasses.replace(t, metadata={**t.metadata, "teacher": teacher}) for t in tasks.values()]
 
     @classmethod
     def demonstrations(cls, tasks: Sequence[Task], seed: int = 0) -> list[list[Message]]:
-        """Solver demonstrations, diverse where the answer allows it: an optional sentence, one call
-        with the expression (operands of + and * in either order, with or without spaces), the
-        tool's answer, then the boxed result in one of several phrasings."""
+        """Solver demonstrations: one call with the expression (operands of + and * in either
+        order), the tool's answer, then the boxed result. A task drawn with
+        ``data.options.teacher: diverse`` is demonstrated more diversely: an optional sentence
+        before the call, the expression with or without spaces, and one of four phrasings of the
+        answer (the default, ``one``, always says "The answer is \\boxed{N}.")."""
         rng = random.Random(seed)
         env = cls()
         demos = []
         for task in tasks:
             asked = task.metadata["expression"]
-            expr = _equivalent_forms(asked, rng)
+            diverse = task.metadata.get("teacher", "one") == "diverse"
+            expr = _equivalent_forms(asked, rng, spacing=diverse)
             msgs = env.reset(task, seed)
             call = format_tool_call("calculate", {"expression": expr})
-            msgs.append({"role": "assistant", "content": rng.choice(_BEFORE_CALL).format(expr=asked) + call})
+            before = rng.choice(_BEFORE_CALL).format(expr=asked) if diverse else ""
+            msgs.append({"role": "assistant", "content": before + call})
             msgs.append({"role": "tool", "name": "calculate", "content": env.calculate(expr)})
-            after = rng.choice(_AFTER_RESULT).format(expr=asked, answer=task.answer)
-            msgs.append({"role": "assistant", "content": after})
+            after = rng.choice(_AFTER_RESULT) if diverse else _AFTER_RESULT[0]
+            msgs.append({"role": "assistant", "content": after.format(expr=asked, answer=task.answer)})
             demos.append(msgs)
         return demos
 

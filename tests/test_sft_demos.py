@@ -83,7 +83,7 @@ def test_a_larger_pool_keeps_more_demonstration_tasks_off_rls():
 def test_the_calculator_teacher_is_diverse_and_always_right():
     from environments.calculator import Calculator, safe_eval
 
-    tasks = Calculator.load_tasks("train", n=200, seed=0, n_operands=2, max_value=30)
+    tasks = Calculator.load_tasks("train", n=200, seed=0, n_operands=2, max_value=30, teacher="diverse")
     demos = Calculator.demonstrations(tasks, seed=0)
     calls, answers = set(), set()
     for task, demo in zip(tasks, demos):
@@ -98,11 +98,27 @@ def test_the_calculator_teacher_is_diverse_and_always_right():
     assert len(calls) == 12 and len(answers) == 4  # 3 sentences x spacing x order; 4 phrasings
 
 
+def test_the_default_calculator_teacher_says_one_thing_and_a_bad_teacher_is_named():
+    from environments.calculator import Calculator
+
+    tasks = Calculator.load_tasks("train", n=50, seed=0, n_operands=2, max_value=30)
+    for task, demo in zip(tasks, Calculator.demonstrations(tasks, seed=0)):
+        assert demo[2]["content"].startswith("<tool_call>")
+        assert demo[4]["content"] == f"The answer is \\boxed{{{task.answer}}}."
+    with pytest.raises(ValueError, match="teacher='wise'; valid: one, diverse"):
+        Calculator.load_tasks("train", n=5, teacher="wise")
+    # the teacher is a data option, so it is in the warm start's key
+    cfg = load_config("configs/study/tool_use.yaml")
+    assert warm_start_key(cfg, "b") != warm_start_key(
+        load_config("configs/study/tool_use.yaml", ["data.options.teacher=one"]), "b"
+    )
+
+
 def test_a_changed_solver_is_not_served_an_old_warm_start(monkeypatch):
     """An environment whose solver changed declares a new ``demo_version``; it enters the key."""
     from environments.calculator import Calculator
 
     cfg = load_config("configs/quickstart.yaml")
-    now = warm_start_key(cfg, "base")
-    monkeypatch.setattr(Calculator, "demo_version", 1)
-    assert warm_start_key(cfg, "base") != now
+    before = warm_start_key(cfg, "base")
+    monkeypatch.setattr(Calculator, "demo_version", 2, raising=False)
+    assert warm_start_key(cfg, "base") != before
