@@ -49,9 +49,6 @@ def warm_start_key(cfg: Config, base: str) -> str:
         payload["num_tasks"] = s.num_tasks
     if s.holdout > 0:
         payload["holdout"] = [s.holdout, s.eval_every, s.patience]
-    solver = getattr(components.env_class(cfg), "demo_version", 1)
-    if solver != 1:  # an environment whose solver changed declares it, so old warm starts are not reused
-        payload["solver"] = solver
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

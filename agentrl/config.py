@@ -254,12 +254,13 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
                 f"algorithm.overlong.max_length={alg.overlong.max_length}"
             ),
         )
-    if cfg.sft.patience > 0 and cfg.sft.holdout == 0:
-        yield (
-            "sft.patience",
-            f"sft.patience={cfg.sft.patience} stops on the held-out loss, but sft.holdout=0 holds nothing "
-            "out: set sft.holdout (e.g. 0.1) or patience=0",
-        )
+    for key, value, unset in (("patience", cfg.sft.patience, 0), ("eval_every", cfg.sft.eval_every, 50)):
+        if value != unset and cfg.sft.holdout == 0:
+            yield (
+                f"sft.{key}",
+                f"sft.{key}={value} acts on the held-out loss, but sft.holdout=0 holds nothing out: set "
+                f"sft.holdout (e.g. 0.1) or leave sft.{key} at {unset}",
+            )
     weighting = registry.WEIGHTINGS[weighting_name(cfg)]
     if weighting.check is not None:  # the selected method's own rules (its record)
         yield from weighting.check(weighting_settings(cfg), cfg)

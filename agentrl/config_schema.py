@@ -282,7 +282,7 @@ class SFTConfig:
     holdout: float = knob(0.0, ge=0, lt=1)
     """Fraction of the demonstrations held out of training (0 = none). With a held-out set, its loss is measured every ``eval_every`` steps, the weights with the lowest held-out loss are kept, and ``patience`` can stop training early: a warm start that keeps the demonstrations' diversity instead of memorising their prompts."""
     eval_every: int = knob(50, ge=1)
-    """Steps between held-out evaluations (with ``holdout`` > 0)."""
+    """Steps between held-out evaluations. Needs ``holdout`` > 0 (another value without it is a config error)."""
     patience: int = knob(0, ge=0)
     """Stop after this many held-out evaluations without a new lowest loss (0 = run every step, still keeping the best weights). Needs ``holdout`` > 0."""
 

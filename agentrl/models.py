@@ -71,7 +71,7 @@ class TinyShape:
 
 PRESETS: dict[str, TinyShape] = {
     "h128-L8": TinyShape(128, 8, 4, 2, 448),  # 2.0 M parameters at vocab 1024
-    "h128-L4": TinyShape(128, 4, 4, 2, 448),  # 1.1 M: half the layers, about twice as fast (the study)
+    "h128-L4": TinyShape(128, 4, 4, 2, 448),  # 1.1 M: half the layers (the study's families)
     "h384-L7": TinyShape(384, 7, 6, 2, 1472),  # 15.4 M
     "h640-L12": TinyShape(640, 12, 10, 2, 2048),  # 60.3 M
 }

@@ -136,14 +136,30 @@ def _line_style(i: int) -> str:
     return ("-", "--", ":")[min(i // 10, 2)]
 
 
-def _plot_family(
-    family: str, target: float, band: tuple[float, float], by_method: dict[str, list[dict]], img: Path
-) -> list[Path]:
+def _pyplot() -> Any:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def _finish(fig: Any, ax: Any, title: str, path: Path) -> Path:
+    """Title, grid and legend, then write the PNG and free the figure."""
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path)
+    _pyplot().close(fig)
+    return path
+
+
+def _plot_family(
+    family: str, target: float, band: tuple[float, float], by_method: dict[str, list[dict]], img: Path
+) -> list[Path]:
+    plt = _pyplot()
     written = []
     panels = [
         ("entropy", "entropy of the trained batch (nats)"),
@@ -173,24 +189,14 @@ def _plot_family(
             ax.axhline(target, color="k", ls="--", lw=0.9, label="H_tgt")
             ax.axhspan(band[0] * target, band[1] * target, color="k", alpha=0.05, label="band")
         ax.set_xlabel("RL step")
-        ax.set_title(f"{family}: {title} (mean over seeds, shaded min-max)", fontsize=9)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = img / f"study_{family}_{key}.png"
-        fig.savefig(path)
-        plt.close(fig)
-        written.append(path)
+        title = f"{family}: {title} (mean over seeds, shaded min-max)"
+        written.append(_finish(fig, ax, title, img / f"study_{family}_{key}.png"))
     return written
 
 
 def _plot_pass_curves(family: str, prep: dict, by_method: dict[str, list[dict]], img: Path) -> Path | None:
     """pass@j against j at the end of RL (mean over seeds), one line per method, the warm start dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.8), dpi=110)
     drawn = False
     start = {int(j): v for j, v in (prep.get("initial_pass_curve") or {}).items()}
@@ -202,8 +208,8 @@ def _plot_pass_curves(family: str, prep: dict, by_method: dict[str, list[dict]],
         if not curves:
             continue
         js = sorted(set.intersection(*(set(c) for c in curves)))
-        ax.plot(js, [statistics.fmean(c[j] for c in curves) for j in js], color=f"C{i % 10}", ls=_line_style(i), lw=1.4,
-                marker=".", label=method)  # fmt: skip
+        means = [statistics.fmean(c[j] for c in curves) for j in js]
+        ax.plot(js, means, color=f"C{i % 10}", ls=_line_style(i), lw=1.4, marker=".", label=method)
         drawn = True
     if not drawn:
         plt.close(fig)
@@ -211,14 +217,8 @@ def _plot_pass_curves(family: str, prep: dict, by_method: dict[str, list[dict]],
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (samples per task)")
     ax.set_ylabel("held-out pass@k")
-    ax.set_title(f"{family}: held-out pass@k after RL (mean over seeds; unbiased estimator)", fontsize=9)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    path = img / f"study_{family}_pass_at_k.png"
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+    title = f"{family}: held-out pass@k after RL (mean over seeds; unbiased estimator)"
+    return _finish(fig, ax, title, img / f"study_{family}_pass_at_k.png")
 
 
 def paired_differences(by_method: dict[str, list[dict]], base: str, key: str) -> dict[str, list[float]]:

@@ -112,13 +112,3 @@ def test_the_default_calculator_teacher_says_one_thing_and_a_bad_teacher_is_name
     assert warm_start_key(cfg, "b") != warm_start_key(
         load_config("configs/study/tool_use.yaml", ["data.options.teacher=one"]), "b"
     )
-
-
-def test_a_changed_solver_is_not_served_an_old_warm_start(monkeypatch):
-    """An environment whose solver changed declares a new ``demo_version``; it enters the key."""
-    from environments.calculator import Calculator
-
-    cfg = load_config("configs/quickstart.yaml")
-    before = warm_start_key(cfg, "base")
-    monkeypatch.setattr(Calculator, "demo_version", 2, raising=False)
-    assert warm_start_key(cfg, "base") != before

@@ -48,12 +48,14 @@ def test_the_kept_weights_are_those_of_the_lowest_held_out_loss(tiny_model_dir):
     assert holdout_loss(model, held, 8, 0) == pytest.approx(best, abs=1e-5)
 
 
-def test_patience_without_a_holdout_is_a_config_error():
+def test_patience_or_eval_every_without_a_holdout_is_a_config_error():
     from agentrl.config import ConfigError, load_config
 
     with pytest.raises(ConfigError, match=r"sft\.patience"):
         load_config("configs/quickstart.yaml", ["sft.patience=3"])
-    load_config("configs/quickstart.yaml", ["sft.patience=3", "sft.holdout=0.1"])
+    with pytest.raises(ConfigError, match=r"sft\.eval_every=10 acts on the held-out loss"):
+        load_config("configs/quickstart.yaml", ["sft.eval_every=10"])
+    load_config("configs/quickstart.yaml", ["sft.patience=3", "sft.eval_every=10", "sft.holdout=0.1"])
 
 
 def test_pass_at_k_curve_hand_values():
