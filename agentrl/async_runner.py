@@ -13,7 +13,8 @@ The episode semantics (segments, roles, budgets, stop reasons, failures, rewards
 
 Bounds: at most ``max_concurrent_episodes`` episodes are in flight; each in-flight episode owns one
 environment (and so at most one sandbox session, created in ``reset`` and closed when the episode
-ends), so the same number bounds the open sandbox sessions.
+ends), so the same number bounds the open sandbox sessions. A generation request with no answer in
+``request_timeout_s`` fails its episode at the ``model`` boundary (``EpisodeRunner``'s rule).
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from typing import Any
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner, _Live
+from agentrl.runner import ENGINE_REQUEST_S, ENV_STEP_S, Budgets, EpisodeRequest, EpisodeRunner, _Live
+from agentrl.timeouts import WaitTimeout, wait_for
 
 _STOP = object()
 
@@ -62,9 +64,12 @@ class RequestBatcher:
         self._queue.put((list(prompt), params, fut))
         return fut
 
-    def close(self) -> None:
+    def close(self, wait: bool = True) -> None:
+        """Stop the thread after the current engine call; ``wait=False`` does not wait for that call
+        (the runner's choice when a call was abandoned as stuck: waiting would hang with it)."""
         self._queue.put(_STOP)
-        self._thread.join(timeout=30)
+        if wait:
+            self._thread.join(timeout=30)
 
     def _gather(self, first: tuple) -> tuple[list[tuple], bool]:
         batch, stop = [first], False
@@ -120,8 +125,20 @@ class AsyncEpisodeRunner(EpisodeRunner):
         sampling: SamplingParams | None = None,
         max_concurrent_episodes: int = 64,
         max_wait_s: float = 0.005,
+        request_timeout_s: float = ENGINE_REQUEST_S,
+        env_timeout_s: float = ENV_STEP_S,
     ) -> None:
-        super().__init__(engine, tokenizer, env_factory, budgets, sampling, env_workers=1)
+        super().__init__(
+            engine,
+            tokenizer,
+            env_factory,
+            budgets,
+            sampling,
+            env_workers=1,
+            request_timeout_s=request_timeout_s,
+            env_timeout_s=env_timeout_s,
+        )
+        self._abandoned = False  # a request of this run timed out: the engine may still be stuck in it
         self.max_concurrent_episodes = max_concurrent_episodes
         self.max_wait_s = max_wait_s
         self.batch_sizes: list[int] = []
@@ -139,12 +156,13 @@ class AsyncEpisodeRunner(EpisodeRunner):
             )
             submit = batcher.submit
         n_threads = max(1, min(self.max_concurrent_episodes, len(requests)))
+        self._abandoned = False
         try:
             with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="agentrl-ep") as pool:
                 return list(pool.map(lambda r: self._run_episode(r, submit), requests))
         finally:
             if batcher is not None:
-                batcher.close()
+                batcher.close(wait=not self._abandoned)
                 self.batch_sizes = batcher.batch_sizes
 
     def _ready(self) -> int:
@@ -182,8 +200,17 @@ class AsyncEpisodeRunner(EpisodeRunner):
             self._count(live=-1, busy=-1)
 
     def _generate_one(self, lv: _Live, submit: Callable) -> Completion | None:
+        what = f"engine {type(self.engine).__name__}: generate for episode {lv.episode.id} (turn {lv.turn})"
         try:
-            return submit(lv.episode.token_ids(), self._sampling_for(lv)).result()
+            fut = submit(lv.episode.token_ids(), self._sampling_for(lv))
+            return wait_for(
+                fut,
+                self.request_timeout_s,
+                what,
+                f"timeouts.engine_request_s={self.request_timeout_s:g}s",
+                note="; the request is abandoned (the engine may still run it)",
+            )
         except Exception as e:
+            self._abandoned |= isinstance(e, WaitTimeout)
             self._fail(lv, "model", e)
             return None

@@ -53,6 +53,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainingFailed as e:
         print(f"training failed: {e}", file=sys.stderr)
         return 3
+    finally:
+        from agentrl import ranks
+
+        ranks.leave()
     return 0
 
 

@@ -176,6 +176,8 @@ def local_runner(
             budgets=budgets,
             sampling=sampling,
             max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
+            request_timeout_s=cfg.timeouts.engine_request_s,
+            env_timeout_s=cfg.timeouts.env_step_s,
         )
     return EpisodeRunner(
         engine,
@@ -184,4 +186,6 @@ def local_runner(
         budgets=budgets,
         sampling=sampling,
         env_workers=min(64, cfg.rollout.max_concurrent_episodes),
+        request_timeout_s=cfg.timeouts.engine_request_s,
+        env_timeout_s=cfg.timeouts.env_step_s,
     )

@@ -55,7 +55,10 @@ from agentrl.env import import_environment_module, registered
 CONFIG_FILE = "config.yaml"
 """Name of the resolved config inside a run directory."""
 
-RENAMED: dict[str, str] = {"sandbox.pool_size": "sandbox.warm_sessions"}
+RENAMED: dict[str, str] = {
+    "sandbox.pool_size": "sandbox.warm_sessions",
+    "rollout.max_weight_lag": "rollout.max_staleness",
+}
 """Old key -> new key. An old key still works for one release, with a warning naming the new one."""
 
 
@@ -261,9 +264,50 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
                 f"sft.{key}={value} acts on the held-out loss, but sft.holdout=0 holds nothing out: set "
                 f"sft.holdout (e.g. 0.1) or leave sft.{key} at {unset}",
             )
+    if cfg.trainer.mode == "async" and ro.on_stale == "drop" and ro.max_staleness == 0:
+        yield (
+            "rollout.on_stale",
+            "rollout.on_stale=drop with rollout.max_staleness=0 drops every batch sampled during an update: "
+            "use rollout.on_stale=wait (K = 0 then trains exactly like trainer.mode=sync) or max_staleness >= 1",
+        )
+    if ro.colocate.sleep:
+        yield from _colocate_problems(cfg)
     weighting = registry.WEIGHTINGS[weighting_name(cfg)]
     if weighting.check is not None:  # the selected method's own rules (its record)
         yield from weighting.check(weighting_settings(cfg), cfg)
+
+
+def _colocate_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """``rollout.colocate.sleep`` needs vLLM's sleep mode (GPU only), an engine in the trainer's
+    process, and updates that no rollout overlaps."""
+    ro, problems = cfg.rollout, []
+    if ro.engine != "vllm":
+        problems.append(
+            "rollout.colocate.sleep needs an engine with sleep mode, rollout.engine=vllm on a GPU; "
+            f"rollout.engine={ro.engine!r} has none: set rollout.colocate.sleep=false"
+        )
+    if cfg.trainer.mode == "async":
+        problems.append(
+            "rollout.colocate.sleep puts the engine to sleep for every update, but trainer.mode=async "
+            "generates during updates: use trainer.mode=sync, or rollout.colocate.sleep=false"
+        )
+    if ro.workers > 0:
+        problems.append(
+            "rollout.colocate.sleep acts on the engine in the trainer's process, but "
+            f"rollout.workers={ro.workers} runs the engines in Ray workers (no sleep/wake there): set "
+            "rollout.workers=0 or rollout.colocate.sleep=false"
+        )
+    if cfg.run.device in ("cpu", "auto"):
+        import torch
+
+        if cfg.run.device == "cpu" or not torch.cuda.is_available():
+            where = "run.device=cpu" if cfg.run.device == "cpu" else "run.device=auto found no GPU here"
+            problems.append(
+                "rollout.colocate.sleep needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, and "
+                f"{where}; set rollout.colocate.sleep=false on CPU"
+            )
+    for message in problems:
+        yield "rollout.colocate.sleep", message
 
 
 def _environment_problems(cfg: Config) -> Iterator[tuple[str, str]]:

@@ -110,6 +110,26 @@ class VLLMConfig:
 
 
 @dataclass
+class SyncConfig:
+    bucket_mb: float = knob(256.0, gt=0)
+    """Weight sync streams the new weights to the engine(s) in buckets of about this many MiB; the sender holds about one bucket beyond the model (a tensor larger than a bucket travels alone)."""
+    verify: Literal["every", "first", "off"] = "every"
+    """Prove what the engine serves: after a sync the engine returns checksums of a deterministic sample of every synced tensor's elements and the log-probs of a fixed probe sequence, and the trainer compares them with its own; a mismatch stops the run naming the tensors. ``first`` checks only the first sync of the process (the engine at version 0; after a resume too), ``off`` never."""
+    probe_tokens: int = knob(32, ge=2)
+    """Length of the probe sequence whose log-probs the engine and the trainer compare."""
+    probe_atol: float | None = knob(None, gt=0)
+    """Largest allowed |engine − trainer| probe log-prob difference. None = 1e-3 when the engine and the trainer's probe forward both compute in float32, 5e-2 when either computes in a 16-bit dtype (a bfloat16 engine, FSDP2's bf16 mixed precision)."""
+
+
+@dataclass
+class ColocateConfig:
+    sleep: bool = False
+    """Colocated engine memory: before each update the engine sleeps (frees its KV cache, ``sleep_level`` 2 also drops its weights) and wakes after it (weights, then sync, then KV cache). Needs an engine with sleep mode (``rollout.engine: vllm`` on a GPU) in the trainer's process (``rollout.workers: 0``); not with ``trainer.mode: async``."""
+    sleep_level: int = knob(1, ge=1, le=2)
+    """vLLM sleep level: 1 = offload weights to host memory and discard the KV cache; 2 = discard both (the sync refills the weights)."""
+
+
+@dataclass
 class RolloutConfig:
     engine: Literal["hf", "vllm"] = "hf"
     """Generation backend: ``hf`` = transformers in-process, ``vllm`` = vLLM (the ``vllm`` extra)."""
@@ -141,12 +161,18 @@ class RolloutConfig:
     """Rollout workers: 0 = in-process; N = N Ray workers."""
     ray_address: str | None = None
     """Ray cluster to join (``auto`` or ``ray://host:port``). None = start a local one when ``workers`` > 0."""
-    max_weight_lag: int = knob(0, ge=0)
-    """How many weight versions a training episode may lag behind the trainer (0 = fully on-policy)."""
+    max_staleness: int = knob(0, ge=0)
+    """K: no episode trains when its oldest policy token was sampled more than K weight versions before the trainer's current weights (0 = fully on-policy). With ``trainer.mode: async`` it also bounds how far rollouts run ahead of training."""
+    on_stale: Literal["wait", "drop"] = "wait"
+    """Async mode: ``wait`` = rollouts never start an episode that could exceed ``max_staleness`` (the engine waits for weights); ``drop`` = rollouts run ahead up to the queue's capacity and episodes past the bound are dropped when the trainer takes them (the engine never waits for weights)."""
     train_on_truncated: bool = True
     """Train on episodes cut by a budget. False keeps them in group statistics but masks their tokens."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """vLLM engine settings (used when ``engine: vllm``)."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """How new weights reach the engine(s), and the proof that they arrived."""
+    colocate: ColocateConfig = field(default_factory=ColocateConfig)
+    """An engine that shares the trainer's devices."""
 
 
 @dataclass
@@ -227,6 +253,8 @@ class TrainerConfig:
     """Linear learning-rate warm-up steps."""
     lr_schedule: Literal["constant", "cosine"] = "constant"
     """Learning rate after warm-up."""
+    mode: Literal["sync", "async"] = "sync"
+    """``sync`` = each step's rollouts use the newest weights and the update waits for them; ``async`` = rollouts keep running while the trainer updates (finished episodes queue for the next step, an episode in flight takes the new weights at its next turn), bounded by ``rollout.max_staleness``."""
     mini_batches_per_step: int = knob(1, ge=1)
     """Optimizer updates per step; the step's groups are split evenly between them."""
     epochs_per_step: int = knob(1, ge=1)
@@ -332,6 +360,24 @@ class SandboxConfig:
 
 
 @dataclass
+class TimeoutsConfig:
+    engine_request_s: float = knob(600.0, gt=0)
+    """One generation request (a turn, or a lockstep round's batch) with no answer in this long fails the episodes waiting on it at the ``model`` boundary, with an error naming the engine and the wait; the run goes on (``trainer.max_failed_*`` decide) and the stuck call is abandoned."""
+    weight_sync_s: float = knob(600.0, gt=0)
+    """One weight sync (all buckets and the verification)."""
+    env_step_s: float = knob(600.0, gt=0)
+    """An environment's ``reset`` or ``step`` (the tools inside it have their own ``tool_timeout_s``) with no answer in this long fails its episode at the ``env`` boundary; the stuck call is abandoned."""
+    collective_s: float = knob(600.0, gt=0)
+    """A torch.distributed collective between the trainer's ranks (the process group's timeout): on CPU (gloo) the waiting ranks raise an error naming the collective; on GPU NCCL's watchdog aborts them."""
+    ray_call_s: float = knob(3600.0, gt=0)
+    """A call to a Ray rollout worker (a shard of episodes, a weight bucket, a probe, a start). A worker that does not answer in this long is killed and treated as dead: its episodes are retried elsewhere or fail at the ``worker`` boundary."""
+    sleep_wake_s: float = knob(300.0, gt=0)
+    """Each of the colocated engine's own phases (sleep, wake the weights, wake the KV cache: ``rollout.colocate.sleep``); past it the run stops with an error naming the phase. The update between them is bounded by ``collective_s``, the sync by ``weight_sync_s``."""
+    data_wait_s: float = knob(3600.0, gt=0)
+    """Async mode: the trainer waiting for a step's episodes."""
+
+
+@dataclass
 class LoggingConfig:
     tensorboard: bool = True
     """Write TensorBoard event files."""
@@ -371,5 +417,7 @@ class Config:
     """Evaluation."""
     sandbox: SandboxConfig = field(default_factory=SandboxConfig)
     """Code execution."""
+    timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
+    """How long anything may wait before it raises an error naming what it waited for."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """What the run records."""

@@ -203,6 +203,8 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if origin is Literal:
         if isinstance(value, str) and value in args:
             return value
+        if value is False and "off" in args:  # YAML 1.1 reads a bare `off` as false
+            return "off"
         raise SchemaError(choice_message(path, value, args))
     if origin in (Union, types.UnionType):
         if value is None:

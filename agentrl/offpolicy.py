@@ -12,7 +12,7 @@ asynchronous rollouts an episode may have been sampled by weights some versions 
   ``factor`` × the running median of the previous steps is worth a warning (a weight sync that did
   not happen, a dtype change, a kernel bug).
 - ``version_lag`` / ``too_stale``: how many weight versions behind an episode's oldest policy token
-  is, and whether that exceeds ``rollout.max_weight_lag``.
+  is, and whether that exceeds ``rollout.max_staleness``.
 """
 
 from __future__ import annotations
@@ -68,3 +68,24 @@ def version_lag(episode: Episode, current_version: int) -> int:
 def too_stale(episodes: Sequence[Episode], current_version: int, max_lag: int) -> list[bool]:
     """Per episode: does it lag more than ``max_lag`` versions (and so must not be trained on)?"""
     return [version_lag(e, current_version) > max_lag for e in episodes]
+
+
+def versions_of(episode: Episode) -> set[int]:
+    """The weight versions that sampled the episode's policy tokens (two or more: a partial rollout)."""
+    return {s.weight_version for s in episode.segments if s.role == "policy" and s.weight_version is not None}
+
+
+def staleness_metrics(episodes: Sequence[Episode], current_version: int) -> dict[str, float]:
+    """The step's staleness: the largest and mean version lag, a histogram (``staleness/lag_<k>``:
+    episodes whose oldest policy token is k versions behind) and the share of partial rollouts."""
+    if not episodes:
+        return {}
+    lags = [version_lag(e, current_version) for e in episodes]
+    out = {
+        "offpolicy/version_lag_max": float(max(lags)),
+        "offpolicy/version_lag_mean": sum(lags) / len(lags),
+        "offpolicy/partial_frac": sum(len(versions_of(e)) > 1 for e in episodes) / len(episodes),
+    }
+    for k in sorted(set(lags)):
+        out[f"staleness/lag_{k}"] = float(lags.count(k))
+    return out

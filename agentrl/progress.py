@@ -48,7 +48,11 @@ def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:
     if gate is not None:
         parts.append(f"gate {'on' if gate else 'off'}")
     if metrics.get("update/skipped"):
-        parts.append("no update (no informative group)")
+        stale = metrics.get("offpolicy/stale_dropped") or 0
+        why = f"{stale:.0f} episodes past rollout.max_staleness dropped" if stale else "no informative group"
+        parts.append(f"no update ({why})")
+    if metrics.get("async/trainer_idle_frac") is not None:
+        parts.append(f"waited {metrics['async/trainer_idle_frac']:.0%}")
     frac = metrics.get("episodes/failed_frac") or 0.0
     if frac > 0:
         parts.append(f"FAILED {frac:.0%}" + (f" ({failure})" if failure else ""))

@@ -21,6 +21,11 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
+from agentrl.timeouts import call_with_timeout
+
+ENGINE_REQUEST_S = 600.0
+ENV_STEP_S = 600.0
+"""The default of ``timeouts.engine_request_s``, for runners built without a config."""
 
 
 @dataclass(frozen=True)
@@ -78,7 +83,11 @@ class EpisodeRunner:
 
     ``env_factory`` builds a fresh environment per episode (episodes run concurrently, so they never
     share one). ``sampling`` holds temperature/top-p/top-k; ``max_tokens`` and stop ids are set per
-    turn by the runner.
+    turn by the runner. ``request_timeout_s`` (``timeouts.engine_request_s``): an engine call with no
+    answer in this long fails the episodes waiting on it at the ``model`` boundary; the stuck call is
+    abandoned (``agentrl.timeouts``), so the engine may still be busy with it afterwards.
+    ``env_timeout_s`` (``timeouts.env_step_s``): the same for an environment's ``reset`` or ``step``
+    (the episode fails at the ``env`` boundary).
     """
 
     def __init__(
@@ -89,8 +98,11 @@ class EpisodeRunner:
         budgets: Budgets | None = None,
         sampling: SamplingParams | None = None,
         env_workers: int = 16,
+        request_timeout_s: float = ENGINE_REQUEST_S,
+        env_timeout_s: float = ENV_STEP_S,
     ) -> None:
         self.engine = engine
+        self.request_timeout_s, self.env_timeout_s = request_timeout_s, env_timeout_s
         self.tokenizer = tokenizer
         self.env_factory = env_factory
         self.budgets = budgets or Budgets()
@@ -130,7 +142,9 @@ class EpisodeRunner:
         try:
             env = self.env_factory()
             lv.env, ep.env = env, env.name
-            lv.messages = checked_messages(env.reset(req.task, req.seed), "Environment.reset")
+            lv.messages = checked_messages(
+                self._bounded(lambda: env.reset(req.task, req.seed), env, "reset"), "Environment.reset"
+            )
             tools = env.tool_schemas() or None
             ep.metrics["tools"] = tools
             lv.renderer = self._renderer(tools)
@@ -172,7 +186,14 @@ class EpisodeRunner:
         prompts = [lv.episode.token_ids() for lv in active]
         params = [self._sampling_for(lv) for lv in active]
         try:
-            return list(self.engine.generate(prompts, params))
+            return list(
+                call_with_timeout(
+                    lambda: self.engine.generate(prompts, params),
+                    self.request_timeout_s,
+                    f"engine {type(self.engine).__name__}: generate for {len(active)} episodes",
+                    f"timeouts.engine_request_s={self.request_timeout_s:g}s",
+                )
+            )
         except Exception as e:
             for lv in active:
                 self._fail(lv, "model", e)
@@ -198,10 +219,20 @@ class EpisodeRunner:
     def _safe_step(self, lv: _Live) -> StepResult | None:
         assert lv.env is not None and lv.final_text is not None
         try:
-            return checked_step(lv.env.step(lv.final_text))
+            env, action = lv.env, lv.final_text
+            return checked_step(self._bounded(lambda: env.step(action), env, "step"))
         except Exception as e:
             self._fail(lv, boundary_of(e, "env"), e)
             return None
+
+    def _bounded(self, call: Callable[[], Any], env: Environment, what: str) -> Any:
+        """An environment call, waited for at most ``env_timeout_s``."""
+        return call_with_timeout(
+            call,
+            self.env_timeout_s,
+            f"environment {env.name!r} {what}",
+            f"timeouts.env_step_s={self.env_timeout_s:g}s",
+        )
 
     def _after_step(self, lv: _Live, result: StepResult) -> None:
         obs, reward, terminated, truncated, info = result

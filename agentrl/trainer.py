@@ -16,24 +16,27 @@ policy.
 Scale (docs/scaling.md): the engine may be vLLM or a pool of Ray workers (``build.build_engine``);
 under torchrun each rank runs its share of the rollouts and of every mini-batch's rows, and DDP sums
 the gradients (``ddp.py``). Off-policy guards (``offpolicy.py``): episodes lagging more than
-``rollout.max_weight_lag`` weight versions are not trained on; ``algorithm.is_correction=tis``
+``rollout.max_staleness`` weight versions are not trained on; ``algorithm.is_correction=tis``
 weights each token by the truncated ratio π_old/π_rollout; a jump in the mismatch is warned about.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from agentrl import algorithms as alg
-from agentrl import build, components, lora, ranks, sharding
+from agentrl import build, components, lora, ranks, sharding, weight_sync
 from agentrl import offpolicy as off
 from agentrl.checkpoint import (
     begin,
@@ -58,6 +61,7 @@ from agentrl.episode import Episode
 from agentrl.evaluation import evaluate
 from agentrl.learner import Learner
 from agentrl.metrics import FailureSummary, MetricsLogger, episode_metrics, failure_summary, plot_run
+from agentrl.pipeline import EngineGate, RolloutPipeline, batch_requests
 from agentrl.progress import TrainProgress
 from agentrl.runner import EpisodeRequest
 from agentrl.seeds import mix_seed, seed_everything
@@ -88,7 +92,8 @@ class Trainer:
 
     def __init__(self, cfg: Config, log=print, overwrite: bool = False) -> None:
         self.cfg, self.log = cfg, log
-        self.rank, self.world = ranks.init_from_env()  # data-parallel ranks under torchrun (ranks.py)
+        # data-parallel ranks under torchrun (ranks.py); a collective some rank never joins raises
+        self.rank, self.world = ranks.init_from_env(timeout_s=cfg.timeouts.collective_s)
         self.device = components.device_of(cfg)
         # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
         self.strategy = sharding.make_strategy(cfg, self.rank, self.world, self.device)
@@ -120,6 +125,21 @@ class Trainer:
         model.train()
         # the engine's copy of the weights, before LoRA and sharding change the model
         self.engine = build.build_engine(cfg, None if sharded else model, self.tokenizer, path)
+        if cfg.trainer.mode == "async" and not isinstance(self.engine, build.RolloutPool):
+            self.engine = EngineGate(self.engine)  # rollouts and weight pushes take turns (pipeline.py)
+        self.pipeline: RolloutPipeline | None = None  # async mode: started by the first collect
+        if (
+            cfg.trainer.mode == "async"
+            and cfg.rollout.max_staleness > 0
+            and cfg.algorithm.is_correction == "none"
+        ):
+            log(
+                f"note: trainer.mode=async with rollout.max_staleness={cfg.rollout.max_staleness} trains on tokens "
+                "sampled by older weights without an importance correction; algorithm.is_correction=tis corrects "
+                "each token from its own behaviour log-prob"
+            )
+        self._pipeline_state: dict[str, Any] | None = None  # a resumed async run's pending batches
+        self._async_marks = (0.0, 0.0)  # the engine's idle and blocked seconds at the last step
         self.learner = Learner(cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log)
         self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
         self.train_tasks = components.load_tasks(cfg, "train")
@@ -155,12 +175,15 @@ class Trainer:
         t_start = time.perf_counter()
         failing = 0  # consecutive steps over trainer.max_failed_fraction
         rows = read_metrics(self.run_dir) if self.start_step else []  # the run's first step, when resuming
-        with TrainProgress(
-            cfg.trainer.total_steps,
-            self.start_step,
-            every=cfg.logging.log_every,
-            first_row=rows[0] if rows else None,
-        ) as progress:
+        with (
+            TrainProgress(
+                cfg.trainer.total_steps,
+                self.start_step,
+                every=cfg.logging.log_every,
+                first_row=rows[0] if rows else None,
+            ) as progress,
+            self._closing_pipeline(),
+        ):
             for step in range(self.start_step, cfg.trainer.total_steps):
                 out = self.train_step(step)
                 if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
@@ -199,6 +222,16 @@ class Trainer:
             raise TrainingFailed(self._nothing_trained_message(history))
         return history
 
+    @contextlib.contextmanager
+    def _closing_pipeline(self) -> Iterator[None]:
+        """Async mode: the rollouts still running when training stops are waited for, not leaked."""
+        try:
+            yield
+        finally:
+            if self.pipeline is not None:
+                self.pipeline.close(timeout=self.cfg.timeouts.data_wait_s)
+                self.pipeline = None
+
     def _breaker_message(self, step: int, failing: int, failure: FailureSummary | None) -> str:
         assert failure is not None
         return (
@@ -231,10 +264,11 @@ class Trainer:
         metrics = {**episode_metrics(episodes), **info}
         if kept:
             batch = self.learner.make_batch(kept)  # tensors
-            metrics.update(self.learner.update(batch, step))  # π_old, advantages, weights, optimizer steps
-            self.engine.load_weights(self.learner.engine_weights())  # push the new weights
+            metrics.update(self._update(batch, step))  # π_old, advantages, optimizer steps, weight push
         else:
             metrics["update/skipped"] = 1.0
+        if self.pipeline is not None:
+            self.pipeline.step_done(step)  # wait mode: the batch K steps ahead may start now
         metrics.update(
             {
                 "time/rollout_s": t_rollout,
@@ -245,6 +279,8 @@ class Trainer:
         metrics["tokens/s"] = metrics.get("length/policy_tokens_total", 0.0) / max(
             metrics["time/step_s"], 1e-9
         )
+        if self.pipeline is not None:
+            metrics.update(self._async_metrics(metrics))
         if "mismatch/abs_logp_mean" in metrics and (
             w := self.mismatch.update(metrics["mismatch/abs_logp_mean"])
         ):
@@ -255,6 +291,45 @@ class Trainer:
             ep.metrics["weighting"] = self.learner.weighting
         return StepOutput(metrics, episodes, failure_summary(episodes))
 
+    def _update(self, batch: Any, step: int) -> dict[str, float]:
+        """The learner's update, then the new weights pushed to the engine. With
+        ``rollout.colocate.sleep`` the engine sleeps through the update and wakes its weights for the
+        push, then its KV cache (colocate.py)."""
+
+        def update() -> dict[str, float]:
+            return self.learner.update(batch, step)  # π_old, advantages, weights, optimizer steps
+
+        if self.cfg.rollout.colocate.sleep:
+            from agentrl import colocate
+
+            reports: list[weight_sync.SyncReport] = []
+
+            def push() -> dict[str, float]:  # verified once the KV cache is awake (the probe generates)
+                reports.append(self._sync(defer_verify=True))
+                return {}
+
+            metrics = colocate.cycle_for(self.engine, self.cfg).around_update(update, push)
+            report = weight_sync.verify_synced(self.engine, reports[0], *self._sync_args())
+            metrics.update(report.metrics())
+            return metrics
+        metrics = update()
+        metrics.update(self._push_weights())
+        return metrics
+
+    def _push_weights(self) -> dict[str, float]:
+        """Send the learner's current weights to the engine in buckets and, as ``rollout.sync.verify``
+        says, check that it serves them (``weight_sync.py``; every rank, in step); returns the sync's
+        metrics. Raises ``WeightSyncError`` when the engine serves other weights."""
+        return self._sync().metrics()
+
+    def _sync_args(self) -> tuple[weight_sync.SyncSettings, weight_sync.PolicyProbe]:
+        return weight_sync.SyncSettings.from_config(self.cfg), weight_sync.PolicyProbe.of(self.learner)
+
+    def _sync(self, defer_verify: bool = False) -> weight_sync.SyncReport:
+        return weight_sync.sync_weights(
+            self.engine, self.learner.engine_weights(), *self._sync_args(), defer_verify=defer_verify
+        )
+
     # -- rollouts and filters ----------------------------------------------------------------
     def collect(self, step: int) -> tuple[list[Episode], list[Episode], dict[str, float]]:
         """Episodes of this step (all, for transcripts) and the ones to train on. With dynamic
@@ -262,33 +337,33 @@ class Trainer:
         ``max_sampling_rounds`` is spent."""
         cfg, a = self.cfg, self.cfg.algorithm
         rounds = a.max_sampling_rounds if a.dynamic_sampling else 1
+        info: dict[str, float] = {}
         all_eps: list[Episode] = []
         kept_groups: list[list[Episode]] = []
-        n_groups_seen = n_stale = lag_max = 0
+        n_groups_seen = n_stale = 0
+        waited = 0.0
         for r in range(rounds):
-            tasks = self.sampler.next(cfg.rollout.prompts_per_step)
-            runner = build.build_runner(
-                cfg, self.engine, self.tokenizer, seed=mix_seed(cfg.run.seed, step, r)
-            )
-            requests = [
-                EpisodeRequest(  # distinct seeds for every episode of the step, so no two share a sample stream
-                    task,
-                    seed=i * cfg.rollout.group_size + j,
-                    group=f"s{step}r{r}t{i}",
-                    episode_id=f"s{step}-r{r}-t{i}-g{j}",
-                )
-                for i, task in enumerate(tasks)
-                for j in range(cfg.rollout.group_size)
-            ]
-            try:
-                eps = ranks.gather_episodes(runner.run, requests)  # each rank runs its share
-            finally:
-                runner.close()
+            if cfg.trainer.mode == "async":  # finished episodes from the rollout pipeline
+                pipeline = self._pipeline(step)
+                if r > 0:
+                    pipeline.grant_round(step, r)
+                eps, _, took = pipeline.take()
+                waited += took.waited_s
+                if r == 0:
+                    info["async/queued_batches"] = float(took.queued)
+                    info["async/running_batches"] = float(took.running)
+            else:
+                tasks = self.sampler.next(cfg.rollout.prompts_per_step)
+                label = (
+                    step,
+                    r,
+                )  # distinct seeds for every episode of the step: no two share a sample stream
+                requests = batch_requests(label, tasks, cfg.rollout.group_size)
+                eps = ranks.gather_episodes(partial(self._run_batch, label), requests)  # each rank its share
             all_eps += eps
-            # off-policy guard: episodes sampled more than max_weight_lag versions ago are not trained on
-            stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_weight_lag)
+            # off-policy guard: episodes sampled more than max_staleness versions ago are not trained on
+            stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_staleness)
             n_stale += sum(stale)
-            lag_max = max([lag_max] + [off.version_lag(e, self.engine.version) for e in eps])
             usable = [ep for ep, too_old in zip(eps, stale) if not ep.failed and not too_old]
             n_groups_seen += len({ep.group for ep in usable})
             # Dynamic sampling keys on the task outcome, the reward *before* DAPO's overlong shaping
@@ -307,14 +382,65 @@ class Trainer:
             if len(kept_groups) >= cfg.rollout.prompts_per_step:
                 break
         kept_groups = kept_groups[: cfg.rollout.prompts_per_step]
-        info = {
-            "groups/informative": float(len(kept_groups)),
-            "groups/seen": float(n_groups_seen),
-            "groups/sampling_rounds": float(r + 1),
-            "offpolicy/stale_dropped": float(n_stale),
-            "offpolicy/version_lag_max": float(lag_max),
-        }
+        info.update(
+            {
+                "groups/informative": float(len(kept_groups)),
+                "groups/seen": float(n_groups_seen),
+                "groups/sampling_rounds": float(r + 1),
+                "offpolicy/stale_dropped": float(n_stale),
+                **off.staleness_metrics(all_eps, self.engine.version),
+            }
+        )
+        if cfg.trainer.mode == "async":
+            info["async/trainer_wait_s"] = waited
         return all_eps, [e for g in kept_groups for e in g], info
+
+    def _run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
+        """One batch's episodes on this rank's engine, with the runner seed of its (step, round)."""
+        runner = build.build_runner(
+            cfg := self.cfg, self.engine, self.tokenizer, seed=mix_seed(cfg.run.seed, *label)
+        )
+        try:
+            return runner.run(requests)
+        finally:
+            runner.close()
+
+    def _pipeline(self, step: int) -> RolloutPipeline:
+        """Async mode's rollout pipeline, started at the first step this process runs."""
+        if self.pipeline is None:
+            cfg = self.cfg
+            self.pipeline = RolloutPipeline(
+                self.sampler,
+                cfg.rollout.prompts_per_step,
+                cfg.trainer.total_steps,
+                cfg.rollout.max_staleness,
+                cfg.rollout.on_stale,
+                lambda label, tasks: self._run_batch(
+                    label, ranks.local_share(batch_requests(label, tasks, cfg.rollout.group_size))
+                ),
+                cfg.timeouts.data_wait_s,
+                start_step=step,
+                state=self._pipeline_state,
+            )
+            self._async_marks = (0.0, self._blocked_s())
+        return self.pipeline
+
+    def _blocked_s(self) -> float:
+        return self.engine.blocked_s if isinstance(self.engine, EngineGate) else 0.0
+
+    def _async_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Where async mode's time went this step: the trainer waiting for data, the engine idle (no
+        batch running: waiting for weights) and engine calls blocked by a weight push."""
+        assert self.pipeline is not None
+        idle, blocked = self.pipeline.idle_s(), self._blocked_s()
+        out = {
+            "async/engine_idle_s": idle - self._async_marks[0],
+            "async/engine_blocked_s": blocked - self._async_marks[1],
+            "async/trainer_idle_frac": metrics.get("async/trainer_wait_s", 0.0)
+            / max(metrics["time/step_s"], 1e-9),
+        }
+        self._async_marks = (idle, blocked)
+        return out
 
     def shape_rewards(self, episodes: list[Episode]) -> None:
         """DAPO soft overlong punishment on the policy-token length, added to the reward."""
@@ -346,7 +472,8 @@ class Trainer:
             return self.root_dir / "checkpoints" / f"step_{step}"
         state = {
             **self.learner.state_dict(),  # the weighting's state (and the optimizer's, unless sharded)
-            "sampler": self.sampler.state(),
+            "sampler": self.pipeline.state()["sampler"] if self.pipeline else self.sampler.state(),
+            "pipeline": self.pipeline.state() if self.pipeline else self._pipeline_state,
             "engine_version": int(self.engine.version),
             "ranks": parts,
             "weights": record,
@@ -372,7 +499,9 @@ class Trainer:
         load_weights(ckpt, self.learner, weights_record(state))  # DCP reshards to this run's ranks
         self.learner.load_state_dict(state)
         self.sampler.load(state["sampler"])
-        self.engine.load_weights(self.learner.engine_weights())
+        if self.cfg.trainer.mode == "async":
+            self._pipeline_state = state.get("pipeline")  # the batches granted and not yet trained on
+        self._push_weights()
         while int(self.engine.version) < state["engine_version"]:
             self.engine.load_weights({})  # keep version numbers continuous
         own = saved_rank_state(state, self.rank, self.world)  # this rank's RNG and file lengths

@@ -5,7 +5,9 @@ memory (no swap), pids and CPU limits, every capability dropped, ``no-new-privil
 uid 65534. The host talks to the worker over the container's attached stdin/stdout (Docker's
 multiplexed stream), so a cell costs a pipe round trip, not an ``exec_run`` (~55 ms, and without a
 timeout). Timeouts are enforced here: past ``wall_s`` the worker gets SIGINT, and past the grace the
-container is removed.
+container is removed. Every Docker API call has the client's 30 s timeout; the attached socket
+(blocking, as Docker hands it over) gets ``start_timeout_s`` too, so sending a cell to a container
+that stopped reading (paused, wedged) fails the cell as a crashed worker instead of blocking forever.
 
 Every container carries the labels ``agentrl.sandbox=1`` and ``agentrl.owner=host:pid:start``; it is
 removed on close, at interpreter exit, and at start-up when its owner is gone (a crashed run).
@@ -123,6 +125,7 @@ class ContainerWorker:
                 self.cid, params={"stdin": 1, "stdout": 1, "stderr": 1, "stream": 1}
             )
             self._sock = getattr(sock, "_sock", sock)
+            self._sock.settimeout(sb.start_timeout_s)  # reads wait in select(); this bounds sends
             self.api.start(self.cid)
         except Exception as e:
             self.kill()
@@ -213,7 +216,8 @@ class DockerSandbox(SandboxBase):
     """Docker containers as sandboxes. Options: ``image``, ``python`` (inside the image),
     ``bind_usr`` (default: True for the local minimal image), ``python_paths`` (host dirs bound
     read-only and added to ``sys.path``), ``cpus``, ``user``, ``base_url`` (else ``DOCKER_HOST``),
-    ``interrupt_grace_s``, ``start_timeout_s``."""
+    ``interrupt_grace_s``, ``start_timeout_s`` (also the longest a cell's code may take to reach the
+    container)."""
 
     name = "docker"
 

@@ -279,6 +279,14 @@ def run_cell(w: Worker, code: str, limits: Limits, grace_s: float) -> tuple[Exec
     oom_before = w.oom_kills()
     try:
         w.send({"op": "run", "code": code, "cpu_s": limits.cpu_s, "output_bytes": limits.output_bytes})
+    except TimeoutError:  # the sandbox stopped reading its input (Docker: a paused or wedged container)
+        w.kill()
+        res.restarted = True
+        res.error = ExecError(
+            "TimeoutError",
+            f"the sandbox did not take the cell within {time.monotonic() - t0:.0f}s and was restarted",
+        )
+        return _finish(res, out, limits, t0), False
     except OSError:
         return _finish(_died(w, res, t0, oom_before), out, limits, t0), False
     deadline, interrupted = t0 + limits.wall_s, False

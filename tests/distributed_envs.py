@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from pathlib import Path
 
 from agentrl.env import Environment, Reward, StepResult, Task, register, registered
@@ -63,6 +64,25 @@ class Noisy(Crashy):
         ]
 
 
+class Turns(Crashy):
+    """Three turns whatever the policy writes, each environment step taking ``delay_s`` (a slow
+    tool): episodes that span weight updates in async mode, trained with their varied rewards."""
+
+    name = "test_turns"
+    max_turns = 3
+    delay_s = 0.0
+    turn = 0
+
+    def step(self, action: str) -> StepResult:
+        time.sleep(self.delay_s)
+        self.turn += 1
+        if self.turn >= 3:
+            return StepResult([], 0.0, True, False, {"answer": action})
+        return StepResult([{"role": "user", "content": f"Go on ({self.turn})."}], 0.0, False, False, {})
+
+
+if "test_turns" not in registered():
+    register(Turns)
 if "test_crashy" not in registered():
     register(Crashy)
 if "test_noisy" not in registered():

@@ -109,5 +109,15 @@ def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model
         assert any("replaced dead worker" in ev for ev in pool.events)
         assert all(e.failure.boundary == "worker" and "died" in e.failure.message for e in eps)
         assert all(e.stop_reason == "error" for e in eps)
+
+        # every worker died after the last sync, so no replacement can copy the current weights: they
+        # run nothing (episodes fail, the step goes on) until the next sync brings them up to date
+        eps = remote.run(requests(2))
+        assert all("no rollout worker has the current weights" in e.failure.message for e in eps)
+        assert any("runs nothing until the next weight sync" in ev for ev in pool.events)
+        pool.load_weights(trainer.model.state_dict())
+        eps = remote.run(requests(2))
+        assert not any(e.failed for e in eps), [e.failure for e in eps]
+        assert {s.weight_version for e in eps for s in e.segments if s.role == "policy"} == {pool.version}
     finally:
         pool.shutdown()

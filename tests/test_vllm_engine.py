@@ -210,3 +210,83 @@ def test_seeded_batch_over_the_step_token_budget(engine, prompts):
     assert all(len(c.token_ids) == 4 and c.finish_reason == "length" for c in outs)
     first = engine.generate(long[:1], SamplingParams(max_tokens=4, seed=0))[0]
     assert first.token_ids == outs[0].token_ids  # the seed, not the batch, decides the sample
+
+
+# -- bucketed weight sync and its proof (agentrl/weight_sync.py, engines/vllm_worker.py) ------------
+def _moved_policy(model_dir, seed: int = 1):
+    """The tiny policy with every parameter moved (what an update does), and its probe."""
+    from agentrl.weight_sync import PolicyProbe
+
+    model, _ = load_policy(model_dir)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.02 * torch.randn(p.shape, generator=g))
+    return model, PolicyProbe(model, torch.device("cpu"), "float32", lambda m: None)
+
+
+def _params(model):
+    return ((n, p.detach()) for n, p in model.named_parameters())
+
+
+def test_bucketed_sync_equals_the_whole_blob_and_is_verified(engine, tiny_model_dir):
+    """Buckets of 0.02 MiB put q, k and v of a layer (fused into qkv_proj) in different RPCs; the
+    worker ends with what one whole blob gives, bit for bit: every live checksum (read back through
+    the CPU kernels) and every log-prob of a 128-token probe equal."""
+    from agentrl.weight_sync import SyncSettings, probe_ids, sync_weights, tensor_checksum
+
+    model, probe = _moved_policy(tiny_model_dir)
+    names, ids = [n for n, _ in model.named_parameters()], probe_ids(1024, 128)
+    report = sync_weights(engine, _params(model), SyncSettings(bucket_mb=0.02), probe)
+    assert report.verified and report.buckets >= 20 and report.probe_max_abs_diff < 2e-4
+    (bucketed,) = engine.fingerprint(names, ids)
+    assert bucketed.checksums == {n: tensor_checksum(n, p) for n, p in model.named_parameters()}
+    original, _ = load_policy(tiny_model_dir)
+    engine.load_weights(original.state_dict())
+    assert engine.fingerprint(names, ids)[0].checksums != bucketed.checksums
+    engine.load_weights(dict(_params(model)))  # the whole state, one blob
+    (whole,) = engine.fingerprint(names, ids)
+    assert whole.checksums == bucketed.checksums and whole.probe_logprobs == bucketed.probe_logprobs
+    engine.load_weights(original.state_dict())
+
+
+def test_fingerprint_names_tensors_corrupted_on_the_way(engine, tiny_model_dir, monkeypatch):
+    """k_proj of layer 1 (a slice of the fused qkv_proj) and down_proj of layer 0 (prepacked on CPU,
+    read back through its kernel) get noise on the way: exactly those two are named."""
+    from agentrl.weight_sync import SyncSettings, WeightSyncError, sync_weights
+
+    model, probe = _moved_policy(tiny_model_dir, seed=2)
+    bad = {"model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.down_proj.weight"}
+    real = engine.load_weight_bucket
+    g = torch.Generator().manual_seed(0)
+
+    def noisy(bucket):
+        real([(n, t + 1e-3 * torch.randn(t.shape, generator=g) if n in bad else t) for n, t in bucket])
+
+    monkeypatch.setattr(engine, "load_weight_bucket", noisy)
+    with pytest.raises(WeightSyncError) as err:
+        sync_weights(engine, _params(model), SyncSettings(bucket_mb=0.5), probe)
+    assert (
+        "VLLMEngine (cpu) does not serve the trainer's weights: 2 of 27 tensors differ from the trainer's "
+        "(model.layers.0.mlp.down_proj.weight, model.layers.1.self_attn.k_proj.weight)"
+    ) in str(err.value)
+    monkeypatch.undo()
+    original, _ = load_policy(tiny_model_dir)
+    engine.load_weights(original.state_dict())
+
+
+def test_an_update_with_part_of_a_fused_layer_is_refused(engine, prompts, tiny_model_dir):
+    model, tok = load_policy(tiny_model_dir)
+    state = model.state_dict()
+    part = {
+        n: state[n]
+        for n in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.v_proj.weight")
+    }
+    with pytest.raises(Exception, match=r"missing \['model.layers.0.self_attn.k_proj.weight'\]"):
+        engine.load_weights(part)
+    engine.load_weights(state)  # a complete update makes the engine right again
+    greedy = SamplingParams(max_tokens=8, temperature=0.0)
+    ids = _ids(prompts)
+    assert [c.token_ids for c in engine.generate(ids, greedy)] == [
+        c.token_ids for c in HFEngine(model, tok).generate(ids, greedy)
+    ]

@@ -83,7 +83,50 @@ class Engine(Protocol):
 
     def load_weights(self, weights: Weights) -> int:
         """Replace the named weights in place (all or some; nothing only bumps the version);
-        returns the new version."""
+        returns the new version. The trainer's sync goes through ``WeightReceiver`` instead
+        (buckets, then proof of what the engine serves)."""
+        ...
+
+
+@dataclass
+class Fingerprint:
+    """What one engine (or one replica of it) serves, for ``agentrl.weight_sync`` to compare with
+    the trainer's weights: plain data, so it crosses a Ray call or a vLLM RPC."""
+
+    source: str
+    """Which engine or replica answered (``HFEngine``, ``rollout worker 1 (pid 4242): HFEngine``)."""
+    checksums: dict[str, str]
+    """Tensor name -> ``weight_sync.sample_checksum`` of the live tensor (in the engine's dtype), or
+    ``""`` when the engine has no tensor of that name."""
+    probe_logprobs: list[float]
+    """log p(ids[t] | ids[:t]) for t = 1 .. n-1 of the probe ids, temperature 1, no sampling filters."""
+    dtype: str
+    """The dtype the engine computes in (``float32``, ``bfloat16``): it sets the probe's tolerance."""
+
+
+Bucket = Iterable[tuple[str, torch.Tensor]]
+"""Some of an update's (name, tensor) pairs, in stream order (``weight_sync.pack_buckets``)."""
+
+
+@runtime_checkable
+class WeightReceiver(Protocol):
+    """An engine that takes an update in buckets and can show what it serves (``agentrl/weight_sync.py``).
+
+    One update is ``begin_weight_update()``, then ``load_weight_bucket`` for each bucket in stream
+    order, then ``finish_weight_update()``, which returns the new version: generation sees the new
+    weights only after it (an engine that applies a bucket at once must not generate in between).
+    ``load_weights(weights)`` is the same with everything in one bucket. After a failed or abandoned
+    update the engine's weights are undefined. ``fingerprint`` reports on the live weights."""
+
+    def begin_weight_update(self) -> None: ...
+
+    def load_weight_bucket(self, bucket: Bucket) -> None: ...
+
+    def finish_weight_update(self) -> int: ...
+
+    def fingerprint(self, names: Sequence[str], probe_ids: Sequence[int]) -> list[Fingerprint]:
+        """One ``Fingerprint`` per replica (every Ray worker answers for itself) of the tensors
+        ``names`` (checkpoint names, as the trainer streams them) and the probe ``probe_ids``."""
         ...
 
 

@@ -32,11 +32,20 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
-from agentrl.engines.base import Completion, SamplingParams, Weights, per_prompt_params, weight_items
+from agentrl.engines.base import (
+    Bucket,
+    Completion,
+    Fingerprint,
+    SamplingParams,
+    Weights,
+    per_prompt_params,
+    weight_items,
+)
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import supports as lean_supports
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
+from agentrl.weight_sync import probe_logprobs, tensor_checksum
 
 
 def sample_next(
@@ -153,9 +162,19 @@ class HFEngine:
         """Copy ``weights`` into the model in place (dtype and device converted), one tensor at a
         time as a stream yields them; partial sets are allowed, unknown names and shape mismatches
         raise. Returns the new version."""
+        self.begin_weight_update()
+        self.load_weight_bucket(weight_items(weights))
+        return self.finish_weight_update()
+
+    # -- the bucketed sync (engines/base.py: WeightReceiver) ------------------------------------
+    def begin_weight_update(self) -> None:
+        """Nothing to prepare: each bucket is copied in place as it comes."""
+
+    def load_weight_bucket(self, bucket: Bucket) -> None:
+        """Copy a bucket's tensors into the model in place, one at a time (see ``load_weights``)."""
         own = self.model.state_dict()
         with torch.no_grad():
-            for name, tensor in weight_items(weights):
+            for name, tensor in bucket:
                 if name not in own:
                     raise KeyError(f"load_weights: unknown parameter name {name!r}")
                 if own[name].shape != tensor.shape:
@@ -163,8 +182,20 @@ class HFEngine:
                         f"load_weights: {name} has shape {tuple(tensor.shape)}, expected {tuple(own[name].shape)}"
                     )
                 own[name].copy_(tensor)
+
+    def finish_weight_update(self) -> int:
         self._version += 1
         return self._version
+
+    def fingerprint(self, names: Sequence[str], probe_ids: Sequence[int]) -> list[Fingerprint]:
+        """Checksums of the live ``state_dict()`` tensors (those it samples with) and the probe's
+        log-probs from its own forward."""
+        own = self.model.state_dict()
+        sums = {n: tensor_checksum(n, own[n]) if n in own else "" for n in names}
+        with torch.inference_mode():
+            logprobs = probe_logprobs(self.model, probe_ids, self.device)
+        dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
+        return [Fingerprint(type(self).__name__, sums, logprobs, dtype)]
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]

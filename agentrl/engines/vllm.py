@@ -11,6 +11,9 @@
   completion is stamped with the weight version it was sampled with.
 - ``submit(prompt, params) -> Future`` feeds vLLM's own scheduler from a driver thread (true continuous
   batching: a request joins the running batch at the next step), which ``AsyncEpisodeRunner`` uses.
+- ``sleep(level)`` / ``wake_up(tags)``: vLLM's sleep mode (``enable_sleep_mode``, GPU only), which the
+  colocated sleep/wake cycle drives (``agentrl/colocate.py``); while any part is asleep the engine
+  refuses requests.
 
 CPU (MACHINE.md): float32 (bf16 crashed intermittently in the AMX attention kernel), KV cache size
 from ``VLLM_CPU_KVCACHE_SPACE``, OpenMP threads bound to all cores. vLLM spawns worker processes: a
@@ -30,8 +33,16 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config
-from agentrl.engines.base import Completion, SamplingParams, Weights, per_prompt_params, weight_items
+from agentrl.config import Config, ConfigError
+from agentrl.engines.base import (
+    Bucket,
+    Completion,
+    Fingerprint,
+    SamplingParams,
+    Weights,
+    per_prompt_params,
+    weight_items,
+)
 
 
 def _cpu_environment(kv_cache_gib: float) -> None:
@@ -42,10 +53,15 @@ def _cpu_environment(kv_cache_gib: float) -> None:
 
 
 def safetensors_blob(state_dict: Mapping[str, torch.Tensor]) -> bytes:
-    """The state dict as one safetensors blob (contiguous CPU copies; shared storage is split)."""
+    """The state dict as one safetensors blob. A CPU tensor that owns its storage is written as it is;
+    others are copied to the CPU first (a view of a larger storage, e.g. a tied weight, is split)."""
     from safetensors.torch import save
 
-    return save({k: v.detach().to("cpu").contiguous().clone() for k, v in state_dict.items()})
+    def own(t: torch.Tensor) -> torch.Tensor:
+        t = t.detach().to("cpu").contiguous()
+        return t if t.untyped_storage().nbytes() == t.nbytes else t.clone()
+
+    return save({k: own(v) for k, v in state_dict.items()})
 
 
 class VLLMEngine:
@@ -62,8 +78,13 @@ class VLLMEngine:
         enforce_eager: bool = True,
         kv_cache_space_gib: float = 1.0,
         max_model_len: int | None = None,
+        enable_sleep_mode: bool = False,
         **llm_kwargs: Any,
     ) -> None:
+        if enable_sleep_mode and device == "cpu":
+            raise ValueError(
+                "enable_sleep_mode needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, not on device='cpu'"
+            )
         if device == "cpu":
             _cpu_environment(kv_cache_space_gib)
         import vllm
@@ -88,7 +109,11 @@ class VLLMEngine:
             kwargs.update(
                 gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size
             )
+        if enable_sleep_mode:
+            kwargs["enable_sleep_mode"] = True
         self.llm = vllm.LLM(**kwargs, **llm_kwargs)
+        self.device, self.dtype = device, dtype
+        self._asleep: set[str] = set()  # the parts of the engine's memory that are released
         self._version = 0
         self._seeds = random.Random()
         self._lock = threading.Lock()  # one caller drives the engine at a time
@@ -101,6 +126,12 @@ class VLLMEngine:
     def from_config(cls, cfg: Config, path: str, tokenizer: Any = None) -> VLLMEngine:
         v = cfg.rollout.vllm
         device = "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
+        if cfg.rollout.colocate.sleep and device == "cpu":  # load_config says so first; this is the fallback
+            raise ConfigError(
+                "rollout.colocate.sleep needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, and "
+                f"this run's engine would run on the CPU (run.device={cfg.run.device!r}, CUDA available: "
+                f"{torch.cuda.is_available()}); set rollout.colocate.sleep=false"
+            )
         return cls(
             path,
             dtype=(cfg.rollout.dtype or cfg.model.dtype) if device == "cuda" else "float32",
@@ -110,6 +141,7 @@ class VLLMEngine:
             tensor_parallel_size=v.tensor_parallel_size,
             enforce_eager=v.enforce_eager or device == "cpu",
             kv_cache_space_gib=v.kv_cache_space_gib,
+            enable_sleep_mode=cfg.rollout.colocate.sleep,
         )
 
     @property
@@ -118,16 +150,90 @@ class VLLMEngine:
 
     def load_weights(self, weights: Weights) -> int:
         """Push ``weights`` (checkpoint names, e.g. a trainer's ``model.state_dict()``) into every
-        worker in place; nothing only bumps the version. Returns the new version. A stream is
-        collected into one blob first (whole-state sync: docs/scaling.md)."""
+        worker in place, as one bucket (the trainer's sync sends several: ``weight_sync.py``);
+        nothing only bumps the version. Returns the new version."""
         state_dict = dict(weight_items(weights))
         if state_dict:
-            blob = safetensors_blob(state_dict)
-            with self._lock:
-                self.llm.collective_rpc("agentrl_load_weights", args=(blob,))
-                self.llm.reset_prefix_cache()  # cached KV blocks hold the old weights' activations
+            self.begin_weight_update()
+            self.load_weight_bucket(state_dict.items())
+            return self.finish_weight_update()
         self._version += 1
         return self._version
+
+    # -- the bucketed sync (engines/base.py: WeightReceiver; the worker side: vllm_worker.py) -----
+    def begin_weight_update(self) -> None:
+        """Waits for the running generation step, then holds the engine (no generation) until
+        ``finish_weight_update``: the workers' layers are mid-reload in between."""
+        self._lock.acquire()
+        try:
+            self.llm.collective_rpc("agentrl_begin_weights")
+        except BaseException:
+            self._lock.release()
+            raise
+
+    def load_weight_bucket(self, bucket: Bucket) -> None:
+        """One ``collective_rpc`` per bucket. On CUDA, with the tensors on a GPU of this node: their
+        CUDA IPC handles (the worker copies from the trainer's GPU memory, no host round trip; not
+        yet run on a GPU). Otherwise a safetensors blob in host memory."""
+        items = [(n, t.detach()) for n, t in bucket]
+        if self.device == "cuda" and items and all(t.is_cuda for _, t in items):
+            from agentrl.engines.vllm_worker import cuda_ipc_blob
+
+            alive = [(n, t.contiguous()) for n, t in items]  # kept until the worker has copied them
+            self.llm.collective_rpc("agentrl_load_bucket_ipc", args=(cuda_ipc_blob(alive),))
+            del alive
+        else:
+            self.llm.collective_rpc("agentrl_load_bucket", args=(safetensors_blob(dict(items)),))
+
+    def finish_weight_update(self) -> int:
+        try:
+            self.llm.collective_rpc("agentrl_finish_weights")
+            self.llm.reset_prefix_cache()  # cached KV blocks hold the old weights' activations
+        finally:
+            self._lock.release()
+        self._version += 1
+        return self._version
+
+    def fingerprint(self, names: Sequence[str], probe_ids: Sequence[int]) -> list[Fingerprint]:
+        """Checksums of the worker's live weights (``vllm_worker.live_checksum``: fused and prepacked
+        layers are read back) and the probe's prompt log-probs (vLLM's ``prompt_logprobs``: the
+        model's log-softmax at temperature 1, before any sampling processing). Needs the engine awake."""
+        params = self._vllm.SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, seed=0)
+        with self._lock:
+            self._check_awake()
+            (sums,) = self.llm.collective_rpc("agentrl_fingerprint", args=(list(names),))
+            (res,) = self.llm.generate([self._prompt(probe_ids)], sampling_params=params, use_tqdm=False)
+        steps = res.prompt_logprobs[1:]  # position 0 has no log-prob
+        logprobs = [float(step[t].logprob) for t, step in zip(probe_ids[1:], steps)]
+        return [Fingerprint(f"VLLMEngine ({self.device})", dict(sums), logprobs, self.dtype)]
+
+    # -- sleep mode (GPU only) ---------------------------------------------------------------
+    def sleep(self, level: int = 1) -> None:
+        """Release the engine's GPU memory: level 1 discards the KV cache and moves the weights to host
+        memory, level 2 discards both. No request may be in flight (vLLM aborts them)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, not {level!r}")
+        with self._lock:
+            self.llm.sleep(level=level)
+            self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: Sequence[str] | None = None) -> bool:
+        """Take back the memory of ``tags`` (``weights``, ``kv_cache``; None = both). After a level 2
+        sleep the woken weights hold garbage until ``load_weights``. True once fully awake."""
+        wake = list(tags) if tags is not None else ["weights", "kv_cache"]
+        if not wake or set(wake) - {"weights", "kv_cache"}:
+            raise ValueError(f"wake_up tags must be among 'weights', 'kv_cache', not {wake!r}")
+        with self._lock:
+            self.llm.wake_up(tags=wake)
+            self._asleep -= set(wake)
+        return not self._asleep
+
+    def _check_awake(self) -> None:
+        if self._asleep:
+            raise RuntimeError(
+                f"the vLLM engine is asleep ({', '.join(sorted(self._asleep))} released): a request "
+                "arrived out of the sleep/wake cycle's order; wake_up() first"
+            )
 
     # -- batch generation --------------------------------------------------------------------
     def generate(
@@ -144,6 +250,7 @@ class VLLMEngine:
         seeds = [self._seed(plist[i]) for i in todo]
         version = self._version
         with self._lock:
+            self._check_awake()  # under the lock: a sleep cannot come in between
             results = self.llm.generate(
                 [self._prompt(prompts[i]) for i in todo],
                 sampling_params=[self._vllm_params(plist[i], s) for i, s in zip(todo, seeds)],
@@ -156,6 +263,7 @@ class VLLMEngine:
     # -- continuous batching -----------------------------------------------------------------
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> concurrent.futures.Future:
         """Queue one request into vLLM's running batch; the future resolves to its Completion."""
+        self._check_awake()
         if not prompt:
             raise ValueError("empty prompt: the engine needs at least one token to condition on")
         fut: concurrent.futures.Future = concurrent.futures.Future()
@@ -182,6 +290,7 @@ class VLLMEngine:
                     rid, seed = f"agentrl-{next(self._ids)}", self._seed(sp)
                     try:  # e.g. a prompt longer than max_model_len: that request fails, not the driver
                         with self._lock:
+                            self._check_awake()
                             engine.add_request(rid, self._prompt(prompt), self._vllm_params(sp, seed))
                     except Exception as e:
                         fut.set_exception(e)

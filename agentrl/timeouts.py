@@ -1,0 +1,68 @@
+"""Waiting with a limit: nothing in a run waits forever (docs/scaling.md, "Timeouts").
+
+Python cannot stop a thread. A call that may hang (an engine request, a sleep or wake of the
+colocated engine) therefore runs in a daemon thread, and its caller waits for it at most
+``timeout_s``; past that the caller gets a ``WaitTimeout`` naming what it waited for, how long it
+waited and the setting that bounds the wait. The stuck call is *abandoned*, not stopped: its thread
+keeps running until the call returns (if ever; it does not keep the process alive at exit), and
+whatever the call holds (an engine's lock, GPU memory) stays held meanwhile.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class WaitTimeout(TimeoutError):
+    """A wait ran past its limit. ``what`` names the call, ``waited_s`` is the time waited,
+    ``setting`` the config key that bounds it (when there is one)."""
+
+    def __init__(self, what: str, waited_s: float, setting: str | None = None, note: str = "") -> None:
+        self.what, self.waited_s, self.setting = what, waited_s, setting
+        limit = f" (limit: {setting})" if setting else ""
+        super().__init__(f"{what}: no answer after waiting {waited_s:.1f}s{limit}{note}")
+
+
+def wait_for(
+    future: concurrent.futures.Future,
+    timeout_s: float,
+    what: str,
+    setting: str | None = None,
+    note: str = "",
+) -> Any:
+    """``future``'s result, or ``WaitTimeout`` once ``timeout_s`` has passed without one. An
+    exception the call itself raised (even a ``TimeoutError``) is re-raised as it is."""
+    t0 = time.monotonic()
+    done, _ = concurrent.futures.wait([future], timeout=timeout_s)
+    if not done:
+        raise WaitTimeout(what, time.monotonic() - t0, setting, note)
+    return future.result()
+
+
+def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str, setting: str | None = None) -> T:
+    """``fn()`` run in a daemon thread, waited for at most ``timeout_s`` (``WaitTimeout`` past it;
+    the stuck call is abandoned, see the module docstring). The thread runs on the caller's CUDA
+    device: the current device is per thread, and a new thread would start on device 0."""
+    fut: concurrent.futures.Future = concurrent.futures.Future()
+    device = (
+        torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
+    )
+
+    def run() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)
+        try:
+            fut.set_result(fn())
+        except BaseException as e:  # handed to the waiting caller
+            fut.set_exception(e)
+
+    threading.Thread(target=run, name="agentrl-bounded-call", daemon=True).start()
+    return wait_for(fut, timeout_s, what, setting, note="; the call is abandoned (its thread keeps running)")
