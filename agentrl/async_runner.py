@@ -161,6 +161,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
             with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="agentrl-ep") as pool:
                 return list(pool.map(lambda r: self._run_episode(r, submit), requests))
         finally:
+            self._bounded_calls.close()  # the episode threads' helpers (environment calls)
             if batcher is not None:
                 batcher.close(wait=not self._abandoned)
                 self.batch_sizes = batcher.batch_sizes

@@ -21,7 +21,7 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
-from agentrl.timeouts import call_with_timeout
+from agentrl.timeouts import BoundedCalls
 
 ENGINE_REQUEST_S = 600.0
 ENV_STEP_S = 600.0
@@ -108,10 +108,12 @@ class EpisodeRunner:
         self.budgets = budgets or Budgets()
         self.sampling = sampling or SamplingParams()
         self.pool = concurrent.futures.ThreadPoolExecutor(env_workers, thread_name_prefix="agentrl-env")
+        self._bounded_calls = BoundedCalls()  # engine and environment calls under their timeouts
         self._renderers: dict[str, ChatRenderer] = {}
 
     def close(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+        self._bounded_calls.close()
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
@@ -187,7 +189,7 @@ class EpisodeRunner:
         params = [self._sampling_for(lv) for lv in active]
         try:
             return list(
-                call_with_timeout(
+                self._bounded_calls.call(
                     lambda: self.engine.generate(prompts, params),
                     self.request_timeout_s,
                     f"engine {type(self.engine).__name__}: generate for {len(active)} episodes",
@@ -227,7 +229,7 @@ class EpisodeRunner:
 
     def _bounded(self, call: Callable[[], Any], env: Environment, what: str) -> Any:
         """An environment call, waited for at most ``env_timeout_s``."""
-        return call_with_timeout(
+        return self._bounded_calls.call(
             call,
             self.env_timeout_s,
             f"environment {env.name!r} {what}",

@@ -307,3 +307,20 @@ def test_collective_a_rank_never_joins_raises_naming_it(tmp_path):
     )
     assert "within timeouts.collective_s=2s" in msg and "waited 2." in msg
     assert "Timed out" in msg  # gloo's own message follows
+
+
+def test_bounded_calls_reuse_one_helper_thread_and_replace_a_stuck_one():
+    from agentrl.timeouts import BoundedCalls
+
+    calls = BoundedCalls()
+    names = {calls.call(lambda: threading.current_thread().ident, 5.0, "a call") for _ in range(5)}
+    assert len(names) == 1 and threading.get_ident() not in names  # one helper, not the caller
+    release = threading.Event()
+    t0 = time.monotonic()
+    with pytest.raises(WaitTimeout, match="a stuck call: no answer after waiting"):
+        calls.call(lambda: release.wait(STUCK_S), 0.5, "a stuck call")
+    assert time.monotonic() - t0 < 0.5 + MARGIN_S
+    after = calls.call(lambda: threading.current_thread().ident, 5.0, "a call")
+    assert after not in names  # the stuck helper is abandoned; the next call gets a new one
+    release.set()
+    calls.close()
