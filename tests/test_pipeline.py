@@ -101,11 +101,16 @@ def _trained_lags(run: Path) -> list[int]:
     return out
 
 
-def test_async_k2_bounds_staleness_and_records_partial_rollouts(tmp_path, tiny_model_dir, monkeypatch):
+@pytest.mark.parametrize("runner", ["lockstep", "async"])
+def test_async_k2_bounds_staleness_and_records_partial_rollouts(
+    tmp_path, tiny_model_dir, monkeypatch, runner
+):
+    """Either episode runner inside the pipeline (the async one batches through the engine gate)."""
     _slow_engines(monkeypatch, 0.03)
     cfg = small_config(
         tmp_path,
         tiny_model_dir,
+        f"rollout.runner={runner}",
         "trainer.total_steps=6",
         "env.name=test_turns",
         f"env.module={ENVS}",
