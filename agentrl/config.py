@@ -270,6 +270,13 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
             "rollout.on_stale=drop with rollout.max_staleness=0 drops every batch sampled during an update: "
             "use rollout.on_stale=wait (K = 0 then trains exactly like trainer.mode=sync) or max_staleness >= 1",
         )
+    if ro.sync.transport == "broadcast" and ro.workers == 0:
+        yield (
+            "rollout.sync.transport",
+            "rollout.sync.transport=broadcast sends the weights from the trainer to Ray rollout workers, but "
+            "rollout.workers=0 runs the engine in the trainer's process (it takes the tensors directly): "
+            "set rollout.workers >= 1 or rollout.sync.transport=object_store",
+        )
     if ro.colocate.sleep:
         yield from _colocate_problems(cfg)
     weighting = registry.WEIGHTINGS[weighting_name(cfg)]

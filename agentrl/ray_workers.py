@@ -7,8 +7,10 @@ and runs episodes with the same runner an in-process run uses. The trainer sees 
 a weight sync (``weight_sync.py``) puts each bucket in Ray's object store once, every worker copies it
 in place, and the ref is dropped (the sender and the store hold one bucket at a time); the pool holds
 a lock from the first bucket to the last, and no shard or generation is submitted meanwhile, so none
-runs on half-updated weights; ``fingerprint`` asks every worker; ``version`` is the weight version;
-``build.build_runner`` returns a ``RayEpisodeRunner`` that splits a step's episodes across the workers.
+runs on half-updated weights (``rollout.sync.transport: broadcast`` sends the buckets by a collective
+broadcast instead: ``weight_group.py``, ``RolloutPool._broadcast_bucket``); ``fingerprint`` asks every
+worker; ``version`` is the weight version; ``build.build_runner`` returns a ``RayEpisodeRunner`` that
+splits a step's episodes across the workers.
 
 Faults: a worker that dies (its process crashed, its node was lost) fails the call running on it with
 a ``RayActorError``. Its episodes are resubmitted to a live worker, up to ``max_retries`` times (the
@@ -26,6 +28,7 @@ the wait; a stuck ``generate`` raises ``WaitTimeout``; a pool whose workers do n
 
 from __future__ import annotations
 
+import concurrent.futures
 import dataclasses
 import math
 import os
@@ -44,7 +47,7 @@ from agentrl.engines.vllm import safetensors_blob
 from agentrl.episode import Episode
 from agentrl.errors import Failure
 from agentrl.runner import EpisodeRequest
-from agentrl.timeouts import WaitTimeout
+from agentrl.timeouts import WaitTimeout, wait_for
 
 LOOPBACK = "127.0.0.1"
 
@@ -89,6 +92,9 @@ class RolloutWorker:
         model, self.tokenizer = components.load_model(self.cfg, model_path)
         self.engine = components.local_engine(self.cfg, model, self.tokenizer, model_path)
         del model  # the engine holds its own copy
+        self._group: Any = None
+        """This worker's member of the weight-sync group (``rollout.sync.transport: broadcast``)."""
+        self._group_device, self._group_timeout_s = torch.device("cpu"), 0.0
 
     def pid(self) -> int:
         return os.getpid()
@@ -114,6 +120,42 @@ class RolloutWorker:
 
         bucket = load(blob)
         self.engine.load_weight_bucket(bucket.items())  # type: ignore[attr-defined]
+        return len(bucket)
+
+    def join_weight_group(
+        self, host: str, port: int, rank: int, size: int, device_type: str, timeout_s: float
+    ) -> int:
+        """Join the trainer's weight-sync group (``weight_group.py``) as ``rank``, leaving the one
+        this worker was in; the tensors arrive on the CPU (gloo) or this process's GPU (NCCL)."""
+        from agentrl import weight_group
+
+        self.leave_weight_group()
+        device = (
+            torch.device("cuda", torch.cuda.current_device())
+            if device_type == "cuda"
+            else torch.device("cpu")
+        )
+        store = weight_group.client_store(host, port, rank, timeout_s)
+        self._group = weight_group.make_group(store, rank, size, device, timeout_s)
+        self._group_device, self._group_timeout_s = device, timeout_s
+        return rank
+
+    def leave_weight_group(self) -> None:
+        from agentrl import weight_group
+
+        if self._group is not None:
+            weight_group.leave(self._group)
+            self._group = None
+
+    def receive_weight_bucket(self, spec: list[tuple[str, tuple[int, ...], str]]) -> int:
+        """One bucket broadcast by the trainer (laid out as ``spec``) copied in place; returns how
+        many tensors. The trainer starts this call before it broadcasts."""
+        from agentrl import weight_group
+
+        if self._group is None:
+            raise RuntimeError("this worker is in no weight-sync group: the trainer did not join it")
+        bucket = weight_group.receive_bucket(self._group, spec, self._group_device, self._group_timeout_s)
+        self.engine.load_weight_bucket(bucket)  # type: ignore[attr-defined]
         return len(bucket)
 
     def finish_weight_update(self, version: int) -> int:
@@ -190,6 +232,13 @@ class RolloutPool:
         next weight sync (which sends every weight the trainer changes) brings them up to date."""
         self.events: list[str] = []
         """Worker deaths, retries and replacements, for logs and tests."""
+        self.transport = cfg.rollout.sync.transport
+        self.sync_timeout_s = cfg.timeouts.weight_sync_s
+        self._sync_start = 0.0  # when the current weight update began
+        self._group: Any = None
+        """This process's member (rank 0) of the weight-sync group, when ``transport`` is broadcast."""
+        self._group_members: list[Any] = []  # the workers it was built with: ranks 1..N
+        self._group_device = torch.device("cpu")
 
     @classmethod
     def from_config(cls, cfg: Config, path: str) -> RolloutPool:
@@ -234,6 +283,7 @@ class RolloutPool:
         submitted in between, so none runs on half-updated weights (an actor runs its calls in
         submission order)."""
         self._weights_lock.acquire()
+        self._sync_start = time.monotonic()
         self._guarded(
             lambda: self._answers(
                 [w.begin_weight_update.remote() for w in self.workers], "begin_weight_update"
@@ -241,12 +291,16 @@ class RolloutPool:
         )
 
     def load_weight_bucket(self, bucket: Bucket) -> None:
-        """``ray.put`` the bucket once, as a safetensors blob, every worker copies it in place, and
-        the ref is dropped: the sender and the object store hold about one bucket at a time. A blob
-        rather than the tensors: measured, eight 32 MiB buckets of tensors put and loaded this way
-        grew the sender's heap by about 120 MiB, still growing at the eighth; blobs levelled off at
-        about 65 MiB."""
+        """With ``transport: broadcast``, ``_broadcast_bucket``. Else ``ray.put`` the bucket once, as a
+        safetensors blob, every worker copies it in place, and the ref is dropped: the sender and the
+        object store hold about one bucket at a time. A blob rather than the tensors: measured, eight
+        32 MiB buckets of tensors put and loaded this way grew the sender's heap by about 120 MiB,
+        still growing at the eighth; blobs levelled off at about 65 MiB."""
         import ray
+
+        if self.transport == "broadcast":
+            self._guarded(lambda: self._broadcast_bucket(list(bucket)))
+            return
 
         def load() -> None:
             ref = ray.put(safetensors_blob(dict(bucket)))
@@ -266,6 +320,111 @@ class RolloutPool:
         finally:
             self._weights_lock.release()
 
+    def _broadcast_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """The bucket's layout goes to every worker with the Ray call that starts its receive, then
+        this process broadcasts the tensors (``weight_group.send_bucket``). The workers are idle when
+        the calls arrive (``begin_weight_update`` waited for everything submitted before it, and
+        nothing is submitted under the lock), so each is in the collective while this process sends;
+        all within what is left of ``timeouts.weight_sync_s``. The group is built at the first
+        bucket, and again once the worker set changed (a replaced worker) or a broadcast failed."""
+        from agentrl import weight_group
+
+        if not bucket:
+            return
+        device = bucket[0][1].device
+        same = len(self._group_members) == len(self.workers) and all(
+            a is b for a, b in zip(self._group_members, self.workers)
+        )
+        if self._group is None or not same or device != self._group_device:
+            self._join_group(device)
+        calls = [w.receive_weight_bucket.remote(weight_group.layout(bucket)) for w in self.workers]
+        try:
+            weight_group.send_bucket(self._group, bucket, device, self._sync_left("broadcasting a bucket"))
+        except Exception as e:
+            self._leave_group()  # in an unknown state: built anew at the next bucket
+            raise RuntimeError(
+                f"broadcasting a weight bucket to the rollout workers failed: {type(e).__name__}: "
+                f"{str(e).splitlines()[0][:300] if str(e) else ''}; the weight-sync group is rebuilt at the "
+                "next sync"
+            ) from e
+        left = self._sync_left("receiving a bucket")
+        self._answers(calls, "receive_weight_bucket", left, self._sync_setting())
+
+    def _join_group(self, device: torch.device) -> None:
+        """Build the weight-sync group: this process is rank 0 and hosts the store (on loopback, or
+        on this node's IP when the pool joined a cluster), worker i joins as rank i + 1 by a Ray
+        call, this process in a thread. The join may take half of ``timeouts.weight_sync_s`` (the
+        buckets have the rest), so a worker that does not join is named before the sync's own limit
+        passes; it is killed (replaced before the next run) and the sync raises ``WaitTimeout``."""
+        import ray
+
+        from agentrl import weight_group
+
+        self._leave_group()
+        size, limit = len(self.workers) + 1, self.sync_timeout_s / 2
+        host = ray.util.get_node_ip_address() if self.cfg.rollout.ray_address else LOOPBACK
+        t0 = time.monotonic()
+        store = weight_group.host_store(host, size, self.sync_timeout_s)
+        calls = [
+            w.join_weight_group.remote(host, store.port, i + 1, size, device.type, self.sync_timeout_s)
+            for i, w in enumerate(self.workers)
+        ]
+        mine: concurrent.futures.Future = concurrent.futures.Future()
+
+        def join() -> None:  # through a connection of its own: a store's client waits one call at a time
+            try:
+                client = weight_group.client_store(host, store.port, 0, self.sync_timeout_s)
+                mine.set_result(weight_group.make_group(client, 0, size, device, self.sync_timeout_s))
+            except BaseException as e:  # handed to the waiting sync
+                mine.set_exception(e)
+
+        threading.Thread(target=join, name="agentrl-weight-group", daemon=True).start()
+        setting = f"half of timeouts.weight_sync_s={self.sync_timeout_s:g}s"
+        done, _ = ray.wait(calls, num_returns=len(calls), timeout=limit)
+        if len(done) < len(calls):
+            late = [i for i, c in enumerate(calls) if c not in set(done)]
+            # the workers that never began to join hold the others up; blame those when there are some
+            started = weight_group.joined(store, [i + 1 for i in late])
+            stuck = [i for i, ok in zip(late, started) if not ok] or late
+            for i in stuck:
+                ray.kill(self.workers[i], no_restart=True)
+            self.events.append(f"killed rollout workers {stuck}: did not join the weight-sync group")
+            raise WaitTimeout(
+                f"rollout workers {stuck} joining the weight-sync group (rollout.sync.transport=broadcast)",
+                time.monotonic() - t0,
+                setting,
+                note="; killed them (replaced before the next run_episodes)",
+            )
+        for i, c in enumerate(calls):
+            try:
+                ray.get(c)
+            except Exception as e:
+                raise RuntimeError(
+                    f"rollout worker {i} could not join the weight-sync group: {type(e).__name__}: "
+                    f"{str(e).splitlines()[0][:300] if str(e) else ''}"
+                ) from e
+        left = limit - (time.monotonic() - t0)
+        what = "the trainer joining the weight-sync group"
+        self._group = wait_for(mine, left, what, setting, "; the join is abandoned")
+        self._group_members, self._group_device = list(self.workers), device
+
+    def _leave_group(self) -> None:
+        from agentrl import weight_group
+
+        if self._group is not None:
+            weight_group.leave(self._group)
+        self._group, self._group_members = None, []
+
+    def _sync_setting(self) -> str:
+        return f"timeouts.weight_sync_s={self.sync_timeout_s:g}s for the whole sync"
+
+    def _sync_left(self, step: str) -> float:
+        """Seconds left of the weight update's limit; ``WaitTimeout`` when none are."""
+        waited = time.monotonic() - self._sync_start
+        if waited >= self.sync_timeout_s:
+            raise WaitTimeout(f"weight sync into the rollout workers: {step}", waited, self._sync_setting())
+        return self.sync_timeout_s - waited
+
     def _guarded(self, fn: Callable[[], Any]) -> Any:
         """``fn()`` inside an update: on an error the lock is released (the update is lost)."""
         try:
@@ -283,23 +442,26 @@ class RolloutPool:
             for fp in part
         ]
 
-    def _answers(self, calls: list, call: str) -> list:
+    def _answers(
+        self, calls: list, call: str, limit_s: float | None = None, setting: str | None = None
+    ) -> list:
         """The workers' answers to ``calls`` (one per worker, in order). A worker that does not answer
-        within ``call_timeout_s`` is killed (replaced before the next run) and the call raises
-        ``WaitTimeout`` naming it; a worker that died raises ``RuntimeError`` naming it."""
+        within ``limit_s`` (default ``call_timeout_s``) is killed (replaced before the next run) and
+        the call raises ``WaitTimeout`` naming it; a worker that died raises ``RuntimeError`` naming it."""
         import ray
         from ray.exceptions import RayActorError
 
         t0 = time.monotonic()
-        done, _ = ray.wait(calls, num_returns=len(calls), timeout=self.call_timeout_s)
+        limit_s = self.call_timeout_s if limit_s is None else limit_s
+        done, _ = ray.wait(calls, num_returns=len(calls), timeout=limit_s)
         if len(done) < len(calls):
             stuck = [i for i, c in enumerate(calls) if c not in set(done)]
             for i in stuck:
-                self.events.append(self._kill_stuck(i, call, time.monotonic() - t0))
+                self.events.append(self._kill_stuck(i, call, time.monotonic() - t0, setting))
             raise WaitTimeout(
                 f"rollout workers {stuck}: {call}",
                 time.monotonic() - t0,
-                self._setting(),
+                setting or self._setting(),
                 note="; killed them (replaced before the next run_episodes)",
             )
         out = []
@@ -315,6 +477,7 @@ class RolloutPool:
     def shutdown(self) -> None:
         import ray
 
+        self._leave_group()
         for w in self.workers:
             ray.kill(w)
         self.workers = []
@@ -398,13 +561,13 @@ class RolloutPool:
                 )
         return [results[i] for i in range(len(requests))]
 
-    def _kill_stuck(self, worker: int, call: str, waited_s: float) -> str:
+    def _kill_stuck(self, worker: int, call: str, waited_s: float, setting: str | None = None) -> str:
         """Kill a worker that did not answer ``call`` in time; the message its episodes record."""
         import ray
 
         ray.kill(self.workers[worker], no_restart=True)
         return (
-            f"rollout worker {worker} did not answer {call} within {self._setting()} (waited "
+            f"rollout worker {worker} did not answer {call} within {setting or self._setting()} (waited "
             f"{waited_s:.1f}s); killed it"
         )
 

@@ -187,13 +187,18 @@ class EpisodeRunner:
     def _generate(self, active: list[_Live]) -> list[Completion | None]:
         prompts = [lv.episode.token_ids() for lv in active]
         params = [self._sampling_for(lv) for lv in active]
+        what = f"engine {type(self.engine).__name__}: generate for {len(active)} episodes"
+        setting = f"timeouts.engine_request_s={self.request_timeout_s:g}s"
         try:
+            bounded = getattr(self.engine, "bounded", None)
+            if (
+                bounded is not None
+            ):  # an in-process engine keeps its compute in this thread (HFEngine.bounded)
+                with bounded(self.request_timeout_s, what, setting):
+                    return list(self.engine.generate(prompts, params))
             return list(
                 self._bounded_calls.call(
-                    lambda: self.engine.generate(prompts, params),
-                    self.request_timeout_s,
-                    f"engine {type(self.engine).__name__}: generate for {len(active)} episodes",
-                    f"timeouts.engine_request_s={self.request_timeout_s:g}s",
+                    lambda: self.engine.generate(prompts, params), self.request_timeout_s, what, setting
                 )
             )
         except Exception as e:

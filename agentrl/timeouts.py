@@ -95,11 +95,12 @@ class _CallThread:
 class BoundedCalls:
     """``call_with_timeout`` for calls made again and again (an engine request every turn, an
     environment step every turn): each calling thread gets one long-lived helper thread that runs its
-    calls, instead of a fresh thread per call. Measured on bench/pipeline.py's sync loop (tiny model,
-    32 three-turn episodes per step): a fresh thread per engine call and environment step made the
-    rollouts 0.3 s per step slower (0.58 → 0.9 s), since torch's per-thread state (the OpenMP team)
-    is built again in every new thread. A call that times out is abandoned with its helper thread;
-    the caller's next call gets a new one. ``close`` ends the helper threads (after their calls)."""
+    calls, instead of a fresh thread per call. A call that times out is abandoned with its helper
+    thread; the caller's next call gets a new one. ``close`` ends the helper threads (after their
+    calls). Torch compute is better kept out of helper threads on a small CPU machine: once two
+    threads have run torch ops, their OpenMP thread teams compete for the cores (measured with the
+    HF engine's generate on 2 cores: 0.09 s alone, 0.16 s once another thread had computed), which
+    is why the runners bound an in-process engine with ``HFEngine.bounded`` in their own thread."""
 
     def __init__(self) -> None:
         self._local = threading.local()

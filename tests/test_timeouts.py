@@ -324,3 +324,36 @@ def test_bounded_calls_reuse_one_helper_thread_and_replace_a_stuck_one():
     assert after not in names  # the stuck helper is abandoned; the next call gets a new one
     release.set()
     calls.close()
+
+
+def test_hf_engine_generate_stops_at_its_deadline_in_the_callers_thread(tiny_policy):
+    """The HF engine computes in the runner's own thread (a second torch thread slows a 2-core
+    machine's rollouts): the runner's bound is checked at every decode step instead."""
+    from agentrl.engines.hf import HFEngine
+
+    model, tok = tiny_policy
+    engine = HFEngine(model, tok, lean_decode=False)
+    forward = model.forward
+
+    def slow_forward(*args, **kwargs):
+        time.sleep(0.05)
+        return forward(*args, **kwargs)
+
+    model.forward = slow_forward  # 64 decode steps: ~3 s, far past the 0.5 s bound
+    cfg = load_config(None, ["timeouts.engine_request_s=0.5", "rollout.max_tokens_per_turn=64"])
+    runner = build.build_runner(cfg, engine, tok, seed=0)
+    caller = threading.get_ident()
+    seen: set[int] = set()
+    generate = engine.generate
+    engine.generate = lambda *a, **k: (seen.add(threading.get_ident()), generate(*a, **k))[1]  # type: ignore[method-assign]
+    try:
+        t0 = time.monotonic()
+        eps = runner.run(requests(2))
+        elapsed = time.monotonic() - t0
+    finally:
+        runner.close()
+    assert seen == {caller}
+    assert 0.5 <= elapsed < 0.5 + MARGIN_S, elapsed
+    for ep in eps:
+        assert ep.failure.boundary == "model" and "stopped at decode step" in ep.failure.message, ep.failure
+        assert "timeouts.engine_request_s=0.5s" in ep.failure.message

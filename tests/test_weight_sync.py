@@ -377,9 +377,155 @@ def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(tm
         ray.shutdown()
 
 
+# -- the broadcast transport (rollout.sync.transport=broadcast) ---------------------------------------
+def test_a_bucket_broadcast_over_gloo_arrives_bit_for_bit_in_order():
+    """Two ranks in two threads of this process, gloo on the CPU: three dtypes in one bucket (one flat
+    buffer each) come back as the same (name, tensor) pairs in the same order; the store tells which
+    ranks began to join."""
+    from agentrl import weight_group
+
+    cpu = torch.device("cpu")
+    g = torch.Generator().manual_seed(0)
+    bucket = [
+        ("a", torch.randn(3, 4, generator=g)),
+        ("b", torch.randn(5, generator=g).to(torch.bfloat16)),
+        ("c", torch.arange(6).reshape(2, 3)),
+        ("d", torch.randn(2, 1, 2, generator=g)),
+    ]
+    store = weight_group.host_store("127.0.0.1", 2, 30.0)
+    got: dict = {}
+
+    def rank1() -> None:
+        try:
+            client = weight_group.client_store("127.0.0.1", store.port, 1, 30.0)
+            group = weight_group.make_group(client, 1, 2, cpu, 30.0)
+            got["bucket"] = weight_group.receive_bucket(group, weight_group.layout(bucket), cpu, 30.0)
+        except BaseException as e:
+            got["error"] = e
+
+    t = threading.Thread(target=rank1, daemon=True)
+    t.start()
+    group = weight_group.make_group(store, 0, 2, cpu, 30.0)
+    weight_group.send_bucket(group, bucket, cpu, 30.0)
+    t.join(timeout=60)
+    assert "error" not in got, got.get("error")
+    assert [n for n, _ in got["bucket"]] == ["a", "b", "c", "d"]
+    for (_, want), (_, have) in zip(bucket, got["bucket"]):
+        assert have.dtype == want.dtype and have.shape == want.shape and torch.equal(have, want)
+    assert weight_group.joined(store, [1, 2]) == [True, False]
+
+
+def test_broadcast_needs_ray_workers(tmp_path, tiny_model_dir):
+    from agentrl.config import ConfigError
+
+    with pytest.raises(ConfigError, match=r"rollout.sync.transport=broadcast .* rollout.workers=0"):
+        small_config(tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast")
+
+
+@pytest.mark.ray
+def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(tmp_path, tiny_model_dir):
+    ray = pytest.importorskip("ray")
+    from agentrl.ray_workers import RolloutPool, init_ray
+    from tests.test_ray_workers import ray_config
+
+    init_ray(num_cpus=2)
+    cfg = ray_config(
+        tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast", "timeouts.weight_sync_s=120"
+    )
+    pool = RolloutPool(cfg, str(tiny_model_dir), workers=2)
+    try:
+        trainer_model = perturbed(tiny_model_dir)
+        names = [n for n, _ in trainer_model.named_parameters()]
+        ids = probe_ids(1024, 64)
+        settings = SyncSettings(bucket_mb=SMALL, timeout_s=120)
+        report = sync_weights(pool, params(trainer_model), settings, probe_of(trainer_model))
+        assert report.verified and report.buckets > 1 and pool.version == 1
+        assert pool._group is not None and pool._group_members == pool.workers  # it went by the group
+        broadcast = pool.fingerprint(names, ids)
+        pool.transport = "object_store"  # the same weights through Ray's object store
+        pool.load_weights(params(load_policy(tiny_model_dir)[0]))
+        pool.load_weights(params(trainer_model))
+        stored = pool.fingerprint(names, ids)
+        # per worker, the same weights bit for bit: every checksum and every probe log-prob equal
+        assert [(f.checksums, f.probe_logprobs) for f in broadcast] == [
+            (f.checksums, f.probe_logprobs) for f in stored
+        ]
+        assert len(stored) == 2 and len(stored[0].checksums) == len(names)
+        # worker 1 dies and is replaced: the next broadcast sync builds a new group that includes it
+        pool.transport = "broadcast"
+        dead, old_group = pool.workers[1], pool._group
+        ray.kill(dead, no_restart=True)
+        deadline = time.monotonic() + 60  # ray.kill is asynchronous: a call may still land before the death
+        with pytest.raises(ray.exceptions.RayActorError):
+            while time.monotonic() < deadline:
+                ray.get(dead.pid.remote(), timeout=60)
+                time.sleep(0.1)
+        pool._replace_dead()
+        assert pool.workers[1] is not dead
+        second = perturbed(tiny_model_dir, seed=2)
+        again = sync_weights(pool, params(second), settings, probe_of(second))
+        assert again.verified and again.tensors == len(names) and pool.version == 4
+        assert pool._group is not old_group and pool._group_members[1] is pool.workers[1]
+        moved = pool.fingerprint(names, ids)
+        assert moved[0].checksums == moved[1].checksums != stored[1].checksums
+    finally:
+        pool.shutdown()
+        ray.shutdown()
+
+
+@pytest.mark.ray
+def test_ray_pool_broadcast_names_a_worker_that_never_joins(tmp_path, tiny_model_dir):
+    ray = pytest.importorskip("ray")
+    from agentrl.ray_workers import RolloutPool, RolloutWorker, init_ray
+    from tests.test_ray_workers import ray_config
+
+    class NeverJoins(RolloutWorker):  # defined here, so Ray ships it to the worker by value
+        def join_weight_group(self, *args: object) -> int:
+            time.sleep(3600)
+            return -1
+
+    limit = 10.0  # the join may take half: 5 s
+    init_ray(num_cpus=2)
+    cfg = ray_config(
+        tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast", f"timeouts.weight_sync_s={limit}"
+    )
+    pool = RolloutPool(cfg, str(tiny_model_dir), workers=2)
+    try:
+        pool._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(NeverJoins)
+        ray.kill(pool.workers[1], no_restart=True)
+        time.sleep(1.0)  # ray.kill is asynchronous
+        pool._replace_dead()  # worker 1 is now one that never joins
+        model = perturbed(tiny_model_dir)
+        t0 = time.monotonic()
+        with pytest.raises(WaitTimeout) as err:
+            sync_weights(pool, params(model), SyncSettings(bucket_mb=SMALL, timeout_s=limit), probe_of(model))
+        took = time.monotonic() - t0
+        assert limit / 2 <= took < limit / 2 + 5.0, took  # named before the sync's own limit
+        msg = str(err.value)
+        assert "rollout workers [1] joining the weight-sync group" in msg, msg
+        assert "half of timeouts.weight_sync_s=10s" in msg and "killed them" in msg, msg
+        assert pool._group is None and pool.version == 0  # nothing half-built is kept
+        assert pool._weights_lock.acquire(blocking=False)  # the failed update let go of the lock
+        pool._weights_lock.release()
+        # the pool is not wedged: the killed worker is replaced by one that joins, and the next sync
+        # (once worker 0's abandoned join has timed out, up to 10 s after it began: the sync's clock
+        # here allows for that wait; the join itself still has 5 s) builds a new group and verifies
+        pool._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
+        pool._replace_dead()
+        report = sync_weights(
+            pool, params(model), SyncSettings(bucket_mb=SMALL, timeout_s=60), probe_of(model)
+        )
+        assert report.verified and pool.version == 1 and pool._group_members == pool.workers
+    finally:
+        pool.shutdown()
+        ray.shutdown()
+
+
 # -- FSDP2 on two ranks -------------------------------------------------------------------------------
 @pytest.mark.slow
-def test_fsdp2_bucketed_sync_equals_whole_on_two_ranks(tmp_path, tiny_model_dir):
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_fsdp2_bucketed_sync_equals_whole_on_two_ranks(tmp_path, tiny_model_dir, lora_rank):
+    """Full weights, and LoRA's merged weights (gathered from the sharded adapters and base)."""
     from tests.test_sharding import ENV, _torchrun
 
     out = tmp_path / "sync.json"
@@ -392,6 +538,7 @@ def test_fsdp2_bucketed_sync_equals_whole_on_two_ranks(tmp_path, tiny_model_dir)
         "trainer.micro_batch_size=1",
         "logging.tensorboard=false",
         "logging.plots=false",
+        f"model.lora.rank={lora_rank}",
     ]
     proc = subprocess.run(
         [*_torchrun(2), str(driver), str(out), *overrides],
@@ -404,7 +551,9 @@ def test_fsdp2_bucketed_sync_equals_whole_on_two_ranks(tmp_path, tiny_model_dir)
     ranks = json.loads(out.read_text())
     assert len(ranks) == 2
     for r in ranks:
-        assert r["differ"] == [] and r["moved"] == r["tensors"] > 0  # bucketed == whole, and it changed
+        assert r["differ"] == [] and r["moved"] > 0  # bucketed == whole, and it changed
+        # full weights: every tensor moved; LoRA: the adapted layers' merged weights only
+        assert (r["moved"] == r["tensors"]) == (lora_rank == 0)
         assert r["verified"] == 1.0 and r["buckets"] > 1 and r["probe_max_abs_diff"] < 1e-3
 
 

@@ -23,9 +23,12 @@ point mass it was sampled from).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
-from collections.abc import Sequence
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,6 +48,7 @@ from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import supports as lean_supports
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
+from agentrl.timeouts import WaitTimeout
 from agentrl.weight_sync import probe_logprobs, tensor_checksum
 
 
@@ -153,6 +157,7 @@ class HFEngine:
         # reproduces, else the transformers forward; recorded so benchmarks and logs can say which
         self.decode_path = "lean" if lean_decode and lean_supports(self.model) else "transformers"
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
+        self._deadline = threading.local()  # ``bounded``: this thread's generate deadline
 
     @property
     def version(self) -> int:
@@ -197,9 +202,39 @@ class HFEngine:
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")
         return [Fingerprint(type(self).__name__, sums, logprobs, dtype)]
 
+    def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy, pickle: the deadline is per thread
+        state = self.__dict__.copy()
+        state.pop("_deadline", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._deadline = threading.local()
+
+    @contextlib.contextmanager
+    def bounded(self, timeout_s: float, what: str, setting: str | None = None) -> Iterator[None]:
+        """``generate`` calls in this block, from this thread, raise ``WaitTimeout`` once ``timeout_s``
+        has passed, checked before the prefill and at every decode step. The runners use this instead
+        of waiting on another thread: the engine's compute stays in the caller's thread (on this
+        2-core machine a second thread doing torch work made the sync loop's rollouts 0.35 s per step
+        slower, bench/pipeline.py: two OpenMP thread teams compete for the cores)."""
+        self._deadline.value = (time.monotonic() + timeout_s, timeout_s, what, setting)
+        try:
+            yield
+        finally:
+            self._deadline.value = None
+
+    def _check_deadline(self, where: str) -> None:
+        bound = getattr(self._deadline, "value", None)
+        if bound is not None and time.monotonic() > bound[0]:
+            raise WaitTimeout(
+                bound[2], bound[1] + time.monotonic() - bound[0], bound[3], f"; stopped {where}"
+            )
+
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
     ) -> list[Completion]:
+        self._check_deadline("before the prefill")
         plist = per_prompt_params(prompts, params)
         requests = [self._request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, plist))]
         version = self._version
@@ -287,6 +322,7 @@ class HFEngine:
         lean = LeanDecoder.from_cache(self.model, cache, mask, steps) if self.decode_path == "lean" else None
         rows = list(batch)  # requests still in the batch, aligned with tensor rows
         for step in range(steps):
+            self._check_deadline(f"at decode step {step}")
             tokens, lps = sample_next(
                 logits, temperature, top_k, top_p, uniforms[:, step], filtered=filtered, plain=plain
             )
