@@ -50,8 +50,13 @@ class RequestBatcher:
         max_batch: int = 256,
         max_wait_s: float = 0.005,
         ready: Callable[[], int] | None = None,
+        max_gather_s: float | None = None,
     ) -> None:
         self.engine, self.max_batch, self.max_wait_s = engine, max_batch, max_wait_s
+        self.max_gather_s = max_gather_s
+        """With it, every arrival extends the wait by ``max_wait_s``, up to ``max_gather_s`` from the
+        first request: for callers whose requests trickle in (agents behind the endpoint, each spending
+        a few milliseconds of Python between turns), so one slow arrival does not split the batch."""
         self.ready = ready or (lambda: max_batch)
         self.batch_sizes: list[int] = []
         """Size of every engine call, for tests and benchmarks."""
@@ -73,7 +78,8 @@ class RequestBatcher:
 
     def _gather(self, first: tuple) -> tuple[list[tuple], bool]:
         batch, stop = [first], False
-        deadline = time.perf_counter() + self.max_wait_s
+        start = time.perf_counter()
+        deadline = start + self.max_wait_s
         while len(batch) < self.max_batch:
             try:
                 item = self._queue.get_nowait()
@@ -89,6 +95,8 @@ class RequestBatcher:
                 stop = True
                 break
             batch.append(item)
+            if self.max_gather_s is not None:
+                deadline = min(time.perf_counter() + self.max_wait_s, start + self.max_gather_s)
         return batch, stop
 
     def _loop(self) -> None:
@@ -127,6 +135,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
         max_wait_s: float = 0.005,
         request_timeout_s: float = ENGINE_REQUEST_S,
         env_timeout_s: float = ENV_STEP_S,
+        history: str = "auto",
     ) -> None:
         super().__init__(
             engine,
@@ -137,6 +146,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
             env_workers=1,
             request_timeout_s=request_timeout_s,
             env_timeout_s=env_timeout_s,
+            history=history,
         )
         self._abandoned = False  # a request of this run timed out: the engine may still be stuck in it
         self.max_concurrent_episodes = max_concurrent_episodes
@@ -203,7 +213,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
     def _generate_one(self, lv: _Live, submit: Callable) -> Completion | None:
         what = f"engine {type(self.engine).__name__}: generate for episode {lv.episode.id} (turn {lv.turn})"
         try:
-            fut = submit(lv.episode.token_ids(), self._sampling_for(lv))
+            fut = submit(lv.episode.context_ids(), self._sampling_for(lv))
             return wait_for(
                 fut,
                 self.request_timeout_s,

@@ -22,6 +22,7 @@ from agentrl.forward import first_loss_column, prefix_plan, suffix_logits
 @dataclass
 class Batch:
     episodes: list[Episode]
+    """One per row: an episode, or one sample of a split episode (``Episode.sample_views``)."""
     ids: Tensor  # [B, T] right-padded token ids
     lengths: Tensor  # [B] real lengths; on the CPU wherever the batch is (they decide slicing)
     mask: Tensor  # [B, T-1] float loss mask (targets = ids[:, 1:])
@@ -29,6 +30,20 @@ class Batch:
     engine_logp: Tensor  # [B, T-1] the engine's logprob of each target token (0 where none)
     has_engine_logp: Tensor  # [B, T-1] bool
     turn_start: Tensor  # [B, T-1] bool: first policy token of each turn
+    parents: list[Episode] | None = None
+    """The episode each row comes from (the row's own episode unless it was split into samples)."""
+
+    def parent_rows(self) -> tuple[list[Episode], Tensor]:
+        """The distinct episodes of the batch, in order, and the index of each row's episode [B]:
+        a split episode counts once in group statistics, whatever its number of samples."""
+        parents = self.parents or self.episodes
+        order: dict[int, int] = {}
+        distinct: list[Episode] = []
+        for ep in parents:
+            if id(ep) not in order:
+                order[id(ep)] = len(distinct)
+                distinct.append(ep)
+        return distinct, torch.tensor([order[id(ep)] for ep in parents], dtype=torch.long)
 
     @property
     def size(self) -> int:
@@ -58,6 +73,7 @@ class Batch:
         return replace(
             self,
             episodes=[self.episodes[i] for i in idx.tolist()],
+            parents=None if self.parents is None else [self.parents[i] for i in idx.tolist()],
             ids=self.ids[idx, :t],
             lengths=self.lengths[idx],
             mask=self.mask[idx, : t - 1],
@@ -71,6 +87,13 @@ class Batch:
 def build_batch(
     episodes: Sequence[Episode], advantages: Tensor, multipliers: Sequence[float], pad_id: int
 ) -> Batch:
+    """One row per training sample: an episode split into samples (``Episode.sample_breaks``) gives
+    one row per sample, each with the episode's advantage and multiplier."""
+    views = [(v, ep, a, m) for ep, a, m in zip(episodes, advantages, multipliers) for v in ep.sample_views()]
+    parents = [ep for _, ep, _, _ in views]
+    advantages = torch.stack([a for _, _, a, _ in views]) if views else advantages
+    multipliers = [m for _, _, _, m in views]
+    episodes = [v for v, _, _, _ in views]
     B = len(episodes)
     T = max(len(e.token_ids()) for e in episodes)
     ids = torch.full((B, T), pad_id, dtype=torch.long)
@@ -94,7 +117,7 @@ def build_batch(
             if seg.role == "policy" and seg.token_ids and pos > 0:
                 start[i, pos - 1] = True
             pos += len(seg.token_ids)
-    return Batch(list(episodes), ids, lengths, mask, advantages.float(), elp, has, start)
+    return Batch(list(episodes), ids, lengths, mask, advantages.float(), elp, has, start, parents)
 
 
 def batch_forward(

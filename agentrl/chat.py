@@ -2,9 +2,12 @@
 
 The runner owns the token sequence. The first prompt is rendered with the tokenizer's chat template.
 After each policy turn, the observation is rendered as a *delta*: we render a fixed base conversation
-that ends with an assistant message, and the same base followed by the new messages (plus the
-generation prompt for the next assistant turn); the suffix is exactly what the template would put
-after an assistant turn. That works for any prefix-stable template without parsing it.
+that ends with an assistant message whose content is a sentinel, followed by the new messages (plus
+the generation prompt for the next assistant turn), and take everything after the sentinel and the
+template's assistant closing. That is exactly what the template puts after an assistant turn, for any
+template, without parsing it: prefix-stable ones (the delta equals ``render(base + new)[len(render(base)):]``)
+and ones that render an earlier assistant turn differently once more messages follow (a Qwen3-style
+template drops its reasoning before a new user message; the sentinel turn has none to drop).
 
 Inside a delta, the content of each message is located and tagged with the message's role (``tool``
 for tool output, ``env`` for the environment's user messages); the rest is ``scaffold`` (role
@@ -15,6 +18,7 @@ model-written code can never forge a control token such as ``<|im_end|>``.
 from __future__ import annotations
 
 import copy
+import re
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -23,6 +27,8 @@ from typing import Any
 _ENCODE_LOCK = threading.Lock()
 _SENTINEL = "\u2063agentrl\u2063sentinel\u2063"
 _BASE = [{"role": "user", "content": "base"}, {"role": "assistant", "content": _SENTINEL}]
+_MARKER = "\u2063agentrl\u2063content\u2063{}\u2063"
+_MARKER_RE = re.compile("\u2063agentrl\u2063content\u2063(\\d+)\u2063")
 
 
 @dataclass
@@ -53,9 +59,12 @@ class ChatRenderer:
                 private.encode_special_tokens = split
                 self._backends[split] = private
         base = self._render(_BASE, add_generation_prompt=False)
-        cut = base.rindex(_SENTINEL) + len(_SENTINEL)
-        self._base_text = base
-        self.assistant_close = base[cut:]
+        if base.count(_SENTINEL) != 1:
+            raise ValueError(
+                "the chat template does not render an assistant message's content verbatim (once), so "
+                "observations cannot be rendered as deltas after it"
+            )
+        self.assistant_close = base[base.index(_SENTINEL) + len(_SENTINEL) :]
         """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
         self.eos_token_id: int | None = tokenizer.convert_tokens_to_ids(self._eos_token())
 
@@ -71,6 +80,10 @@ class ChatRenderer:
         return self.tokenizer.apply_chat_template(
             messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
         )
+
+    def render_text(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        """The template's full render of ``messages`` (with this renderer's tools), as text."""
+        return self._render(list(messages), add_generation_prompt=generation_prompt)
 
     def encode(self, text: str, split_special: bool) -> list[int]:
         """Token ids of ``text``. With ``split_special``, text such as ``<|im_end|>`` is encoded as
@@ -110,24 +123,76 @@ class ChatRenderer:
     ) -> list[Piece]:
         """Pieces for new messages after an assistant turn (after its closing), ending with the
         next assistant header when ``generation_prompt``."""
-        full = self._render(_BASE + list(messages), add_generation_prompt=generation_prompt)
-        if not full.startswith(self._base_text):
-            raise ValueError(
-                "the chat template is not prefix-stable: rendering more messages changed the rendering "
-                "of earlier ones, so observations cannot be appended as deltas"
-            )
-        delta = full[len(self._base_text) :]
+        delta, spans = self.locate_contents(list(messages), generation_prompt)
+        contents = [_text(m) for m in messages]
         pieces: list[Piece] = []
         pos = 0
-        for i, msg in enumerate(messages):
-            content = str(msg.get("content", ""))
-            at = delta.find(content, pos) if content else -1
-            if at < 0:
-                continue  # the template rewrote this content; it stays inside the scaffold text
+        for at, i in spans:
             if at > pos:
                 pieces.append(Piece("scaffold", self.encode(delta[pos:at], False), delta[pos:at]))
-            pieces.append(Piece(_message_role(msg), self.encode(content, True), content, message_index=i))
+            content = contents[i]
+            pieces.append(
+                Piece(_message_role(messages[i]), self.encode(content, True), content, message_index=i)
+            )
             pos = at + len(content)
         if pos < len(delta):
             pieces.append(Piece("scaffold", self.encode(delta[pos:], False), delta[pos:]))
         return pieces
+
+    def _delta(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:
+        full = self._render(_BASE + messages, add_generation_prompt=generation_prompt)
+        anchor = _SENTINEL + self.assistant_close
+        if full.count(anchor) != 1:
+            raise ValueError(
+                "the chat template renders the assistant turn before an observation differently from a "
+                "final one (its closing changed, or its content was rewritten), so observations cannot "
+                "be appended as deltas after it"
+            )
+        return full[full.index(anchor) + len(anchor) :]
+
+    def locate_contents(
+        self, messages: list[dict[str, Any]], generation_prompt: bool, delta: bool = True
+    ) -> tuple[str, list[tuple[int, int]]]:
+        """The render of ``messages`` (the delta after an assistant turn, or with ``delta=False`` the
+        full render) and (start, message index) of each message content it holds verbatim, in order.
+
+        Rendered with a marker in place of each content, the template shows exactly where contents
+        go; that is used when putting the contents back gives the real render. Searching for each
+        content in order could match template text instead (a tool that prints ``user`` inside a
+        Qwen ``<|im_start|>user`` turn), so the search is only the fallback for templates that rewrite
+        content. Assistant contents are marked only in deltas: a full render may rewrite them (a
+        thinking template strips earlier reasoning), so there they stay inside the template text."""
+
+        def render(msgs: list[dict[str, Any]]) -> str:
+            return self._delta(msgs, generation_prompt) if delta else self._render(msgs, generation_prompt)
+
+        text = render(messages)
+        contents = [_text(m) for m in messages]
+        marks = [bool(c) and (delta or m.get("role") != "assistant") for c, m in zip(contents, messages)]
+        marked = [{**m, "content": _MARKER.format(i)} if marks[i] else m for i, m in enumerate(messages)]
+        try:
+            parts = _MARKER_RE.split(render(marked))  # [text, index, text, index, ..., text]
+        except Exception:  # a template that rejects the markers: search instead
+            parts = []
+        indices = [int(x) for x in parts[1::2]]
+        rebuilt = "".join(p if k % 2 == 0 else contents[int(p)] for k, p in enumerate(parts))
+        if parts and len(set(indices)) == len(indices) and rebuilt == text:
+            spans: list[tuple[int, int]] = []
+            at = 0
+            for k, part in enumerate(parts):
+                if k % 2:
+                    spans.append((at, int(part)))
+                at += len(contents[int(part)]) if k % 2 else len(part)
+            return text, spans
+        spans, pos = [], 0
+        for i, content in enumerate(contents):
+            found = text.find(content, pos) if content else -1
+            if found >= 0:  # not found: the template rewrote it; it stays inside the scaffold text
+                spans.append((found, i))
+                pos = found + len(content)
+        return text, spans
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    return content if isinstance(content, str) else ""

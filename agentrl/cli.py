@@ -1,4 +1,4 @@
-"""``agentrl`` command line: train | sft | eval | rollout | plot | envs | replay | inspect | doctor.
+"""``agentrl`` command line: train | sft | eval | rollout | serve | plot | envs | replay | inspect | doctor.
 
 Every command that takes a config accepts dotted overrides after it:
 ``agentrl train configs/quickstart.yaml trainer.total_steps=20 algorithm.name=grpo``.
@@ -155,6 +155,13 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    from agentrl.proxy.serve import serve_command
+
+    return serve_command(cfg, host=args.host, port=args.port)
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from agentrl.metrics import plot_run
 
@@ -282,6 +289,13 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--split", default="train", choices=["train", "test"])
     sp.add_argument("-o", "--output", help="JSONL file (default: RUN_DIR/rollouts.jsonl)")
     sp.set_defaults(fn=cmd_rollout)
+    sp = with_config(
+        "serve",
+        "serve the config's policy behind an OpenAI-compatible endpoint that records every episode token by token",
+    )
+    sp.add_argument("--host", help="address to bind (default proxy.host, 127.0.0.1)")
+    sp.add_argument("--port", type=int, help="port (default proxy.port; 0 = a free one, printed)")
+    sp.set_defaults(fn=cmd_serve)
     sp = sub.add_parser(
         "export",
         help="write a checkpoint (any format: HF, LoRA adapter, FSDP2 shards) as a plain HF model directory",
@@ -369,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"config error: {e}", file=sys.stderr)
         return 2
+    finally:
+        mcp = sys.modules.get("agentrl.mcp_tools")  # loaded only when an environment declared servers
+        if mcp is not None:
+            mcp.close_all()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from agentrl.agents import AgentEnvironment
 from agentrl.async_runner import AsyncEpisodeRunner
 from agentrl.config import Config
 from agentrl.data import load_tasks_from_source
@@ -168,6 +169,24 @@ def local_runner(
         max_tool_output_tokens=cfg.rollout.max_tool_output_tokens,
     )
     sampling = sampling_params(cfg, seed, temperature)
+    if issubclass(env_class(cfg), AgentEnvironment):
+        from agentrl.proxy.agent import AgentRunner  # the endpoint: openai, http.server
+
+        return AgentRunner(
+            engine,
+            tokenizer,
+            env_factory(cfg),
+            budgets=budgets,
+            sampling=sampling,
+            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
+            request_timeout_s=cfg.timeouts.engine_request_s,
+            agent_timeout_s=cfg.timeouts.agent_run_s,
+            history=cfg.rollout.history,
+            on_drift=cfg.proxy.on_drift,
+            host=cfg.proxy.host,
+            port=cfg.proxy.port,
+            model_name=cfg.proxy.model_name,
+        )
     if cfg.rollout.runner == "async":
         return AsyncEpisodeRunner(
             engine,
@@ -178,6 +197,7 @@ def local_runner(
             max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
             request_timeout_s=cfg.timeouts.engine_request_s,
             env_timeout_s=cfg.timeouts.env_step_s,
+            history=cfg.rollout.history,
         )
     return EpisodeRunner(
         engine,
@@ -188,4 +208,5 @@ def local_runner(
         env_workers=min(64, cfg.rollout.max_concurrent_episodes),
         request_timeout_s=cfg.timeouts.engine_request_s,
         env_timeout_s=cfg.timeouts.env_step_s,
+        history=cfg.rollout.history,
     )

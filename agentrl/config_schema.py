@@ -169,6 +169,8 @@ class RolloutConfig:
     """Async mode: ``wait`` = rollouts never start an episode that could exceed ``max_staleness`` (the engine waits for weights); ``drop`` = rollouts run ahead up to the queue's capacity and episodes past the bound are dropped when the trainer takes them (the engine never waits for weights)."""
     train_on_truncated: bool = True
     """Train on episodes cut by a budget. False keeps them in group statistics but masks their tokens."""
+    history: Literal["auto", "split", "merge"] = "auto"
+    """When the chat template would show the model a different history than the one it wrote (a thinking template strips earlier ``<think>`` blocks): ``split`` = keep the model's own tokens in their sample and start a new sample, prompted with the template's render, where the served history differs; ``merge`` = one sample per episode, observations appended as deltas; ``auto`` = ``split`` when a probe of the template finds it strips thinking, else ``merge``. ``agentrl doctor`` prints the choice and why."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """vLLM engine settings (used when ``engine: vllm``)."""
     sync: SyncConfig = field(default_factory=SyncConfig)
@@ -377,6 +379,20 @@ class TimeoutsConfig:
     """Each of the colocated engine's own phases (sleep, wake the weights, wake the KV cache: ``rollout.colocate.sleep``); past it the run stops with an error naming the phase. The update between them is bounded by ``collective_s``, the sync by ``weight_sync_s``."""
     data_wait_s: float = knob(3600.0, gt=0)
     """Async mode: the trainer waiting for a step's episodes."""
+    agent_run_s: float = knob(3600.0, gt=0)
+    """An ``AgentEnvironment``'s ``run(client, task)`` for one episode: past it the agent is cancelled and its episode fails at the ``agent`` boundary."""
+
+
+@dataclass
+class ProxyConfig:
+    host: str = "127.0.0.1"
+    """Address the OpenAI-compatible endpoint binds to (``agentrl serve``, and the in-process endpoint agents call). Loopback only unless you change it."""
+    port: int = knob(0, ge=0, le=65535)
+    """Port of the endpoint; 0 = a free one (the in-process endpoint; ``agentrl serve`` prints it)."""
+    on_drift: Literal["split", "fail", "retokenize"] = "split"
+    """An agent's request whose history does not extend what the endpoint recorded (the client edited, dropped or re-ordered messages): ``split`` = record the drift and start a new sample prompted with the client's history; ``fail`` = fail the episode (boundary ``agent``) and answer the request with an error; ``retokenize`` = re-render the client's history into the current sample, keeping the policy's tokens where they survive unchanged (the rest becomes prompt). Each drift is recorded in the episode's ``metrics["drift"]`` with its class (``agentrl doctor``'s names)."""
+    model_name: str = "agentrl-policy"
+    """The model name ``/v1/models`` lists (requests may name any model)."""
 
 
 @dataclass
@@ -421,5 +437,7 @@ class Config:
     """Code execution."""
     timeouts: TimeoutsConfig = field(default_factory=TimeoutsConfig)
     """How long anything may wait before it raises an error naming what it waited for."""
+    proxy: ProxyConfig = field(default_factory=ProxyConfig)
+    """The OpenAI-compatible endpoint agents call (``AgentEnvironment``, ``agentrl serve``)."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """What the run records."""

@@ -18,6 +18,12 @@ the policy is trained on. Each differing region is classified (first match wins)
 
 A region touches a policy token when it replaces or deletes a token whose stored role is ``policy``,
 or inserts inside a policy segment. Exit code 1 when any region does, 2 when the doctor cannot run.
+
+An episode split into several training samples (``Episode.sample_breaks``: a thinking template's
+history, or an agent's drifting client) is checked per sample: each sample's ids against the render
+of the messages it covers, up to its last assistant turn (the observation after it opens the next
+sample). The report starts with the template's history probe (``agentrl.chat_templates``): whether
+it strips earlier reasoning, the policy that follows, and the policy the run recorded if it differs.
 """
 
 from __future__ import annotations
@@ -59,6 +65,9 @@ class Drift:
     roles: list[str]
     """Distinct stored roles inside the region (for an insertion: the roles on either side)."""
     touches_policy: bool
+    sample: int = 0
+    """Which training sample of the episode (0 unless it was split); the token ranges are that
+    sample's."""
 
 
 @dataclass
@@ -66,6 +75,7 @@ class Diagnosis:
     episode_id: str
     drifts: list[Drift] = field(default_factory=list)
     error: str | None = None
+    samples: int = 1
 
     @property
     def policy_drift(self) -> bool:
@@ -134,22 +144,37 @@ def _control_tokens(tokenizer: Any) -> list[str]:
 
 
 def diagnose(episode: Episode, tokenizer: Any, context: int = 6) -> Diagnosis:
-    """Compare one episode's stored ids with the template's render of its messages."""
-    diag = Diagnosis(episode.id)
+    """Compare one episode's stored ids with the template's render of its messages, per sample."""
+    diag = Diagnosis(episode.id, samples=episode.num_samples)
     if not episode.messages:
         diag.error = "no messages stored"
         return diag
-    try:
-        rendered = render_ids(tokenizer, episode.messages, episode.metrics.get("tools"))
-    except Exception as e:  # a template that rejects the conversation is a finding, not a crash
-        diag.error = f"chat template failed: {type(e).__name__}: {e}"
-        return diag
-    stored, roles = episode.token_ids(), episode.roles()
+    views = episode.sample_views()
+    for k, view in enumerate(views):
+        messages = view.messages
+        if k < len(views) - 1:  # the observation that opened the next sample is not in this one
+            while messages and messages[-1].get("role") != "assistant":
+                messages = messages[:-1]
+        try:
+            diag.drifts += _drifts(view, messages, tokenizer, context, sample=k)
+        except Exception as e:  # a template that rejects the conversation is a finding, not a crash
+            where = f" (sample {k})" if len(views) > 1 else ""
+            diag.error = f"chat template failed{where}: {type(e).__name__}: {e}"
+            return diag
+    return diag
+
+
+def _drifts(
+    view: Episode, messages: list[dict[str, Any]], tokenizer: Any, context: int, sample: int
+) -> list[Drift]:
+    rendered = render_ids(tokenizer, messages, view.metrics.get("tools"))
+    stored, roles = view.token_ids(), view.roles()
     specials = _control_tokens(tokenizer)
 
     def dec(ids: list[int]) -> str:
         return tokenizer.decode(ids, skip_special_tokens=False) if ids else ""
 
+    drifts = []
     for i1, i2, j1, j2 in _regions(stored, rendered):
         s_text, r_text = dec(stored[i1:i2]), dec(rendered[j1:j2])
         kind = classify(
@@ -161,10 +186,10 @@ def diagnose(episode: Episode, tokenizer: Any, context: int = 6) -> Diagnosis:
         else:  # an insertion: it changes policy tokens only when it lands inside a policy segment
             region_roles = roles[max(0, i1 - 1) : i1 + 1]
             touches = 0 < i1 < len(roles) and roles[i1 - 1] == roles[i1] == "policy"
-        diag.drifts.append(
-            Drift(kind, (i1, i2), (j1, j2), s_text, r_text, sorted(set(region_roles)), touches)
+        drifts.append(
+            Drift(kind, (i1, i2), (j1, j2), s_text, r_text, sorted(set(region_roles)), touches, sample)
         )
-    return diag
+    return drifts
 
 
 # -- the command ----------------------------------------------------------------------------------
@@ -189,11 +214,45 @@ def doctor_command(path: str, model: str | None = None, verbose: bool = False) -
     console.print(f"doctor: {tpath} with tokenizer {where}")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TranscriptWarning)
-        diags = [diagnose(ep, tokenizer) for ep in iter_episodes(tpath)]
+        episodes = list(iter_episodes(tpath))
+        diags = [diagnose(ep, tokenizer) for ep in episodes]
     for w in caught:
         console.print(f"[yellow]warning: {w.message}[/yellow]")
+    print_history(console, tokenizer, episodes)
     print_report(console, diags, verbose)
     return 1 if any(d.policy_drift for d in diags) else 0
+
+
+def print_history(console: Any, tokenizer: Any, episodes: Sequence[Episode]) -> None:
+    """The template's history probe, the policy the run recorded where it differs, and how many
+    episodes were split into several training samples, by reason."""
+    from rich.markup import escape
+
+    from agentrl.chat_templates import probe_history
+
+    try:
+        probe = probe_history(tokenizer)
+        console.print(f"history: {probe.policy} — {escape(probe.reason)}")
+        probed = (probe.policy, probe.reason)
+    except Exception as e:  # a template the probe cannot render is reported, the rest still runs
+        console.print(
+            f"[yellow]history: unknown — the probe failed: {escape(f'{type(e).__name__}: {e}')}[/yellow]"
+        )
+        probed = None
+    used: Counter[tuple[str, str]] = Counter()
+    for ep in episodes:
+        recorded = ep.metrics.get("history")
+        if isinstance(recorded, dict) and "policy" in recorded:
+            used[(str(recorded["policy"]), str(recorded.get("reason", "")))] += 1
+    for (policy, reason), n in sorted(used.items()):
+        if (policy, reason) != probed:
+            console.print(f"history used by the run ({n} episode(s)): {policy} — {escape(reason)}")
+    split = [ep for ep in episodes if ep.num_samples > 1]
+    if split:
+        reasons = Counter(str(b.get("reason", "?")) for ep in split for b in ep.sample_breaks)
+        by_reason = ", ".join(f"{r}: {n}" for r, n in sorted(reasons.items()))
+        samples = sum(ep.num_samples for ep in split)
+        console.print(f"{len(split)} episode(s) split into {samples} samples ({escape(by_reason)})")
 
 
 def print_report(console: Any, diags: list[Diagnosis], verbose: bool) -> None:
@@ -214,12 +273,14 @@ def print_report(console: Any, diags: list[Diagnosis], verbose: bool) -> None:
             continue
         mark = "[red]POLICY[/red]" if d.policy_drift else ("[yellow]skipped[/yellow]" if d.error else "ok")
         kinds = ", ".join(sorted({x.kind for x in d.drifts})) or d.error or "identical"
-        console.print(f"{mark} {escape(d.episode_id)}: {escape(kinds)}")
+        samples = f" ({d.samples} samples)" if d.samples > 1 else ""
+        console.print(f"{mark} {escape(d.episode_id)}{samples}: {escape(kinds)}")
         if verbose:
             for x in d.drifts:
                 flag = " [red](policy)[/red]" if x.touches_policy else ""
+                where = f"sample {x.sample} " if d.samples > 1 else ""
                 console.print(
-                    f"    {x.kind}{flag} stored[{x.stored[0]}:{x.stored[1]}] {x.roles}: "
+                    f"    {x.kind}{flag} {where}stored[{x.stored[0]}:{x.stored[1]}] {escape(str(x.roles))}: "
                     f"{escape(repr(x.stored_text))} -> rendered {escape(repr(x.rendered_text))}"
                 )
     if not any(d.drifts for d in diags):

@@ -33,11 +33,14 @@ import json
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple
+from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from agentrl.errors import EnvError, ToolError
 from agentrl.tools import ToolCall, check_arguments, parse_tool_calls, tool_schema
 from sandboxes.base import SandboxSpec
+
+if TYPE_CHECKING:
+    from agentrl.mcp_tools import MCPServer
 
 Message = dict[str, Any]
 """A chat message: ``{"role": "system"|"user"|"assistant"|"tool", "content": str, ...}``."""
@@ -167,6 +170,9 @@ class Environment:
     """Default turn limit; the runner's own limit wins if it is lower."""
     extra_tools: ClassVar[Sequence[Callable]] = ()
     """Plain functions exposed as tools in addition to ``@tool`` methods."""
+    mcp_servers: ClassVar[Sequence[MCPServer]] = ()
+    """MCP tool servers (``agentrl.mcp_tools.MCPServer``) whose tools join the ``@tool`` methods:
+    started once per process and environment class, shared by its episodes (docs/environments.md)."""
 
     def __init__(self, *, sandbox: SandboxSpec | None = None, **options: Any) -> None:
         """``options`` (the config's ``env.options``) set class attributes of the same name; an
@@ -240,27 +246,44 @@ class Environment:
         return fns
 
     def tool_names(self) -> list[str]:
-        return sorted(self.tool_functions())
+        return sorted([*self.tool_functions(), *(self._mcp_tools() if self.mcp_servers else ())])
 
     def tool_schemas(self) -> list[dict[str, Any]]:
-        """JSON schemas for the chat template's ``tools`` argument."""
-        return [tool_schema(f) for f in self.tool_functions().values()]
+        """JSON schemas for the chat template's ``tools`` argument: ``@tool`` methods and
+        ``extra_tools``, then the tools of ``mcp_servers`` (which starts them on first use)."""
+        schemas = [tool_schema(f) for f in self.tool_functions().values()]
+        if self.mcp_servers:
+            schemas += [schema for _, _, schema in self._mcp_tools().values()]
+        return schemas
+
+    def _mcp_tools(self) -> dict[str, Any]:
+        from agentrl.mcp_tools import mcp_tools
+
+        return mcp_tools(self)
 
     def call_tool(self, call: ToolCall) -> Message:
         """Run one parsed call. Malformed calls, unknown tools, bad arguments and timeouts become an
         error message for the model; exceptions raised *inside* the tool propagate as ``ToolError``
         so the runner can record a failure at the ``tool`` boundary when the environment wants
-        that (override to turn them into feedback instead)."""
+        that (override to turn them into feedback instead). A tool of an MCP server goes to that
+        server (``agentrl.mcp_tools``: its errors are feedback, a lost server a ``ToolError``)."""
         if call.error is not None:
             return {"role": "tool", "name": call.name or "", "content": f"Error: {call.error}"}
         fns = self.tool_functions()
+        if call.name not in fns and self.mcp_servers:
+            from agentrl.mcp_tools import call_mcp_tool
+
+            reply = call_mcp_tool(self, call)  # None when no MCP server serves this name
+            if reply is not None:
+                return reply
         if call.name not in fns:
-            hint = difflib.get_close_matches(call.name or "", list(fns), n=1)
+            names = self.tool_names()
+            hint = difflib.get_close_matches(call.name or "", names, n=1)
             did = f" Did you mean {hint[0]!r}?" if hint else ""
             return {
                 "role": "tool",
                 "name": call.name or "",
-                "content": f"Error: unknown tool {call.name!r}.{did} Available: {', '.join(sorted(fns))}",
+                "content": f"Error: unknown tool {call.name!r}.{did} Available: {', '.join(names)}",
             }
         fn = fns[call.name]
         problem = check_arguments(fn, call.arguments)

@@ -91,6 +91,17 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
     except Exception as e:
         report.problems.append(f"load_tasks raised {type(e).__name__}: {e}")
     task = tasks[0] if tasks else Task(id="check", prompt="What is 1 + 1?", answer=2)
+    from agentrl.agents import AgentEnvironment
+
+    if issubclass(env_cls, AgentEnvironment):  # driven by run(client, task), not reset/step
+        if env_cls.run is AgentEnvironment.run:
+            report.problems.append("an AgentEnvironment must define run(client, task)")
+        else:
+            report.passed.append("run(client, task) is defined")
+        report.notes.append(
+            "an agent environment: reset/step are not checked (the agent drives its episodes)"
+        )
+        return report
 
     def fresh() -> Environment:
         env = make_env(name, **options)

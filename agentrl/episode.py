@@ -80,6 +80,13 @@ class Episode:
     """Episodes sampled for the same task in one step share a group id (GRPO groups)."""
     step: int | None = None
     """Training step that produced the episode, if any."""
+    sample_breaks: list[dict[str, Any]] = field(default_factory=list)
+    """Where a new training sample starts (empty: the whole episode is one sample). Each break is
+    ``{"segment": i, "messages": n, "reason": r}``: segments from ``i`` on form the next sample, whose
+    prompt renders ``messages[:n]``; ``r`` is ``history`` (the chat template would show the model a
+    different history than the one it wrote, e.g. earlier ``<think>`` blocks stripped) or
+    ``drift:<kind>`` (an agent's client sent a history that does not extend the recorded one; the kind
+    is ``agentrl doctor``'s). See docs/environments.md."""
     overlays: dict[str, list[float | None]] | None = None
     """Per-token training overlays the trainer attaches after the update (old/new logprob, entropy,
     advantage, weight, selection, clip status). Each list is aligned with ``token_ids()``; entries for
@@ -107,6 +114,48 @@ class Episode:
 
     def text(self) -> str:
         return "".join(s.text for s in self.segments)
+
+    # -- samples -----------------------------------------------------------------------------
+    @property
+    def num_samples(self) -> int:
+        """Training sequences this episode gives: 1, plus one per sample break."""
+        return 1 + len(self.sample_breaks)
+
+    def begin_sample(self, messages: int, reason: str) -> None:
+        """Start a new training sample at the next segment: its prompt renders ``messages[:messages]``
+        (the caller adds it as a ``prompt`` segment next). ``reason``: ``history`` or ``drift:<kind>``."""
+        self.sample_breaks.append({"segment": len(self.segments), "messages": messages, "reason": reason})
+
+    def sample_ranges(self) -> list[tuple[int, int]]:
+        """Token range [start, end) of each sample in ``token_ids()``, in order."""
+        starts = [0]
+        for b in self.sample_breaks:
+            starts.append(sum(len(s.token_ids) for s in self.segments[: b["segment"]]))
+        ends = [*starts[1:], sum(len(s.token_ids) for s in self.segments)]
+        return list(zip(starts, ends))
+
+    def context_ids(self) -> list[int]:
+        """The token ids of the last sample: what the model sees on its next turn."""
+        start = self.sample_breaks[-1]["segment"] if self.sample_breaks else 0
+        return [t for s in self.segments[start:] for t in s.token_ids]
+
+    def sample_views(self) -> list[Episode]:
+        """One episode per sample, for training and for the doctor: the sample's own segments and the
+        messages it covers; id, group, reward, stop reason and failure are the episode's. An unsplit
+        episode is its own single view; ``sample_ranges()`` says where each view's tokens are in
+        ``token_ids()``."""
+        if not self.sample_breaks:
+            return [self]
+        cuts = [0, *(b["segment"] for b in self.sample_breaks), len(self.segments)]
+        message_ends = [b["messages"] for b in self.sample_breaks] + [len(self.messages)]
+        views = []
+        for i in range(len(cuts) - 1):
+            segments = self.segments[cuts[i] : cuts[i + 1]]
+            view = Episode(**{k: getattr(self, k) for k in self.__dataclass_fields__})
+            view.segments, view.messages = segments, self.messages[: message_ends[i]]
+            view.sample_breaks, view.overlays = [], None
+            views.append(view)
+        return views
 
     @property
     def prompt_length(self) -> int:
@@ -137,6 +186,7 @@ class Episode:
         last = self.segments[-1] if self.segments else None
         if (
             last is not None
+            and not (self.sample_breaks and self.sample_breaks[-1]["segment"] == len(self.segments))
             and last.role == segment.role
             and last.turn == segment.turn
             and last.weight_version == segment.weight_version

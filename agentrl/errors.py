@@ -13,6 +13,8 @@ Boundaries:
 - ``env``: ``reset``/``step`` raised or returned something the contract does not allow (``EnvError``).
 - ``reward``: a reward function raised (``RewardError``).
 - ``worker``: the rollout worker process running the episode was lost (Ray).
+- ``agent``: a user's agent (``AgentEnvironment.run``) raised or ran past ``timeouts.agent_run_s``, or
+  its client's history drifted with ``proxy.on_drift: fail``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal, get_args
 
-Boundary = Literal["model", "tool", "sandbox", "env", "reward", "worker"]
+Boundary = Literal["model", "tool", "sandbox", "env", "reward", "worker", "agent"]
 BOUNDARIES: tuple[str, ...] = get_args(Boundary)
 
 

@@ -207,15 +207,17 @@ class Learner:
         loses β·Σ_t KL_t over the episode's trained tokens (π_old against the reference)."""
         a = self.cfg.algorithm
         assert a.advantage is not None  # presets are resolved by load_config
-        rewards = torch.tensor([e.reward for e in batch.episodes], dtype=torch.float64)
+        episodes, row_of = batch.parent_rows()  # a split episode is one member of its group
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
         out: dict[str, float] = {}
         if ref is not None and a.kl_in == "reward":
             kl = alg.kl_penalty(stats.logp, ref, a.kl_estimator)  # [B, T]
-            per_episode = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double()  # [B]
-            rewards = rewards - a.kl_coef * per_episode.cpu()
+            per_row = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double().cpu()  # [B]
+            per_episode = torch.zeros(len(episodes), dtype=torch.float64).index_add_(0, row_of, per_row)
+            rewards = rewards - a.kl_coef * per_episode
             out["kl/reward_penalty_mean"] = float(a.kl_coef * per_episode.mean())
-        groups = [e.group for e in batch.episodes]
-        advantages = alg.compute_advantages(a.advantage, rewards, groups).to(batch.device)
+        groups = [e.group for e in episodes]
+        advantages = alg.compute_advantages(a.advantage, rewards, groups)[row_of].to(batch.device)
         out["advantages/nonzero_frac"] = float((advantages != 0).float().mean())  # 0: nothing to learn
         return advantages, out
 

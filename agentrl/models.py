@@ -147,8 +147,8 @@ def tiny_config(
         max_position_embeddings=max_position_embeddings,
         tie_word_embeddings=tie_word_embeddings,
         bos_token_id=None,
-        eos_token_id=int(tokenizer.convert_tokens_to_ids(IM_END)),  # type: ignore[arg-type]
-        pad_token_id=int(tokenizer.convert_tokens_to_ids(PAD_TOKEN)),  # type: ignore[arg-type]
+        eos_token_id=int(tokenizer.eos_token_id),  # type: ignore[arg-type]
+        pad_token_id=int(tokenizer.pad_token_id),  # type: ignore[arg-type]
         use_sliding_window=False,
         dtype="float32",
     )

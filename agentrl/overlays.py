@@ -49,3 +49,8 @@ def attach_overlays(
         flags += [float(trained[i, t]) if policy[t + 1] else None for t in range(n - 1)]
         ov["trained"] = flags
         ep.overlays = ov
+    for parent in {id(p): p for p in batch.parents or ()}.values():
+        if parent.sample_breaks:  # its samples were rows of their own: join their overlays in order
+            parts = [v.overlays for v, p in zip(batch.episodes, batch.parents or ()) if p is parent]
+            if all(o is not None for o in parts):
+                parent.overlays = {k: [x for o in parts if o for x in o[k]] for k in parts[0] or {}}

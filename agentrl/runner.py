@@ -21,6 +21,7 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
+from agentrl.history import HistoryPolicy, history_pieces
 from agentrl.timeouts import BoundedCalls
 
 ENGINE_REQUEST_S = 600.0
@@ -75,7 +76,9 @@ class _Live:
 
     @property
     def length(self) -> int:
-        return sum(len(s.token_ids) for s in self.episode.segments)
+        """Tokens in the model's context: the current sample (all of an unsplit episode)."""
+        start = self.episode.sample_breaks[-1]["segment"] if self.episode.sample_breaks else 0
+        return sum(len(s.token_ids) for s in self.episode.segments[start:])
 
 
 class EpisodeRunner:
@@ -87,8 +90,13 @@ class EpisodeRunner:
     answer in this long fails the episodes waiting on it at the ``model`` boundary; the stuck call is
     abandoned (``agentrl.timeouts``), so the engine may still be busy with it afterwards.
     ``env_timeout_s`` (``timeouts.env_step_s``): the same for an environment's ``reset`` or ``step``
-    (the episode fails at the ``env`` boundary).
+    (the episode fails at the ``env`` boundary). ``history`` (``rollout.history``): ``auto``, ``split``
+    or ``merge``, what to do when the chat template would show the model a different history than
+    the one it wrote (``agentrl.history``).
     """
+
+    step_reward_name = "env_step"
+    """The reward component that holds the rewards ``step`` returned."""
 
     def __init__(
         self,
@@ -100,8 +108,10 @@ class EpisodeRunner:
         env_workers: int = 16,
         request_timeout_s: float = ENGINE_REQUEST_S,
         env_timeout_s: float = ENV_STEP_S,
+        history: str = "auto",
     ) -> None:
         self.engine = engine
+        self.history = HistoryPolicy(tokenizer, history)
         self.request_timeout_s, self.env_timeout_s = request_timeout_s, env_timeout_s
         self.tokenizer = tokenizer
         self.env_factory = env_factory
@@ -152,6 +162,7 @@ class EpisodeRunner:
             lv.renderer = self._renderer(tools)
             prompt = lv.renderer.render_prompt(lv.messages)
             ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
+            self.history.record(ep)
         except Exception as e:
             self._fail(lv, boundary_of(e, "env"), e)
             return lv
@@ -185,7 +196,7 @@ class EpisodeRunner:
         )
 
     def _generate(self, active: list[_Live]) -> list[Completion | None]:
-        prompts = [lv.episode.token_ids() for lv in active]
+        prompts = [lv.episode.context_ids() for lv in active]
         params = [self._sampling_for(lv) for lv in active]
         what = f"engine {type(self.engine).__name__}: generate for {len(active)} episodes"
         setting = f"timeouts.engine_request_s={self.request_timeout_s:g}s"
@@ -255,23 +266,28 @@ class EpisodeRunner:
         if lv.turn + 1 >= min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns):
             return self._stop(lv, "max_turns")  # the unanswered observation is not shown to anyone
         lv.turn += 1
-        assert lv.renderer is not None
         try:
-            pieces = lv.renderer.render_observation(obs)
+            self._append_observation(lv, obs)
         except Exception as e:
             return self._fail(lv, "env", e)
-        seen = []
-        for piece in pieces:
-            piece = self._truncate(piece)
-            if piece.message_index is not None:
-                seen.append(piece)
-            lv.episode.add(Segment(piece.role, lv.turn, piece.token_ids, piece.text))  # type: ignore[arg-type]
-        for i, msg in enumerate(obs):  # record what the model actually saw
-            shown = [p.text for p in seen if p.message_index == i]
-            lv.messages.append({**msg, "content": shown[0]} if shown else dict(msg))
         lv.final_text = None
         if lv.length >= self.budgets.max_episode_tokens:
             self._stop(lv, "token_budget")
+
+    def _append_observation(self, lv: _Live, obs: list[Message]) -> None:
+        """Append the observation after the policy's turn, as a delta (its tool and env contents
+        truncated to ``max_tool_output_tokens``), or, where the chat template would show the model a
+        different history and ``history`` is split, as the prompt of a new sample."""
+        assert lv.renderer is not None
+        pieces = [self._truncate(p) for p in lv.renderer.render_observation(obs)]
+        for i, msg in enumerate(obs):  # record what the model actually saw
+            text = [p.text for p in pieces if p.message_index == i]
+            lv.messages.append({**msg, "content": text[0]} if text else dict(msg))
+        if self.history.must_split(lv.renderer, lv.episode, lv.messages, pieces):
+            lv.episode.begin_sample(len(lv.messages), "history")
+            pieces = history_pieces(lv.renderer, lv.messages)
+        for piece in pieces:
+            lv.episode.add(Segment(piece.role, lv.turn, piece.token_ids, piece.text))  # type: ignore[arg-type]
 
     def _truncate(self, piece: Piece) -> Piece:
         """Keep the head (3/4) and tail (1/4) of a long tool/env output, with a marker between them;
@@ -337,7 +353,7 @@ class EpisodeRunner:
             ep.reward = 0.0
             return
         if lv.step_reward:
-            comps["env_step"] = lv.step_reward
+            comps[self.step_reward_name] = lv.step_reward
         ep.reward_components = comps
         ep.reward = total
 

@@ -1,8 +1,11 @@
 """Tool declarations (JSON schemas from type hints and docstrings) and tool-call parsing.
 
-Two call formats:
+Three call formats:
 - ``json``: ``<tool_call>{"name": "add", "arguments": {"a": 1, "b": 2}}</tool_call>`` (Qwen/Hermes style),
-  several per turn allowed.
+  several per turn allowed; whitespace around the JSON is ignored.
+- ``llama3``: the whole turn is one JSON object ``{"name": "add", "parameters": {"a": 1, "b": 2}}``
+  (``"arguments"`` accepted too), or several separated by ``;``, optionally after ``<|python_tag|>``
+  (Llama 3.1 custom tools). A turn that is not such an object is a plain answer.
 - ``python``: a fenced code block (```python ... ```), which becomes a call to the ``python`` tool with
   ``{"code": ...}``; code-interpreter environments use it.
 
@@ -32,6 +35,7 @@ class ToolCall:
 
 
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+TOOL_CALL_FORMATS = ("json", "python", "llama3")
 _JSON_CALL = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.S)
 _CODE_BLOCK = re.compile(r"```(?:python|py)[ \t]*\n(.*?)(```|$)", re.S)
 
@@ -53,7 +57,71 @@ def parse_tool_calls(text: str, fmt: str = "json", known: Sequence[str] = ()) ->
             else:
                 calls.append(ToolCall("python", {"code": m.group(1)}, raw=m.group(0)))
         return calls
-    raise ValueError(f"unknown tool-call format {fmt!r}; valid: 'json', 'python'")
+    if fmt == "llama3":
+        return _parse_llama3_calls(text)
+    raise ValueError(f"unknown tool-call format {fmt!r}; valid: {list(TOOL_CALL_FORMATS)}")
+
+
+def strip_tool_calls(text: str, fmt: str = "json") -> str:
+    """``text`` without its tool-call markup, stripped: the ``content`` that goes next to OpenAI
+    ``tool_calls``. For ``llama3`` a turn that is a call has no other content (``""``)."""
+    if fmt == "json":
+        return _JSON_CALL.sub("", text).strip()
+    if fmt == "python":
+        return _CODE_BLOCK.sub("", text).strip()
+    if fmt == "llama3":
+        return "" if _parse_llama3_calls(text) else text.strip()
+    raise ValueError(f"unknown tool-call format {fmt!r}; valid: {list(TOOL_CALL_FORMATS)}")
+
+
+def _parse_llama3_calls(text: str) -> list[ToolCall]:
+    body = text.strip().removeprefix("<|python_tag|>").strip()
+    for end_of_turn in ("<|eom_id|>", "<|eot_id|>"):
+        body = body.removesuffix(end_of_turn).rstrip()
+    if not body.startswith("{"):
+        return []  # a plain answer
+    decoder, pos = json.JSONDecoder(), 0
+    calls: list[ToolCall] = []
+    while pos < len(body):
+        try:
+            obj, end = decoder.raw_decode(body, pos)
+        except json.JSONDecodeError as e:
+            if '"name"' not in body:
+                return []  # text that merely starts with a brace
+            return [
+                ToolCall(None, error=f"the tool call is not valid JSON ({e.msg} at char {e.pos})", raw=body)
+            ]
+        except RecursionError:
+            return [ToolCall(None, error="the tool call is nested too deeply", raw=body)]
+        if not isinstance(obj, dict) or "name" not in obj:
+            if not calls and end == len(body):
+                return []  # a JSON answer, not a call
+            return [
+                ToolCall(
+                    None, error='each call must be an object {"name": str, "parameters": object}', raw=body
+                )
+            ]
+        calls.append(_llama3_call(obj, body[pos:end]))
+        pos = end
+        rest = body[pos:].lstrip()
+        if rest and not rest.startswith(";"):
+            return [ToolCall(None, error="tool calls must be the whole turn, separated by ';'", raw=body)]
+        pos = len(body) - len(rest.removeprefix(";").lstrip())
+    return calls
+
+
+def _llama3_call(obj: dict[str, Any], raw: str) -> ToolCall:
+    if not isinstance(obj["name"], str):
+        return ToolCall(None, error="`name` must be a string", raw=raw)
+    args = obj.get("parameters", obj.get("arguments", {}))
+    if isinstance(args, str):
+        try:
+            args = json.loads(args)
+        except json.JSONDecodeError:
+            return ToolCall(obj["name"], error="`parameters` is a string that is not valid JSON", raw=raw)
+    if not isinstance(args, dict):
+        return ToolCall(obj["name"], error="`parameters` must be a JSON object", raw=raw)
+    return ToolCall(obj["name"], args, raw=raw)
 
 
 def _parse_json_call(body: str, closed: bool, raw: str) -> ToolCall:
@@ -63,6 +131,8 @@ def _parse_json_call(body: str, closed: bool, raw: str) -> ToolCall:
         obj = json.loads(body)
     except json.JSONDecodeError as e:
         return ToolCall(None, error=f"the tool call is not valid JSON ({e.msg} at char {e.pos})", raw=raw)
+    except RecursionError:
+        return ToolCall(None, error="the tool call is nested too deeply", raw=raw)
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return ToolCall(
             None, error='a tool call must be an object {"name": str, "arguments": object}', raw=raw

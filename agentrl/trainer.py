@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
 import time
 from collections import defaultdict
@@ -560,6 +561,9 @@ def train(cfg: Config, log=print, overwrite: bool = False) -> list[dict[str, flo
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        mcp = sys.modules.get("agentrl.mcp_tools")  # the environments' MCP servers, if any started
+        if mcp is not None:
+            mcp.close_all()
     if trainer.stop_requested:
         raise KeyboardInterrupt
     return history

@@ -133,3 +133,118 @@ def test_insertion_counts_as_policy_only_inside_a_policy_segment(tok):
 )
 def test_classify(stored, rendered, before, after, kind):
     assert classify(stored, rendered, before, after, SPECIALS) == kind
+
+
+# -- split samples and the history report -------------------------------------------------------------
+def _thinking_episode(family: str, split: bool, ep_id: str) -> Episode:
+    """An episode built the way the runner builds it: q1 -> think + tool call -> tool result -> think +
+    answer -> a new user query -> think + answer. With ``split`` the new query opens a second sample
+    prompted with the template's render (the earlier thinking stripped, for qwen3); without it the
+    query is appended as a delta after the model's own tokens."""
+    from agentrl.chat import ChatRenderer
+    from agentrl.chat_templates import family_tokenizer
+
+    tok = family_tokenizer(family)
+    r = ChatRenderer(tok)
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    ep = Episode(id=ep_id, env="e", task_id="t", messages=messages)
+    prompt = r.render_prompt(messages)
+    ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
+    replies = [
+        '<think>\nI add.\n</think>\n\n<tool_call>\n{"name": "add", "arguments": {"a": 2, "b": 3}}\n</tool_call>',
+        "<think>\nThe tool said 5.\n</think>\n\nIt is 5.",
+        "<think>\n4 and 4 make 8.\n</think>\n\n8.",
+    ]
+    observations = [[{"role": "tool", "content": "5"}], [{"role": "user", "content": "And 4+4?"}]]
+    for turn, reply in enumerate(replies):
+        text = reply + "<|im_end|>"
+        ids = r.encode(text, split_special=False)
+        ep.add(Segment("policy", turn, ids, text, logprobs=[-1.0] * len(ids)))
+        close = r.close_turn(text, ended_with_eos=True)
+        ep.add(Segment("scaffold", turn, close.token_ids, close.text))
+        messages.append({"role": "assistant", "content": reply})
+        if turn == len(observations):
+            break
+        obs = observations[turn]
+        messages.extend(obs)
+        if split and obs[0]["role"] == "user":
+            ep.begin_sample(len(messages), "history")
+            text = r.render_text(messages, generation_prompt=True)
+            ep.add(Segment("prompt", turn + 1, r.encode(text, False), text))
+        else:
+            for p in r.render_observation(obs):
+                ep.add(Segment(p.role, turn + 1, p.token_ids, p.text))  # type: ignore[arg-type]
+    return ep
+
+
+def test_split_episode_is_diagnosed_per_sample():
+    from agentrl.chat_templates import family_tokenizer
+
+    tok = family_tokenizer("qwen3")
+    split = _thinking_episode("qwen3", split=True, ep_id="split")
+    assert split.num_samples == 2
+    d = diagnose(split, tok)
+    assert (d.samples, d.error, d.drifts) == (2, None, [])
+    # Kept in one sample, the model's own thinking before the new query is what a re-render strips.
+    merged = diagnose(_thinking_episode("qwen3", split=False, ep_id="merged"), tok)
+    assert merged.samples == 1 and merged.policy_drift
+    assert [(x.kind, x.sample, x.stored_text) for x in merged.drifts] == [
+        ("reasoning", 0, "<think>\nI add.\n</think>\n\n"),
+        ("reasoning", 0, "<think>\nThe tool said 5.\n</think>\n\n"),
+    ]
+    # A drift inside the second sample is reported there, in that sample's token range.
+    bad = _thinking_episode("qwen3", split=True, ep_id="bad")
+    bad.messages[-1] = {"role": "assistant", "content": "<think>\n4 and 4 make 8.\n</think>\n\n9."}
+    (x,) = diagnose(bad, tok).drifts
+    assert (x.kind, x.sample, x.stored_text, x.rendered_text, x.touches_policy) == (
+        "other",
+        1,
+        "8",
+        "9",
+        True,
+    )
+    assert x.stored[0] >= len(bad.sample_views()[1].segments[0].token_ids)  # after the second prompt
+
+
+def _doctor_output(tmp_path, family: str, episodes: list[Episode], capsys) -> tuple[int, str]:
+    from agentrl.chat_templates import save_family_tokenizer
+
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(ep.to_json() + "\n" for ep in episodes))
+    code = doctor_command(
+        str(path), model=str(save_family_tokenizer(family, tmp_path / family)), verbose=True
+    )
+    return code, " ".join(capsys.readouterr().out.split())  # undo rich's line wrapping
+
+
+def test_doctor_explains_split(tmp_path, capsys):
+    eps = [_thinking_episode("qwen3", split=True, ep_id=f"s{i}") for i in range(2)]
+    code, out = _doctor_output(tmp_path, "qwen3", eps, capsys)
+    assert code == 0, out
+    assert "history: split — the chat template strips the reasoning of an earlier assistant turn" in out
+    assert "a new sample starts where the histories differ" in out
+    assert "2 episode(s) split into 4 samples (history: 2)" in out
+    assert "ok s0 (2 samples): identical" in out and "history used by the run" not in out
+
+
+def test_doctor_explains_merge_and_a_run_that_chose_otherwise(tmp_path, capsys):
+    from agentrl.chat_templates import family_tokenizer, resolve_history
+
+    ep = _thinking_episode("qwen2_5", split=False, ep_id="m")
+    code, out = _doctor_output(tmp_path, "qwen2_5", [ep], capsys)
+    assert code == 0, out
+    assert "history: merge — the chat template keeps the reasoning of an earlier assistant turn" in out
+    assert "split into" not in out and "1 episode(s) identical" in out
+    # A qwen3 run configured with history: merge keeps thinking the template strips: the doctor
+    # prints the probe, what the run used, and the policy drift that follows.
+    chosen = resolve_history("merge", family_tokenizer("qwen3"))
+    ep = _thinking_episode("qwen3", split=False, ep_id="m3")
+    ep.metrics["history"] = {"policy": chosen.policy, "reason": chosen.reason}
+    code, out = _doctor_output(tmp_path, "qwen3", [ep], capsys)
+    assert code == 1
+    assert "history: split — the chat template strips" in out
+    assert (
+        "history used by the run (1 episode(s)): merge — rollout.history: merge was set in the config" in out
+    )
+    assert "differs from the history a server would show the model" in out
+    assert "reasoning (policy)" in out
