@@ -51,29 +51,77 @@ class RequestBatcher:
         max_wait_s: float = 0.005,
         ready: Callable[[], int] | None = None,
         max_gather_s: float | None = None,
+        lazy: bool = False,
     ) -> None:
         self.engine, self.max_batch, self.max_wait_s = engine, max_batch, max_wait_s
         self.max_gather_s = max_gather_s
         """With it, every arrival extends the wait by ``max_wait_s``, up to ``max_gather_s`` from the
         first request: for callers whose requests trickle in (agents behind the endpoint, each spending
-        a few milliseconds of Python between turns), so one slow arrival does not split the batch."""
+        a few milliseconds of Python between turns), so one slow arrival does not split the batch.
+        ``lazy``: no thread until a request arrives that no ``drive`` call is serving."""
         self.ready = ready or (lambda: max_batch)
         self.batch_sizes: list[int] = []
         """Size of every engine call, for tests and benchmarks."""
         self._queue: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._loop, name="agentrl-batcher", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        self._driven = False
+        self._start_lock = threading.Lock()
+        if not lazy:
+            self._start_thread()
+
+    def _start_thread(self) -> None:
+        with self._start_lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="agentrl-batcher", daemon=True)
+                self._thread.start()
+
+    def drive(
+        self, until: Callable[[], bool], start: Callable[[], None] | None = None, poll_s: float = 0.002
+    ) -> None:
+        """Run the batching loop in the calling thread until ``until()`` (checked between batches).
+
+        For in-process torch engines: generation then runs in the thread that trains (or loaded
+        the model), not in a second thread whose OpenMP team would compete with that thread's for
+        the same cores. Requests submitted while no thread drives start the batcher's own thread.
+        ``start`` is called once this thread serves (start the work that will submit there)."""
+        with self._start_lock:
+            if self._thread is not None:  # already served by the thread: just wait
+                own = False
+            else:
+                self._driven = own = True
+        try:
+            if start is not None:
+                start()
+            while own and not until():
+                try:
+                    first = self._queue.get(timeout=poll_s)
+                except queue.Empty:
+                    continue
+                if first is _STOP:
+                    return
+                batch, _ = self._gather(first)
+                self._generate(batch)
+            while not own and not until():
+                time.sleep(poll_s)
+        finally:
+            if own:
+                with self._start_lock:
+                    self._driven = False
+                if not self._queue.empty():  # stragglers (an agent outliving its episode): the thread
+                    self._start_thread()
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
         self._queue.put((list(prompt), params, fut))
+        if self._thread is None and not self._driven:
+            self._start_thread()
         return fut
 
     def close(self, wait: bool = True) -> None:
         """Stop the thread after the current engine call; ``wait=False`` does not wait for that call
         (the runner's choice when a call was abandoned as stuck: waiting would hang with it)."""
         self._queue.put(_STOP)
-        if wait:
+        if wait and self._thread is not None:
             self._thread.join(timeout=30)
 
     def _gather(self, first: tuple) -> tuple[list[tuple], bool]:
@@ -105,17 +153,20 @@ class RequestBatcher:
             if first is _STOP:
                 return
             batch, stop = self._gather(first)
-            self.batch_sizes.append(len(batch))
-            try:
-                outs = self.engine.generate([b[0] for b in batch], [b[1] for b in batch])
-                for (_, _, fut), out in zip(batch, outs):
-                    fut.set_result(out)
-            except Exception as e:  # the episodes record it as a model failure
-                for _, _, fut in batch:
-                    if not fut.done():
-                        fut.set_exception(e)
+            self._generate(batch)
             if stop:
                 return
+
+    def _generate(self, batch: list[tuple]) -> None:
+        self.batch_sizes.append(len(batch))
+        try:
+            outs = self.engine.generate([b[0] for b in batch], [b[1] for b in batch])
+            for (_, _, fut), out in zip(batch, outs):
+                fut.set_result(out)
+        except Exception as e:  # the episodes record it as a model failure
+            for _, _, fut in batch:
+                if not fut.done():
+                    fut.set_exception(e)
 
 
 class AsyncEpisodeRunner(EpisodeRunner):

@@ -311,6 +311,9 @@ class EpisodeRunner:
     def _fail(self, lv: _Live, boundary: Boundary, exc: BaseException) -> None:
         if lv.episode.failure is None:
             tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            cause = exc.__cause__ or exc.__context__
+            if cause is not None and boundary == "agent":  # "Connection error." needs its reason
+                tb += " (from " + "".join(traceback.format_exception_only(type(cause), cause)).strip() + ")"
             lv.episode.failure = Failure(boundary, tb)
         lv.episode.stop_reason = "error"
         lv.done = True

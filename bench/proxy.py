@@ -60,7 +60,7 @@ class RelayAgent(AgentEnvironment):
         messages = [{"role": "user", "content": task.prompt}]
         for _ in range(TURNS):
             reply = await client.chat.completions.create(model="policy", messages=messages)
-            messages.append(reply.choices[0].message)
+            messages.append(reply.choices[0].message.model_dump(exclude_none=True))
             await asyncio.sleep(TOOL_S)
             messages.append({"role": "tool", "tool_call_id": "none", "content": "result: 42"})
         return 0.0

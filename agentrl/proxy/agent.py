@@ -115,7 +115,7 @@ class AgentRunner(EpisodeRunner):
         port: int = 0,
         model_name: str = "agentrl-policy",
         open_keys: bool = False,
-        max_wait_s: float = 0.005,
+        max_wait_s: float = 0.01,
     ) -> None:
         super().__init__(
             engine, tokenizer, env_factory, budgets, sampling, env_workers=1,
@@ -132,7 +132,12 @@ class AgentRunner(EpisodeRunner):
         self._batcher = None
         if submit is None:
             self._batcher = RequestBatcher(
-                engine, max_concurrent_episodes, max_wait_s, ready=self._ready, max_gather_s=10 * max_wait_s
+                engine,
+                max_concurrent_episodes,
+                max_wait_s,
+                ready=self._ready,
+                max_gather_s=40 * max_wait_s,
+                lazy=True,  # run() generates in its own thread (RequestBatcher.drive)
             )
             submit = self._batcher.submit
         self._submit = submit
@@ -190,7 +195,16 @@ class AgentRunner(EpisodeRunner):
         """Run one agent per request, concurrently, and return their episodes in request order."""
         lives = [self.open(r) for r in requests]
         with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-agents") as loop:
-            outcomes = loop.submit(asyncio.run, self._run_agents(lives)).result()
+            started: list[concurrent.futures.Future] = []
+
+            def start() -> None:
+                started.append(loop.submit(asyncio.run, self._run_agents(lives)))
+
+            if self._batcher is not None:  # generate here, in the thread that trains
+                self._batcher.drive(until=lambda: started[0].done(), start=start)
+            else:
+                start()
+            outcomes = started[0].result()
         episodes = []
         for lv, outcome in zip(lives, outcomes):
             self.pop(lv.key)

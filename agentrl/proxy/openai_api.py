@@ -753,6 +753,7 @@ class ServerCore(ThreadingHTTPServer):
     """ThreadingHTTPServer that knows its backend and its open connections (to end them on close)."""
 
     daemon_threads = True
+    request_queue_size = 1024  # the listen backlog: every agent of a batch may connect at once
 
     def __init__(self, address: tuple[str, int], backend: ChatBackend, max_body_bytes: int) -> None:
         self.backend = backend
