@@ -71,7 +71,7 @@ class RequestBatcher:
 
     def _start_thread(self) -> None:
         with self._start_lock:
-            if self._thread is None:
+            if self._thread is None and not self._driven:  # never two loops calling the engine
                 self._thread = threading.Thread(target=self._loop, name="agentrl-batcher", daemon=True)
                 self._thread.start()
 

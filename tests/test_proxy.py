@@ -7,6 +7,7 @@ import itertools
 import json
 import re
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -379,3 +380,45 @@ def test_the_guides_agent_runs_through_the_endpoint_as_written(tiny_tokenizer):
     )
     assert ep.failure is None and ep.reward == 1.0 and ep.num_turns == 2
     assert [s.role for s in ep.segments].count("tool") == 1 and ep.metrics["tool_calls"] == 1
+
+
+def test_a_stuck_plain_agent_fails_its_episode_and_does_not_hold_the_run(tiny_tokenizer):
+    release = threading.Event()
+
+    @register
+    class Stuck(AgentEnvironment):
+        name = "test_stuck_sync_agent"
+
+        def run(self, client, task):
+            if task.id == "stuck":
+                release.wait(30)  # a hung agent: never returns within agent_run_s
+            r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+            return float(bool(r.choices[0].message.content))
+
+    engine = scripted(tiny_tokenizer, ["Hi.<|im_end|>"] * 4)
+    t0 = time.perf_counter()
+    try:
+        ok, stuck = agent_run(
+            engine,
+            tiny_tokenizer,
+            env=Stuck,
+            tasks=(Task("ok", "x"), Task("stuck", "x")),
+            agent_timeout_s=1.0,
+        )
+    finally:
+        release.set()
+    assert time.perf_counter() - t0 < 10  # bounded by the timeout, not by the agent
+    assert ok.failure is None and ok.reward == 1.0
+    assert stuck.failure is not None and stuck.failure.boundary == "agent"
+    assert "timeouts.agent_run_s=1s" in stuck.failure.message
+
+
+def test_tool_call_arguments_reach_the_template_as_objects():
+    """Stock templates apply ``tojson`` to a call's arguments: JSON text would be encoded twice."""
+    from agentrl.proxy.agent import canonical, for_template
+
+    msg = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]}  # fmt: skip
+    shown = for_template(msg)
+    assert shown["tool_calls"][0]["function"]["arguments"] == {"a": 1}
+    assert msg["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # the client's copy is untouched
+    assert canonical(shown) == canonical(msg)

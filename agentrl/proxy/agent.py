@@ -35,6 +35,8 @@ import inspect
 import json
 import threading
 import traceback
+import uuid
+import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -67,11 +69,29 @@ class _Ledger(_Live):
     tools_key: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
     busy: bool = False
+    closed: bool = False
+    """Finished and scored: a turn still running when it was finished is not recorded."""
     agent_done: bool = False
     """The agent's ``run`` has returned (or raised): no more requests will come."""
     last_turn: bool = False
     """The turn budget is spent: a further request ends the episode (``max_turns``)."""
     calls: int = 0
+
+
+def for_template(msg: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates expect it: tool-call arguments as objects, not JSON text (stock
+    templates apply ``tojson`` to them, which would encode a string twice)."""
+    calls = msg.get("tool_calls")
+    if not calls:
+        return dict(msg)
+    out = []
+    for c in calls:
+        fn = dict(c.get("function", c))
+        if isinstance(fn.get("arguments"), str):
+            with contextlib.suppress(json.JSONDecodeError):
+                fn["arguments"] = json.loads(fn["arguments"])
+        out.append({**c, "function": fn})
+    return {**msg, "tool_calls": out}
 
 
 def canonical(msg: dict[str, Any]) -> tuple:
@@ -174,7 +194,8 @@ class AgentRunner(EpisodeRunner):
             "answer": _jsonable(req.task.answer),
             "metadata": _jsonable(dict(req.task.metadata)),
         }
-        lv = _Ledger(ep, None, None, key=key or ep.id)
+        # the key is the endpoint's only credential: the episode id plus 96 random bits
+        lv = _Ledger(ep, None, None, key=key or f"{ep.id}-{uuid.uuid4().hex[:24]}")
         try:
             env = self.env_factory()
             lv.env, ep.env = env, env.name
@@ -216,6 +237,16 @@ class AgentRunner(EpisodeRunner):
 
         limit = asyncio.Semaphore(self.max_concurrent_episodes)
         timeout = self.request_timeout_s + 30.0  # the endpoint answers within its own engine timeout
+        # Plain-function agents run here; a stuck one is abandoned, never waited for (asyncio.run
+        # would wait for its default executor forever).
+        threads = concurrent.futures.ThreadPoolExecutor(
+            self.max_concurrent_episodes, thread_name_prefix="agentrl-agent"
+        )
+
+        def run_sync(env: AgentEnvironment, key: str, task: Any) -> Any:
+            with openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=timeout) as client:
+                return env.run(client, task)
+
         async with openai.DefaultAsyncHttpxClient() as http:  # one connection pool for every agent
 
             async def one(lv: _Ledger) -> Any:
@@ -224,6 +255,7 @@ class AgentRunner(EpisodeRunner):
                 assert isinstance(lv.env, AgentEnvironment) and lv.env.task is not None
                 env, task = lv.env, lv.env.task
                 async with limit:
+                    call: Any  # the agent's coroutine, or its thread's future
                     try:
                         if inspect.iscoroutinefunction(env.run):
                             client = openai.AsyncOpenAI(
@@ -235,10 +267,9 @@ class AgentRunner(EpisodeRunner):
                             )
                             call = env.run(client, task)
                         else:
-                            sync = openai.OpenAI(
-                                base_url=self.url, api_key=lv.key, max_retries=0, timeout=timeout
+                            call = asyncio.get_running_loop().run_in_executor(
+                                threads, run_sync, env, lv.key, task
                             )
-                            call = asyncio.to_thread(env.run, sync, task)  # type: ignore[arg-type]
                         return await asyncio.wait_for(call, self.agent_timeout_s)
                     except BaseException as e:  # the agent's failure is its episode's, not the run's
                         if isinstance(e, (KeyboardInterrupt, SystemExit)):
@@ -247,10 +278,15 @@ class AgentRunner(EpisodeRunner):
                     finally:
                         lv.agent_done = True
 
-            return await asyncio.gather(*(one(lv) for lv in lives))
+            try:
+                return await asyncio.gather(*(one(lv) for lv in lives))
+            finally:
+                threads.shutdown(wait=False, cancel_futures=True)
 
     def finish_episode(self, lv: _Ledger, outcome: Any) -> Episode:
         """The episode of a ledger whose agent returned ``outcome`` (a reward, None, or an exception)."""
+        with lv.lock:
+            lv.closed = True
         ep = lv.episode
         if isinstance(outcome, BaseException):
             if isinstance(outcome, (asyncio.TimeoutError, TimeoutError)) and not ep.failed:
@@ -282,13 +318,21 @@ class AgentRunner(EpisodeRunner):
     def chat(self, request: ChatRequest) -> ChatResult:
         lv = self._ledger(request.key)
         with lv.lock:
+            if lv.closed:
+                raise APIError(400, f"episode {lv.key!r} is finished; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
             if lv.busy:
                 raise APIError(409, f"a request for episode {lv.key!r} is already running; an episode's turns are sequential", code="agentrl_episode_busy")  # fmt: skip
             lv.busy = True
         try:
             return self._serve(lv, request)
+        except APIError:
+            raise
+        except Exception as e:  # the client's history could not be rendered: the episode is over
+            self._fail(lv, "agent", e)
+            raise
         finally:
-            lv.busy = False
+            with lv.lock:
+                lv.busy = False
 
     def _ledger(self, key: str) -> _Ledger:
         with self._lock:
@@ -296,7 +340,8 @@ class AgentRunner(EpisodeRunner):
         if lv is None and self.open_keys:
             from agentrl.env import Task
 
-            lv = self.open(EpisodeRequest(Task(key, ""), seed=0, episode_id=key), key=key)
+            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF  # distinct keys sample distinct streams
+            lv = self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
             lv.episode.env = "serve"
         if lv is None:
             raise APIError(404, f"no episode is open under the key {key!r} (the API key or X-Episode-Key header)", code="agentrl_unknown_episode")  # fmt: skip
@@ -312,7 +357,7 @@ class AgentRunner(EpisodeRunner):
             )
             raise APIError(400, f"episode {lv.key!r} has {why}; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
         self._check_sampling(req)
-        messages = [dict(m) for m in req.messages]
+        messages = [for_template(m) for m in req.messages]
         tools_key = json.dumps(req.tools, sort_keys=True)
         seen = [canonical(m) for m in messages]
         prompt_len = len(ep.context_ids())
@@ -335,6 +380,8 @@ class AgentRunner(EpisodeRunner):
             raise APIError(400, f"episode {lv.key!r} has used its rollout.max_episode_tokens={self.budgets.max_episode_tokens} tokens", code="agentrl_episode_ended")  # fmt: skip
         prompt_len = len(ep.context_ids())
         comp = self._complete(lv, req)
+        if lv.closed:  # finished (timed out, /finish) while this turn generated: nothing to record
+            raise APIError(400, f"episode {lv.key!r} was finished during this turn", code="agentrl_episode_ended")  # fmt: skip
         self._append_policy(lv, comp)
         if lv.done and ep.failed:
             raise APIError(500, f"the engine failed: {ep.failure.message}", type="server_error", code="agentrl_engine_failed")  # fmt: skip
@@ -379,7 +426,7 @@ class AgentRunner(EpisodeRunner):
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
-        lv.messages[-1] = message  # _append_policy recorded the raw text; the client sees this
+        lv.messages[-1] = for_template(message)  # _append_policy recorded the raw text; the client sees this
         lv.seen.append(canonical(message))
         lv.final_text, lv.calls = content, lv.calls + len(tool_calls)
         if lv.turn + 1 >= min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns):
@@ -459,6 +506,8 @@ class AgentRunner(EpisodeRunner):
         kept: dict[int, tuple[Segment, int]] = {}
         sm = difflib.SequenceMatcher(None, [t for t, _, _ in old], [t for t, _ in new], autojunk=False)
         for block in sm.get_matching_blocks():
+            if block.size < 4:  # a stray one-token match could put a policy label on a tool's token
+                continue
             for d in range(block.size):
                 _, seg, k = old[block.a + d]
                 if seg.role == "policy":
