@@ -422,3 +422,41 @@ def test_tool_call_arguments_reach_the_template_as_objects():
     assert shown["tool_calls"][0]["function"]["arguments"] == {"a": 1}
     assert msg["tool_calls"][0]["function"]["arguments"] == '{"a": 1}'  # the client's copy is untouched
     assert canonical(shown) == canonical(msg)
+
+
+def test_agentrl_serve_records_episodes_that_inspect_and_doctor_read(tmp_path, tiny_model_dir):
+    import signal
+    import subprocess
+    import sys
+
+    run = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "serve", str(ROOT / "configs" / "quickstart.yaml"),
+         f"model.path={tiny_model_dir}", "sft.enabled=false", f"run.output_dir={run}", "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        line = proc.stdout.readline()  # "agentrl serve: MODEL at URL (episodes -> ...)"
+        url = re.search(r"at (http://127\.0\.0\.1:\d+/v1)", line)[1]
+        client = openai.OpenAI(base_url=url, api_key="episode-1", max_retries=0)
+        reply = client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hi"}], max_tokens=4
+        )
+        assert reply.model_extra["agentrl"]["episode"] == "episode-1"
+        openai.OpenAI(base_url=url, api_key="episode-2", max_retries=0).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=4
+        )
+        assert httpx.post(f"{url}/episodes/episode-1/finish", json={"reward": 0.5}).json()["reward"] == 0.5
+    finally:
+        proc.send_signal(signal.SIGINT)
+        proc.wait(30)
+    assert proc.returncode == 0
+    episodes = {
+        e.id: e
+        for e in map(Episode.from_json, (run / "serve" / "transcripts.jsonl").read_text().splitlines())
+    }
+    assert episodes["episode-1"].reward == 0.5 and episodes["episode-1"].failure is None
+    assert episodes["episode-2"].failure.boundary == "agent"  # still open at Ctrl-C: written, not lost
+    doctor = subprocess.run([sys.executable, "-m", "agentrl.cli", "doctor", str(run / "serve")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    # it found the tokenizer and the history policy (1 = a random model's cut-off tokens re-render differently)
+    assert doctor.returncode in (0, 1) and "history: merge" in doctor.stdout, doctor.stdout + doctor.stderr

@@ -3,13 +3,15 @@ every episode token by token.
 
 Any new episode key (the API key, or the ``X-Episode-Key`` header) opens an episode. ``POST
 /v1/episodes/{key}/finish`` with ``{"reward": x}`` ends it and appends it to the transcript
-(``RUN_DIR/serve/transcripts.jsonl``: ``agentrl inspect``, ``replay`` and ``doctor`` read it);
+(``RUN_DIR/serve/transcripts.jsonl``, with the served policy's ``config.yaml`` beside it, so
+``agentrl inspect``, ``replay`` and ``doctor`` take ``RUN_DIR/serve``);
 ``GET /v1/episodes/{key}`` shows it so far. On shutdown (Ctrl-C, SIGTERM) episodes still open are
 written too, failed at the ``agent`` boundary, so nothing recorded is lost.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import threading
 from pathlib import Path
@@ -30,13 +32,17 @@ class ServedEpisode(AgentEnvironment):
 def serve_command(cfg: Config, host: str | None = None, port: int | None = None) -> int:
     from agentrl import build, components
     from agentrl.proxy.agent import AgentRunner
-    from agentrl.transcripts import TranscriptWriter
+    from agentrl.config import config_to_yaml
+    from agentrl.transcripts import CONFIG_FILE, TRANSCRIPTS_FILE, TranscriptWriter
 
     path = build.policy_path(cfg)
     model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
-    out = Path(cfg.run.output_dir or f"runs/{cfg.run.name}") / "serve" / "transcripts.jsonl"
+    out = Path(cfg.run.output_dir or f"runs/{cfg.run.name}") / "serve" / TRANSCRIPTS_FILE
     writer = TranscriptWriter(out)
+    # the served policy's config next to the transcript: inspect, replay and doctor find the tokenizer
+    served = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))
+    (out.parent / CONFIG_FILE).write_text(config_to_yaml(served))
     lock = threading.Lock()
 
     def write(ep: Any) -> None:
