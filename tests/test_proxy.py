@@ -460,3 +460,24 @@ def test_agentrl_serve_records_episodes_that_inspect_and_doctor_read(tmp_path, t
     doctor = subprocess.run([sys.executable, "-m", "agentrl.cli", "doctor", str(run / "serve")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
     # it found the tokenizer and the history policy (1 = a random model's cut-off tokens re-render differently)
     assert doctor.returncode in (0, 1) and "history: merge" in doctor.stdout, doctor.stdout + doctor.stderr
+
+
+def test_a_template_without_tool_calls_serves_agents_without_tools(tiny_tokenizer):
+    """A chat template that cannot render tool calls: plain chat works, a request with tools is refused."""
+    import copy
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
+    runner = AgentRunner(scripted(tok, ["Hi.<|im_end|>"] * 2), tok, CalculatorAgent)
+    try:
+        runner.open(EpisodeRequest(TASK, seed=0), key="k")
+        client = openai.OpenAI(base_url=runner.url, api_key="k", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="cannot carry tool calls"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=Calculator().tool_schemas())  # fmt: skip
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+        assert r.choices[0].message.content == "Hi." and r.choices[0].message.tool_calls is None
+    finally:
+        runner.close()

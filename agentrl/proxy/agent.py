@@ -145,7 +145,10 @@ class AgentRunner(EpisodeRunner):
             raise ValueError(f"proxy.on_drift is {on_drift!r}; valid: {', '.join(ON_DRIFT)}")
         self.on_drift, self.agent_timeout_s, self.open_keys = on_drift, agent_timeout_s, open_keys
         self.max_concurrent_episodes, self.model_name = max_concurrent_episodes, model_name
-        self.tool_format = tool_call_format(tokenizer)
+        try:
+            self.tool_format: str | None = tool_call_format(tokenizer)
+        except ValueError as e:  # fine for agents without tools; a request with tools is refused
+            self.tool_format, self._tool_format_error = None, str(e)
         self._ledgers: dict[str, _Ledger] = {}
         self._lock = threading.Lock()
         submit = getattr(engine, "submit", None)
@@ -203,9 +206,13 @@ class AgentRunner(EpisodeRunner):
         except Exception as e:
             self._fail(lv, "env", e)
         with self._lock:
-            if lv.key in self._ledgers:
-                raise ValueError(f"episode key {lv.key!r} is already open")
-            self._ledgers[lv.key] = lv
+            taken = lv.key in self._ledgers
+            if not taken:
+                self._ledgers[lv.key] = lv
+        if taken:
+            if lv.env is not None:
+                lv.env.close()
+            raise ValueError(f"episode key {lv.key!r} is already open")
         return lv
 
     def pop(self, key: str) -> _Ledger:
@@ -341,8 +348,12 @@ class AgentRunner(EpisodeRunner):
             from agentrl.env import Task
 
             seed = zlib.crc32(key.encode()) & 0x7FFFFFFF  # distinct keys sample distinct streams
-            lv = self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
-            lv.episode.env = "serve"
+            try:
+                lv = self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
+                lv.episode.env = "serve"
+            except ValueError:  # two first requests raced: the other one opened it
+                with self._lock:
+                    lv = self._ledgers.get(key)
         if lv is None:
             raise APIError(404, f"no episode is open under the key {key!r} (the API key or X-Episode-Key header)", code="agentrl_unknown_episode")  # fmt: skip
         return lv
@@ -357,6 +368,8 @@ class AgentRunner(EpisodeRunner):
             )
             raise APIError(400, f"episode {lv.key!r} has {why}; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
         self._check_sampling(req)
+        if req.tools and self.tool_format is None:
+            raise APIError(400, f"this model's chat template cannot carry tool calls: {self._tool_format_error}", param="tools")  # fmt: skip
         messages = [for_template(m) for m in req.messages]
         tools_key = json.dumps(req.tools, sort_keys=True)
         seen = [canonical(m) for m in messages]
@@ -413,7 +426,8 @@ class AgentRunner(EpisodeRunner):
     def _reply(self, lv: _Ledger, comp: Completion, prompt_len: int, logprobs: bool) -> ChatResult:
         """The completion as OpenAI's message, and the ledger's record of it (the client's view)."""
         text = lv.final_text or ""
-        calls = [c for c in parse_tool_calls(text, self.tool_format) if c.error is None and c.name]
+        fmt = self.tool_format
+        calls = [c for c in parse_tool_calls(text, fmt) if c.error is None and c.name] if fmt else []
         tool_calls = [
             {
                 "id": f"call_{lv.turn}_{i}",
@@ -422,7 +436,7 @@ class AgentRunner(EpisodeRunner):
             }
             for i, c in enumerate(calls)
         ]
-        content = strip_tool_calls(text, self.tool_format) if tool_calls else text
+        content = strip_tool_calls(text, fmt) if fmt and tool_calls else text
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
