@@ -40,9 +40,6 @@ class AgentEnvironment(Environment):
     and ``step`` are the runner's business and are not called.
     """
 
-    tools: Any = None
-    """Not used by the runner: the agent sends its tool schemas with each request."""
-
     async def run(self, client: Any, task: Task) -> float | None:
         """Drive one episode through ``client`` (an ``openai.AsyncOpenAI`` pointed at the endpoint)
         and return its reward, or None to score it with ``rewards()``."""

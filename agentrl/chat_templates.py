@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from agentrl.corpus import generate_corpus
 from agentrl.tokenizer import TINY_MARKER
 
 if TYPE_CHECKING:
@@ -101,34 +100,15 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     Save with ``save_family_tokenizer`` (or ``save_pretrained``); ``agentrl.tokenizer.load_tokenizer``
     loads it back with identical ids."""
     # Imported here: torch and transformers take seconds, and probing a template needs neither.
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, normalizers, pre_tokenizers, trainers
-    from tokenizers.models import BPE
     from transformers import PreTrainedTokenizerFast
 
-    from agentrl.models import QWEN2_SPLIT_REGEX, train_tokenizer
+    from agentrl.models import train_bpe, train_tokenizer
 
     _check_family(family)
     if family == "chatml":
         return train_tokenizer()
     spec, template = SPECS[family], family_template(family)
-    tok = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence(
-        [
-            pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ]
-    )
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=VOCAB_SIZE,
-        special_tokens=[*spec.special, *spec.added],  # the first ids, never split by the corpus
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(generate_corpus(0, 3000, render_chat=_corpus_renderer(template)), trainer)
-    # The trainer registers every reserved token as special; tags such as <tool_call> are ordinary text.
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in spec.added])
+    tok = train_bpe(spec.special, spec.added, _corpus_renderer(template), VOCAB_SIZE)
     wrapped = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=spec.bos,

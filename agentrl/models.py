@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,6 +95,22 @@ def train_tokenizer(vocab_size: int = 1024, seed: int = 0, n_docs: int = 3000) -
     """Train a byte-level BPE on the synthetic corpus (~1 s) and wrap it for transformers.
 
     Deterministic: the same (vocab_size, seed, n_docs) gives the same vocabulary and merges."""
+    return wrap_tokenizer(
+        train_bpe(SPECIAL_TOKENS, ADDED_TOKENS, _render_for_corpus, vocab_size, seed, n_docs)
+    )
+
+
+def train_bpe(
+    special: Sequence[str],
+    added: Sequence[str],
+    render_chat: Callable[[list[dict], list[dict] | None], str],
+    vocab_size: int = 1024,
+    seed: int = 0,
+    n_docs: int = 3000,
+) -> Tokenizer:
+    """Qwen2's pipeline (NFC, its split regex, byte level) trained on the synthetic corpus, whose chats
+    ``render_chat`` writes in some template's markup. ``special`` then ``added`` take the first ids;
+    ``added`` tokens stay single tokens but decode as ordinary text (Qwen's ``<tool_call>``)."""
     tok = Tokenizer(BPE(unk_token=None, fuse_unk=False, byte_fallback=False))
     tok.normalizer = normalizers.NFC()
     tok.pre_tokenizer = pre_tokenizers.Sequence(
@@ -105,14 +122,14 @@ def train_tokenizer(vocab_size: int = 1024, seed: int = 0, n_docs: int = 3000) -
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=[*SPECIAL_TOKENS, *ADDED_TOKENS],  # ids 0..4, never split by the corpus
+        special_tokens=[*special, *added],  # the first ids, never split by the corpus
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(generate_corpus(seed, n_docs, render_chat=_render_for_corpus), trainer)
-    # The trainer registers every reserved token as special; the tool-call tags are ordinary text.
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in ADDED_TOKENS])
-    return wrap_tokenizer(tok)
+    tok.train_from_iterator(generate_corpus(seed, n_docs, render_chat=render_chat), trainer)
+    # The trainer registers every reserved token as special; the added ones are ordinary text.
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in added])
+    return tok
 
 
 def wrap_tokenizer(tok: Tokenizer) -> PreTrainedTokenizerFast:

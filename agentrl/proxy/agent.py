@@ -350,7 +350,6 @@ class AgentRunner(EpisodeRunner):
             seed = zlib.crc32(key.encode()) & 0x7FFFFFFF  # distinct keys sample distinct streams
             try:
                 lv = self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
-                lv.episode.env = "serve"
             except ValueError:  # two first requests raced: the other one opened it
                 with self._lock:
                     lv = self._ledgers.get(key)
@@ -373,7 +372,6 @@ class AgentRunner(EpisodeRunner):
         messages = [for_template(m) for m in req.messages]
         tools_key = json.dumps(req.tools, sort_keys=True)
         seen = [canonical(m) for m in messages]
-        prompt_len = len(ep.context_ids())
         if lv.renderer is None:  # the first turn: the prompt
             lv.renderer, lv.tools_key = self._renderer(req.tools), tools_key
             ep.metrics["tools"] = req.tools
