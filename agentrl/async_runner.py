@@ -103,6 +103,12 @@ class RequestBatcher:
                 self._generate(batch)
             while not own and not until():
                 time.sleep(poll_s)
+        except BaseException as e:  # Ctrl-C: nobody is left to generate what is queued
+            if own:
+                self.fail_pending(
+                    RuntimeError(f"generation stopped: the run was interrupted ({type(e).__name__})")
+                )
+            raise
         finally:
             if own:
                 with self._start_lock:
@@ -116,6 +122,22 @@ class RequestBatcher:
         if self._thread is None and not self._driven:
             self._start_thread()
         return fut
+
+    def fail_pending(self, error: Exception) -> int:
+        """Fail every queued request with ``error`` (the run is stopping: its callers must not wait out
+        their timeouts); returns how many there were."""
+        failed = 0
+        while True:
+            try:
+                item = self._queue.get_nowait()
+            except queue.Empty:
+                return failed
+            if item is _STOP:  # keep the thread's stop signal for the thread
+                self._queue.put(_STOP)
+                return failed
+            if not item[2].done():
+                item[2].set_exception(error)
+                failed += 1
 
     def close(self, wait: bool = True) -> None:
         """Stop the thread after the current engine call; ``wait=False`` does not wait for that call
@@ -163,10 +185,17 @@ class RequestBatcher:
             outs = self.engine.generate([b[0] for b in batch], [b[1] for b in batch])
             for (_, _, fut), out in zip(batch, outs):
                 fut.set_result(out)
-        except Exception as e:  # the episodes record it as a model failure
+        except BaseException as e:  # the episodes record it as a model failure
+            error = (
+                e
+                if isinstance(e, Exception)
+                else RuntimeError(f"generation interrupted ({type(e).__name__})")
+            )
             for _, _, fut in batch:
                 if not fut.done():
-                    fut.set_exception(e)
+                    fut.set_exception(error)
+            if error is not e:  # Ctrl-C in the thread that drives: it stops the run
+                raise
 
 
 class AsyncEpisodeRunner(EpisodeRunner):
@@ -204,6 +233,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
         self.max_wait_s = max_wait_s
         self.batch_sizes: list[int] = []
         """Engine call sizes of the last ``run`` (empty for engines with their own scheduler)."""
+        self._stopping = False  # the run was interrupted: episodes stop after their current step
         self._lock = threading.Lock()
         self._live = 0  # episodes between start and finish
         self._busy = 0  # of those, the ones in an environment step (not about to generate)
@@ -217,10 +247,18 @@ class AsyncEpisodeRunner(EpisodeRunner):
             )
             submit = batcher.submit
         n_threads = max(1, min(self.max_concurrent_episodes, len(requests)))
-        self._abandoned = False
+        self._abandoned = self._stopping = False
         try:
             with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="agentrl-ep") as pool:
-                return list(pool.map(lambda r: self._run_episode(r, submit), requests))
+                futures = [pool.submit(self._run_episode, r, submit) for r in requests]
+                try:
+                    return [f.result() for f in futures]
+                except BaseException:  # Ctrl-C: stop now, not when every episode has ended
+                    self._stopping = True  # episodes end after their current step, unscored
+                    pool.shutdown(wait=False, cancel_futures=True)  # and none starts
+                    if batcher is not None:
+                        batcher.fail_pending(RuntimeError("the run was interrupted"))
+                    raise
         finally:
             self._bounded_calls.close()  # the episode threads' helpers (environment calls)
             if batcher is not None:
@@ -243,6 +281,9 @@ class AsyncEpisodeRunner(EpisodeRunner):
             lv = self._start(req)
             self._count(busy=-1)
             while not lv.done:
+                if self._stopping:
+                    self._fail(lv, "model", RuntimeError("the run was interrupted"))
+                    break
                 comp = self._generate_one(lv, submit)
                 if comp is None:
                     break

@@ -10,6 +10,7 @@ sandbox, reward) is recorded on that episode with its boundary; the batch goes o
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -128,18 +129,22 @@ class EpisodeRunner:
     # -- the loop ----------------------------------------------------------------------------
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
         lives = list(self.pool.map(self._start, requests))
-        while True:
-            active = [lv for lv in lives if not lv.done]
-            if not active:
-                break
-            completions = self._generate(active)
-            for lv, comp in zip(active, completions):
-                if comp is not None:
-                    self._append_policy(lv, comp)
-            stepping = [lv for lv, comp in zip(active, completions) if comp is not None and not lv.done]
-            for lv, result in zip(stepping, self.pool.map(self._safe_step, stepping)):
-                if result is not None:
-                    self._after_step(lv, result)
+        try:
+            while True:
+                active = [lv for lv in lives if not lv.done]
+                if not active:
+                    break
+                completions = self._generate(active)
+                for lv, comp in zip(active, completions):
+                    if comp is not None:
+                        self._append_policy(lv, comp)
+                stepping = [lv for lv, comp in zip(active, completions) if comp is not None and not lv.done]
+                for lv, result in zip(stepping, self.pool.map(self._safe_step, stepping)):
+                    if result is not None:
+                        self._after_step(lv, result)
+        except BaseException:  # Ctrl-C mid-rollout: the episodes are dropped
+            close_quietly(lives)
+            raise
         return list(self.pool.map(self._finish, lives))
 
     def _start(self, req: EpisodeRequest) -> _Live:
@@ -359,6 +364,15 @@ class EpisodeRunner:
             comps[self.step_reward_name] = lv.step_reward
         ep.reward_components = comps
         ep.reward = total
+
+
+def close_quietly(lives: Sequence[_Live]) -> None:
+    """Close the environments (sandbox sessions, MCP servers' sessions) of episodes an interrupted
+    run drops; an error closing one does not keep the others open."""
+    for lv in lives:
+        if lv.env is not None:
+            with contextlib.suppress(Exception):
+                lv.env.close()
 
 
 def _jsonable(x: Any) -> Any:

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
+
+import pytest
 
 from agentrl.async_runner import AsyncEpisodeRunner, RequestBatcher
 from agentrl.engines.base import SamplingParams
@@ -96,6 +100,32 @@ def test_slow_tool_does_not_delay_other_episodes(tiny_tokenizer):
     # same episodes either way (scripted replies depend only on the prompt)
     assert [e.token_ids() for e in eps] == [e.token_ids() for e in eps_sync]
     assert [[s.role for s in e.segments] for e in eps] == [[s.role for s in e.segments] for e in eps_sync]
+
+
+def test_ctrl_c_stops_the_run_after_the_current_steps(tiny_tokenizer):
+    """A second Ctrl-C (a real SIGINT, mid-rollout): the run raises it once the episodes' current
+    steps end, instead of after every episode has finished; episodes not yet started never start,
+    and every environment is closed."""
+
+    def script(prompt, i):
+        if i == 6:
+            os.kill(os.getpid(), signal.SIGINT)
+        return call("slow")  # 8 slow turns per episode: 24 s for 12 episodes, 4 at a time
+
+    engine = ScriptedEngine(script, tokenizer=tiny_tokenizer)
+    runner = AsyncEpisodeRunner(
+        engine, tiny_tokenizer, Waits, budgets=Budgets(max_turns=8), max_concurrent_episodes=4
+    )
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        runner.run(requests(n_fast=11))
+    elapsed = time.perf_counter() - t0
+    runner.close()
+    assert elapsed < 3 * SLOW_S, elapsed
+    assert Waits.open_now == 0
+    calls = len(engine.calls)
+    time.sleep(0.2)
+    assert len(engine.calls) == calls <= 8  # nothing generates after the run stopped
 
 
 def test_concurrency_bound_and_batching(tiny_tokenizer):

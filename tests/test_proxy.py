@@ -413,6 +413,44 @@ def test_a_stuck_plain_agent_fails_its_episode_and_does_not_hold_the_run(tiny_to
     assert "timeouts.agent_run_s=1s" in stuck.failure.message
 
 
+def test_an_interrupt_in_the_generating_thread_stops_the_run_at_once(tiny_tokenizer):
+    """A second Ctrl-C lands in the thread that drives generation (a KeyboardInterrupt out of the
+    engine): the run raises it within seconds, not after the requests' timeouts, with every agent
+    stopped, no ledger left open and every environment closed."""
+    closed = []
+
+    @register
+    class Closing(CalculatorAgent):
+        name = "test_closing_calculator_agent"
+
+        def close(self):
+            closed.append(self.task.id)
+
+    def reply(prompt, index):
+        if index >= 4:  # the second turn's first generation
+            raise KeyboardInterrupt
+        return tiny_tokenizer(CALL + "<|im_end|>", add_special_tokens=False)["input_ids"]
+
+    engine = ScriptedEngine(reply, tokenizer=tiny_tokenizer)
+    runner = AgentRunner(engine, tiny_tokenizer, Closing, budgets=Budgets(), request_timeout_s=120)
+    tasks = [Task(f"t{i}", TASK.prompt, answer=17) for i in range(4)]
+    t0 = time.perf_counter()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run([EpisodeRequest(t, seed=0, group=t.id) for t in tasks])
+        assert time.perf_counter() - t0 < 20  # not the 120 s request timeout
+        assert not runner._ledgers and sorted(closed) == ["t0", "t1", "t2", "t3"]
+        deadline = time.monotonic() + 10
+        while any(t.name == "agentrl-agents" for t in threading.enumerate()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not any(t.name == "agentrl-agents" for t in threading.enumerate())
+        engine.script = lambda prompt, index: reply(prompt, 0)  # the runner still works afterwards
+        (ep,) = runner.run([EpisodeRequest(TASK, seed=0, group=TASK.id)])
+        assert ep.failure is None and ep.num_turns == 4
+    finally:
+        runner.close()
+
+
 def test_tool_call_arguments_reach_the_template_as_objects():
     """Stock templates apply ``tojson`` to a call's arguments: JSON text would be encoded twice."""
     from agentrl.proxy.agent import canonical, for_template

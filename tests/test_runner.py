@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import time
 
+import pytest
+
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Environment, Reward, StepResult, Task, ToolFeedback, register, tool
@@ -340,3 +342,30 @@ def test_a_wrong_return_type_fails_the_episode_at_the_env_boundary(tiny_tokenize
         ep.failure.boundary == "env"
         and "Environment.reset returned str 'What is 2 + 2?'" in ep.failure.message
     )
+
+
+def test_an_interrupted_rollout_closes_every_environment(tiny_tokenizer):
+    """Ctrl-C inside generation (the second one: stop now): the KeyboardInterrupt reaches the caller
+    and no environment (a sandbox session) is left open."""
+    opened, closed = [], []
+
+    class Counted(Calculator):
+        def reset(self, task, seed):
+            opened.append(seed)
+            return super().reset(task, seed)
+
+        def close(self):
+            closed.append(1)
+
+    def reply(prompt, index):
+        if index >= 3:  # the second turn
+            raise KeyboardInterrupt
+        return CALL + "<|im_end|>"
+
+    runner = EpisodeRunner(ScriptedEngine(reply, tokenizer=tiny_tokenizer), tiny_tokenizer, Counted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            runner.run([EpisodeRequest(TASK, seed=i, group="g") for i in range(3)])
+    finally:
+        runner.close()
+    assert len(opened) == 3 and len(closed) == 3

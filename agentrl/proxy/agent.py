@@ -33,6 +33,7 @@ import dataclasses
 import difflib
 import inspect
 import json
+import logging
 import threading
 import traceback
 import uuid
@@ -49,10 +50,21 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode, Segment
 from agentrl.history import history_pieces
-from agentrl.proxy.openai_api import APIError, ChatRequest, ChatResult, OpenAIServer
-from agentrl.runner import ENGINE_REQUEST_S, Budgets, EpisodeRequest, EpisodeRunner, _jsonable, _Live
+from agentrl.proxy.openai_api import OpenAIServer
+from agentrl.proxy.openai_request import APIError, ChatRequest, ChatResult
+from agentrl.runner import (
+    ENGINE_REQUEST_S,
+    Budgets,
+    EpisodeRequest,
+    EpisodeRunner,
+    _jsonable,
+    _Live,
+    close_quietly,
+)
 from agentrl.timeouts import wait_for
 from agentrl.tools import parse_tool_calls, strip_tool_calls
+
+logger = logging.getLogger(__name__)
 
 AGENT_RUN_S = 3600.0
 """The default of ``timeouts.agent_run_s``."""
@@ -220,24 +232,75 @@ class AgentRunner(EpisodeRunner):
             return self._ledgers.pop(key)
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
-        """Run one agent per request, concurrently, and return their episodes in request order."""
+        """Run one agent per request, concurrently, and return their episodes in request order.
+
+        The agents run on an event loop in a thread of their own (a daemon: a stuck agent never
+        holds the process); generation runs here, in the thread that trains. If this thread is
+        interrupted (a second Ctrl-C), the run stops at once: see ``_abort``."""
         lives = [self.open(r) for r in requests]
-        with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="agentrl-agents") as loop:
-            started: list[concurrent.futures.Future] = []
+        loop = asyncio.new_event_loop()
+        agents = loop.create_task(self._run_agents(lives))
+        done: concurrent.futures.Future = concurrent.futures.Future()
 
-            def start() -> None:
-                started.append(loop.submit(asyncio.run, self._run_agents(lives)))
+        def run_agents() -> None:
+            try:
+                done.set_result(loop.run_until_complete(agents))
+            except BaseException as e:
+                done.set_exception(e)
+            finally:
+                loop.run_until_complete(loop.shutdown_asyncgens())
+                loop.close()
 
+        thread = threading.Thread(target=run_agents, name="agentrl-agents", daemon=True)
+        try:
             if self._batcher is not None:  # generate here, in the thread that trains
-                self._batcher.drive(until=lambda: started[0].done(), start=start)
+                self._batcher.drive(until=done.done, start=thread.start)
             else:
-                start()
-            outcomes = started[0].result()
+                thread.start()
+            outcomes = done.result()
+        except BaseException:
+            self._abort(lives, loop, agents, done, started=thread.ident is not None)
+            raise
         episodes = []
         for lv, outcome in zip(lives, outcomes):
             self.pop(lv.key)
             episodes.append(self.finish_episode(lv, outcome))
         return episodes
+
+    def _abort(
+        self,
+        lives: list[_Ledger],
+        loop: asyncio.AbstractEventLoop,
+        agents: asyncio.Task,
+        done: concurrent.futures.Future,
+        started: bool,
+        grace_s: float = 5.0,
+    ) -> None:
+        """Stop a run whose driving thread was interrupted: its episodes take no more turns (their
+        requests get ``agentrl_episode_ended``), queued generations fail, the agents are cancelled
+        and get up to ``grace_s`` to return, and the environments are closed. The episodes are
+        dropped, like a lockstep rollout interrupted mid-step (the run resumes from a checkpoint)."""
+        for lv in lives:
+            with lv.lock:
+                lv.closed = True
+        if self._batcher is not None:
+            self._batcher.fail_pending(RuntimeError("the run was interrupted"))
+        if started:
+            with contextlib.suppress(RuntimeError):  # the loop has already closed
+                loop.call_soon_threadsafe(agents.cancel)
+            try:
+                done.exception(timeout=grace_s)
+            except concurrent.futures.TimeoutError:
+                logger.warning("interrupted run: agents still running after %.0f s are abandoned", grace_s)
+        else:  # the agents never started: close their coroutine
+            agents.cancel()
+            with contextlib.suppress(BaseException):
+                loop.run_until_complete(agents)
+            loop.close()
+        with self._lock:
+            for lv in lives:
+                self._ledgers.pop(lv.key, None)
+        close_quietly(lives)
 
     async def _run_agents(self, lives: list[_Ledger]) -> list[Any]:
         import openai
@@ -321,7 +384,7 @@ class AgentRunner(EpisodeRunner):
             ep.reward_components.setdefault(self.step_reward_name, float(outcome))  # a 0 is a reward too
         return ep
 
-    # -- the endpoint's backend (agentrl.proxy.openai_api.ChatBackend) --------------------------
+    # -- the endpoint's backend (agentrl.proxy.openai_request.ChatBackend) --------------------------
     def chat(self, request: ChatRequest) -> ChatResult:
         lv = self._ledger(request.key)
         with lv.lock:
