@@ -86,7 +86,8 @@ class Episode:
     prompt renders ``messages[:n]``; ``r`` is ``history`` (the chat template would show the model a
     different history than the one it wrote, e.g. earlier ``<think>`` blocks stripped) or
     ``drift:<kind>`` (an agent's client sent a history that does not extend the recorded one; the kind
-    is ``agentrl doctor``'s). See docs/environments.md."""
+    is ``agentrl doctor``'s; the break then also holds ``"before"``, the messages of the sample it
+    ends, since the final ``messages`` are the client's rewritten ones). See docs/environments.md."""
     overlays: dict[str, list[float | None]] | None = None
     """Per-token training overlays the trainer attaches after the update (old/new logprob, entropy,
     advantage, weight, selection, clip status). Each list is aligned with ``token_ids()``; entries for
@@ -121,10 +122,15 @@ class Episode:
         """Training sequences this episode gives: 1, plus one per sample break."""
         return 1 + len(self.sample_breaks)
 
-    def begin_sample(self, messages: int, reason: str) -> None:
+    def begin_sample(self, messages: int, reason: str, before: list[dict[str, Any]] | None = None) -> None:
         """Start a new training sample at the next segment: its prompt renders ``messages[:messages]``
-        (the caller adds it as a ``prompt`` segment next). ``reason``: ``history`` or ``drift:<kind>``."""
-        self.sample_breaks.append({"segment": len(self.segments), "messages": messages, "reason": reason})
+        (the caller adds it as a ``prompt`` segment next). ``reason``: ``history`` or ``drift:<kind>``.
+        ``before``: the messages the ending sample covered, when the episode's final ``messages`` will
+        not start with them (a client that rewrote its history); stored in the break as ``before``."""
+        brk: dict[str, Any] = {"segment": len(self.segments), "messages": messages, "reason": reason}
+        if before is not None:
+            brk["before"] = before
+        self.sample_breaks.append(brk)
 
     def sample_ranges(self) -> list[tuple[int, int]]:
         """Token range [start, end) of each sample in ``token_ids()``, in order."""
@@ -152,7 +158,8 @@ class Episode:
         for i in range(len(cuts) - 1):
             segments = self.segments[cuts[i] : cuts[i + 1]]
             view = Episode(**{k: getattr(self, k) for k in self.__dataclass_fields__})
-            view.segments, view.messages = segments, self.messages[: message_ends[i]]
+            ending = self.sample_breaks[i] if i < len(self.sample_breaks) else {}
+            view.segments, view.messages = segments, ending.get("before", self.messages[: message_ends[i]])
             view.sample_breaks, view.overlays = [], None
             views.append(view)
         return views

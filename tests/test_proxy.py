@@ -15,6 +15,7 @@ import openai
 import pytest
 
 from agentrl.agents import AgentEnvironment
+from agentrl.doctor import diagnose
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Reward, Task, register
@@ -214,6 +215,10 @@ def test_a_client_that_edits_history_is_recorded_and_handled(tiny_tokenizer, pol
             "<|im_start|>tool\n17<|im_end|>\n<|im_start|>assistant\n"
         )
         assert second.messages[1]["content"].endswith("Show your work.") and len(second.messages) == 5
+        # the first sample keeps the history it was generated under, so the doctor finds it clean
+        assert first.messages[1]["content"] == TASK.prompt and len(first.messages) == 3
+        assert Episode.from_json(ep.to_json()).sample_views()[0].messages == first.messages
+        assert diagnose(ep, tiny_tokenizer).drifts == []
     else:  # retokenize: one sample, the first reply's tokens survive with their log-probs
         assert ep.num_samples == 1
         policy_segs = [s for s in ep.segments if s.role == "policy"]

@@ -543,7 +543,7 @@ class AgentRunner(EpisodeRunner):
         renderer = self._renderer(tools)
         lv.turn += 1
         if self.on_drift == "split":
-            ep.begin_sample(len(messages), f"drift:{kind}")
+            ep.begin_sample(len(messages), f"drift:{kind}", before=list(lv.messages))
             for p in history_pieces(renderer, messages):
                 ep.add(Segment(p.role, lv.turn, p.token_ids, p.text))  # type: ignore[arg-type]
         else:
