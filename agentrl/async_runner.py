@@ -20,6 +20,7 @@ ends), so the same number bounds the open sandbox sessions. A generation request
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
@@ -52,6 +53,7 @@ class RequestBatcher:
         ready: Callable[[], int] | None = None,
         max_gather_s: float | None = None,
         lazy: bool = False,
+        timeout_s: float | None = None,
     ) -> None:
         self.engine, self.max_batch, self.max_wait_s = engine, max_batch, max_wait_s
         self.max_gather_s = max_gather_s
@@ -59,6 +61,10 @@ class RequestBatcher:
         first request: for callers whose requests trickle in (agents behind the endpoint, each spending
         a few milliseconds of Python between turns), so one slow arrival does not split the batch.
         ``lazy``: no thread until a request arrives that no ``drive`` call is serving."""
+        self.timeout_s = timeout_s
+        """With it, an engine that can bound its own calls (``HFEngine.bounded``) stops a call past
+        ``timeout_s`` and that call's requests fail with the ``WaitTimeout``: so no single call holds
+        a thread that drives (``timeouts.engine_request_s``)."""
         self.ready = ready or (lambda: max_batch)
         self.batch_sizes: list[int] = []
         """Size of every engine call, for tests and benchmarks."""
@@ -181,8 +187,14 @@ class RequestBatcher:
 
     def _generate(self, batch: list[tuple]) -> None:
         self.batch_sizes.append(len(batch))
+        bounded = getattr(self.engine, "bounded", None)
+        limit = contextlib.nullcontext()
+        if self.timeout_s is not None and bounded is not None:
+            what = f"engine {type(self.engine).__name__}: generate for {len(batch)} requests"
+            limit = bounded(self.timeout_s, what, f"timeouts.engine_request_s={self.timeout_s:g}s")
         try:
-            outs = self.engine.generate([b[0] for b in batch], [b[1] for b in batch])
+            with limit:
+                outs = self.engine.generate([b[0] for b in batch], [b[1] for b in batch])
             for (_, _, fut), out in zip(batch, outs):
                 fut.set_result(out)
         except BaseException as e:  # the episodes record it as a model failure
@@ -241,17 +253,35 @@ class AsyncEpisodeRunner(EpisodeRunner):
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
         submit = getattr(self.engine, "submit", None)
         batcher = None
+        # An in-process engine (HFEngine) generates in this thread (RequestBatcher.drive), bounded by
+        # the request timeout, not in a batcher thread whose OpenMP team would compete with this
+        # thread's for the cores.
+        drive = submit is None and hasattr(self.engine, "bounded")
         if submit is None:
             batcher = RequestBatcher(
-                self.engine, self.max_concurrent_episodes, self.max_wait_s, ready=self._ready
+                self.engine,
+                self.max_concurrent_episodes,
+                self.max_wait_s,
+                ready=self._ready,
+                lazy=drive,
+                timeout_s=self.request_timeout_s if drive else None,
             )
             submit = batcher.submit
         n_threads = max(1, min(self.max_concurrent_episodes, len(requests)))
         self._abandoned = self._stopping = False
         try:
             with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="agentrl-ep") as pool:
-                futures = [pool.submit(self._run_episode, r, submit) for r in requests]
+                futures: list[concurrent.futures.Future] = []
+
+                def start() -> None:
+                    futures.extend(pool.submit(self._run_episode, r, submit) for r in requests)
+
                 try:
+                    if drive:
+                        assert batcher is not None
+                        batcher.drive(until=lambda: all(f.done() for f in futures), start=start)
+                    else:
+                        start()
                     return [f.result() for f in futures]
                 except BaseException:  # Ctrl-C: stop now, not when every episode has ended
                     self._stopping = True  # episodes end after their current step, unscored

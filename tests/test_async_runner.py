@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
@@ -15,6 +16,7 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Environment, Reward, Task, tool
 from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.timeouts import WaitTimeout
 from agentrl.tools import format_tool_call
 from environments.calculator import Calculator
 
@@ -168,7 +170,18 @@ def test_seeded_hf_episodes_match_the_lock_step_runner(tiny_policy):
     reqs = [EpisodeRequest(Task(f"t{i}", f"What is {i} + 2?", answer=i + 2), seed=i) for i in range(4)]
     a = AsyncEpisodeRunner(engine, tokenizer, Calculator, budgets=budgets, sampling=sampling)
     s = EpisodeRunner(engine, tokenizer, Calculator, budgets=budgets, sampling=sampling)
-    eps_a, eps_s = a.run(reqs), s.run(reqs)
+    threads, generate = [], engine.generate
+
+    def recording(*args, **kw):
+        threads.append(threading.current_thread())
+        return generate(*args, **kw)
+
+    engine.generate = recording  # type: ignore[method-assign]
+    eps_a = a.run(reqs)
+    # an in-process engine generates in the thread that called run (RequestBatcher.drive), not in a
+    # batcher thread whose OpenMP team would compete with this one's
+    assert threads and set(threads) == {threading.current_thread()}
+    eps_s = s.run(reqs)
     a.close()
     s.close()
     assert [e.token_ids() for e in eps_a] == [e.token_ids() for e in eps_s]
@@ -177,6 +190,48 @@ def test_seeded_hf_episodes_match_the_lock_step_runner(tiny_policy):
         assert [x is None for x in la] == [x is None for x in ls]
         assert max(abs(x - y) for x, y in zip(la, ls) if x is not None) < 1e-4
         assert (ea.stop_reason, ea.reward) == (es.stop_reason, es.reward)
+
+
+class Stalls(ScriptedEngine):
+    """An in-process engine whose calls never end on their own; like ``HFEngine`` it stops a call
+    made inside ``bounded`` once the bound has passed."""
+
+    def __init__(self, tokenizer):
+        super().__init__(lambda p, i: [5], tokenizer=tokenizer)
+        self.bounds: list[tuple[float, str | None]] = []
+        self._bound = None
+
+    @contextlib.contextmanager
+    def bounded(self, timeout_s, what, setting=None):
+        self.bounds.append((timeout_s, setting))
+        self._bound = (time.monotonic() + timeout_s, what, setting)
+        try:
+            yield
+        finally:
+            self._bound = None
+
+    def generate(self, prompts, params):
+        assert self._bound is not None, "called outside bounded(): nothing would stop it"
+        deadline, what, setting = self._bound
+        while time.monotonic() < deadline:
+            time.sleep(0.01)
+        raise WaitTimeout(what, 0.5, setting, "; stopped while decoding")
+
+
+def test_a_stuck_engine_call_never_holds_the_run(tiny_tokenizer):
+    """An in-process engine generates in the thread that called ``run``, so a call that never ends
+    would hold the run: the batcher bounds each call by ``timeouts.engine_request_s`` and the
+    episodes fail at the model boundary."""
+    engine = Stalls(tiny_tokenizer)
+    runner = AsyncEpisodeRunner(engine, tiny_tokenizer, Calculator, request_timeout_s=0.5)
+    t0 = time.perf_counter()
+    eps = runner.run([EpisodeRequest(Task(f"t{i}", f"What is {i}?"), seed=i) for i in range(3)])
+    runner.close()
+    assert time.perf_counter() - t0 < 10
+    assert engine.bounds and {b for b in engine.bounds} == {(0.5, "timeouts.engine_request_s=0.5s")}
+    for ep in eps:
+        assert ep.failure is not None and ep.failure.boundary == "model"
+        assert "timeouts.engine_request_s=0.5s" in ep.failure.message, ep.failure.message
 
 
 def test_batcher_gathers_pending_requests(tiny_tokenizer):

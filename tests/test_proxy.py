@@ -3,9 +3,12 @@ client, recorded token by token (agentrl.proxy.agent, agentrl.agents)."""
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
+import os
 import re
+import signal
 import threading
 import time
 from pathlib import Path
@@ -418,10 +421,19 @@ def test_a_stuck_plain_agent_fails_its_episode_and_does_not_hold_the_run(tiny_to
     assert "timeouts.agent_run_s=1s" in stuck.failure.message
 
 
-def test_an_interrupt_in_the_generating_thread_stops_the_run_at_once(tiny_tokenizer):
-    """A second Ctrl-C lands in the thread that drives generation (a KeyboardInterrupt out of the
-    engine): the run raises it within seconds, not after the requests' timeouts, with every agent
-    stopped, no ledger left open and every environment closed."""
+class BoundedScripted(ScriptedEngine):
+    """A scripted engine that says it can bound its calls, as ``HFEngine`` does: the endpoint then
+    generates in the thread that called ``run`` (``RequestBatcher.drive``)."""
+
+    def bounded(self, timeout_s, what, setting=None):
+        return contextlib.nullcontext()
+
+
+@pytest.mark.parametrize("engine_cls", [BoundedScripted, ScriptedEngine], ids=["driven", "batcher-thread"])
+def test_a_second_ctrl_c_stops_the_run_at_once(tiny_tokenizer, engine_cls):
+    """A real SIGINT mid-rollout (the trainer's second Ctrl-C raises KeyboardInterrupt in the main
+    thread, which generates or waits): the run raises it within seconds, not after the requests'
+    timeouts, with every agent stopped, no ledger left open and every environment closed."""
     closed = []
 
     @register
@@ -432,11 +444,11 @@ def test_an_interrupt_in_the_generating_thread_stops_the_run_at_once(tiny_tokeni
             closed.append(self.task.id)
 
     def reply(prompt, index):
-        if index >= 4:  # the second turn's first generation
-            raise KeyboardInterrupt
+        if index == 4:  # the second turn's first generation
+            os.kill(os.getpid(), signal.SIGINT)
         return tiny_tokenizer(CALL + "<|im_end|>", add_special_tokens=False)["input_ids"]
 
-    engine = ScriptedEngine(reply, tokenizer=tiny_tokenizer)
+    engine = engine_cls(reply, tokenizer=tiny_tokenizer)
     runner = AgentRunner(engine, tiny_tokenizer, Closing, budgets=Budgets(), request_timeout_s=120)
     tasks = [Task(f"t{i}", TASK.prompt, answer=17) for i in range(4)]
     t0 = time.perf_counter()
@@ -450,6 +462,7 @@ def test_an_interrupt_in_the_generating_thread_stops_the_run_at_once(tiny_tokeni
             time.sleep(0.05)
         assert not any(t.name == "agentrl-agents" for t in threading.enumerate())
         engine.script = lambda prompt, index: reply(prompt, 0)  # the runner still works afterwards
+        closed.clear()
         (ep,) = runner.run([EpisodeRequest(TASK, seed=0, group=TASK.id)])
         assert ep.failure is None and ep.num_turns == 4
     finally:

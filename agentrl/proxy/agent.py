@@ -173,6 +173,7 @@ class AgentRunner(EpisodeRunner):
                 ready=self._ready,
                 max_gather_s=40 * max_wait_s,
                 lazy=True,  # run() generates in its own thread (RequestBatcher.drive)
+                timeout_s=request_timeout_s,
             )
             submit = self._batcher.submit
         self._submit = submit
@@ -253,7 +254,9 @@ class AgentRunner(EpisodeRunner):
 
         thread = threading.Thread(target=run_agents, name="agentrl-agents", daemon=True)
         try:
-            if self._batcher is not None:  # generate here, in the thread that trains
+            if self._batcher is not None and hasattr(self.engine, "bounded"):
+                # an in-process engine generates here, in the thread that trains, each call bounded
+                # by the request timeout; other engines are served by the batcher's own thread
                 self._batcher.drive(until=done.done, start=thread.start)
             else:
                 thread.start()
