@@ -121,3 +121,42 @@ def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model
         assert {s.weight_version for e in eps for s in e.segments if s.role == "policy"} == {pool.version}
     finally:
         pool.shutdown()
+
+
+AGENT_ENV = Path(__file__).resolve().parents[1] / "docs" / "examples" / "agent_env.py"
+
+
+def test_agent_environments_run_on_ray_workers(ray_local, tmp_path, tiny_model_dir):
+    """An ``AgentEnvironment`` on Ray workers: each worker serves its own endpoint on 127.0.0.1, its
+    agents (the guide's example, the openai package unchanged) run there, and the episodes come back
+    token for token what an in-process ``AgentRunner`` with the same weights records."""
+    from agentrl.ray_workers import RolloutPool
+    from agentrl.trainer import Trainer
+
+    agent = ("env.name=arithmetic_agent", f"env.module={AGENT_ENV}", "rollout.max_episode_tokens=512")
+    cfg = ray_config(tmp_path, tiny_model_dir, *agent)
+    trainer = Trainer(cfg, log=lambda *_: None)
+    pool = trainer.engine
+    assert isinstance(pool, RolloutPool) and len(pool.workers) == 2
+    try:
+        model, tok = load_policy(tiny_model_dir)
+        local_cfg = ray_config(tmp_path, tiny_model_dir, *agent, "rollout.workers=0")
+        local = build.build_runner(local_cfg, HFEngine(model, tok), tok, seed=11)
+        remote = build.build_runner(cfg, pool, tok, seed=11)
+        reqs = [
+            EpisodeRequest(Task(f"t{i}", f"What is {i} + 2?", answer=i + 2), seed=i, group="g")
+            for i in range(4)
+        ]
+        eps_local, eps_remote = local.run(reqs), remote.run(reqs)
+        local.close()
+        assert not any(e.failed for e in eps_remote), [e.failure for e in eps_remote]
+        assert [e.token_ids() for e in eps_remote] == [e.token_ids() for e in eps_local]
+        for a, b in zip(eps_remote, eps_local):
+            assert a.roles() == b.roles() and a.reward == b.reward
+            assert a.metrics["tools"] == b.metrics["tools"]  # the agent's tool schemas, as it sent them
+            la = torch.tensor([x for x in a.engine_logprobs() if x is not None])
+            lb = torch.tensor([x for x in b.engine_logprobs() if x is not None])
+            assert len(la) > 0 and torch.allclose(la, lb, atol=1e-4)
+        assert {e.metrics["worker_retries"] for e in eps_remote} == {0}
+    finally:
+        pool.shutdown()
