@@ -71,6 +71,7 @@ class RequestBatcher:
         self._queue: queue.Queue = queue.Queue()
         self._thread: threading.Thread | None = None
         self._driven = False
+        self._stopped: Exception | None = None
         self._start_lock = threading.Lock()
         if not lazy:
             self._start_thread()
@@ -95,55 +96,68 @@ class RequestBatcher:
                 own = False
             else:
                 self._driven = own = True
+        batch: list[tuple] = []  # taken off the queue and not yet answered
+        interrupted = False
         try:
             if start is not None:
                 start()
             while own and not until():
                 try:
-                    first = self._queue.get(timeout=poll_s)
+                    batch.append(self._queue.get(timeout=poll_s))
                 except queue.Empty:
                     continue
-                if first is _STOP:
+                if batch[0] is _STOP:
                     return
-                batch, _ = self._gather(first)
+                self._gather(batch)
                 self._generate(batch)
+                batch = []
             while not own and not until():
                 time.sleep(poll_s)
-        except BaseException as e:  # Ctrl-C: nobody is left to generate what is queued
+        except BaseException as e:  # Ctrl-C: nobody is left to generate what was asked for
+            interrupted = True
             if own:
-                self.fail_pending(
-                    RuntimeError(f"generation stopped: the run was interrupted ({type(e).__name__})")
-                )
+                error = RuntimeError(f"generation stopped: the run was interrupted ({type(e).__name__})")
+                for item in batch:
+                    if item is not _STOP and not item[2].done():
+                        item[2].set_exception(error)
+                self.stop(error)
             raise
         finally:
             if own:
                 with self._start_lock:
                     self._driven = False
-                if not self._queue.empty():  # stragglers (an agent outliving its episode): the thread
-                    self._start_thread()
+                if not interrupted and not self._queue.empty():  # stragglers (an agent outliving
+                    self._start_thread()  # its episode): the batcher's own thread serves them
 
     def submit(self, prompt: Sequence[int], params: SamplingParams) -> concurrent.futures.Future:
         fut: concurrent.futures.Future = concurrent.futures.Future()
+        if self._stopped is not None:  # the run was interrupted: nothing more is generated for it
+            fut.set_exception(self._stopped)
+            return fut
         self._queue.put((list(prompt), params, fut))
         if self._thread is None and not self._driven:
             self._start_thread()
         return fut
 
-    def fail_pending(self, error: Exception) -> int:
-        """Fail every queued request with ``error`` (the run is stopping: its callers must not wait out
-        their timeouts); returns how many there were."""
-        failed = 0
+    def stop(self, error: Exception) -> None:
+        """The run is stopping (Ctrl-C): fail every queued request with ``error`` (their callers must
+        not wait out their timeouts), and every request submitted from now on, until ``resume``."""
+        self._stopped = error
+        items = []
         while True:
             try:
-                item = self._queue.get_nowait()
+                items.append(self._queue.get_nowait())
             except queue.Empty:
-                return failed
-            if item is _STOP:  # keep the thread's stop signal for the thread
-                self._queue.put(_STOP)
-                return failed
-            if not item[2].done():
+                break
+        for item in items:
+            if item is not _STOP and not item[2].done():
                 item[2].set_exception(error)
-                failed += 1
+        if _STOP in items:  # keep the thread's stop signal for the thread
+            self._queue.put(_STOP)
+
+    def resume(self) -> None:
+        """Accept requests again after ``stop`` (a runner that serves another run)."""
+        self._stopped = None
 
     def close(self, wait: bool = True) -> None:
         """Stop the thread after the current engine call; ``wait=False`` does not wait for that call
@@ -152,8 +166,9 @@ class RequestBatcher:
         if wait and self._thread is not None:
             self._thread.join(timeout=30)
 
-    def _gather(self, first: tuple) -> tuple[list[tuple], bool]:
-        batch, stop = [first], False
+    def _gather(self, batch: list[tuple]) -> bool:
+        """Add pending requests to ``batch`` (which holds the first); True if the stop signal came."""
+        stop = False
         start = time.perf_counter()
         deadline = start + self.max_wait_s
         while len(batch) < self.max_batch:
@@ -173,26 +188,27 @@ class RequestBatcher:
             batch.append(item)
             if self.max_gather_s is not None:
                 deadline = min(time.perf_counter() + self.max_wait_s, start + self.max_gather_s)
-        return batch, stop
+        return stop
 
     def _loop(self) -> None:
         while True:
             first = self._queue.get()
             if first is _STOP:
                 return
-            batch, stop = self._gather(first)
+            batch = [first]
+            stop = self._gather(batch)
             self._generate(batch)
             if stop:
                 return
 
     def _generate(self, batch: list[tuple]) -> None:
-        self.batch_sizes.append(len(batch))
-        bounded = getattr(self.engine, "bounded", None)
-        limit = contextlib.nullcontext()
-        if self.timeout_s is not None and bounded is not None:
-            what = f"engine {type(self.engine).__name__}: generate for {len(batch)} requests"
-            limit = bounded(self.timeout_s, what, f"timeouts.engine_request_s={self.timeout_s:g}s")
         try:
+            self.batch_sizes.append(len(batch))
+            bounded = getattr(self.engine, "bounded", None)
+            limit: contextlib.AbstractContextManager = contextlib.nullcontext()
+            if self.timeout_s is not None and bounded is not None:
+                what = f"engine {type(self.engine).__name__}: generate for {len(batch)} requests"
+                limit = bounded(self.timeout_s, what, f"timeouts.engine_request_s={self.timeout_s:g}s")
             with limit:
                 outs = self.engine.generate([b[0] for b in batch], [b[1] for b in batch])
             for (_, _, fut), out in zip(batch, outs):
@@ -287,7 +303,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
                     self._stopping = True  # episodes end after their current step, unscored
                     pool.shutdown(wait=False, cancel_futures=True)  # and none starts
                     if batcher is not None:
-                        batcher.fail_pending(RuntimeError("the run was interrupted"))
+                        batcher.stop(RuntimeError("the run was interrupted"))
                     raise
         finally:
             self._bounded_calls.close()  # the episode threads' helpers (environment calls)
@@ -319,6 +335,9 @@ class AsyncEpisodeRunner(EpisodeRunner):
                     break
                 self._append_policy(lv, comp)
                 if lv.done:
+                    break
+                if self._stopping:  # a reply that was generating when the run stopped: no step
+                    self._fail(lv, "model", RuntimeError("the run was interrupted"))
                     break
                 self._count(busy=1)
                 try:

@@ -87,7 +87,8 @@ class Episode:
     different history than the one it wrote, e.g. earlier ``<think>`` blocks stripped) or
     ``drift:<kind>`` (an agent's client sent a history that does not extend the recorded one; the kind
     is ``agentrl doctor``'s; the break then also holds ``"before"``, the messages of the sample it
-    ends, since the final ``messages`` are the client's rewritten ones). See docs/environments.md."""
+    ends, since the final ``messages`` are the client's rewritten ones, and ``"tools_before"`` when
+    the client also changed its tools). See docs/environments.md."""
     overlays: dict[str, list[float | None]] | None = None
     """Per-token training overlays the trainer attaches after the update (old/new logprob, entropy,
     advantage, weight, selection, clip status). Each list is aligned with ``token_ids()``; entries for
@@ -122,14 +123,23 @@ class Episode:
         """Training sequences this episode gives: 1, plus one per sample break."""
         return 1 + len(self.sample_breaks)
 
-    def begin_sample(self, messages: int, reason: str, before: list[dict[str, Any]] | None = None) -> None:
+    def begin_sample(
+        self,
+        messages: int,
+        reason: str,
+        before: list[dict[str, Any]] | None = None,
+        tools_before: list[dict[str, Any]] | None = None,
+    ) -> None:
         """Start a new training sample at the next segment: its prompt renders ``messages[:messages]``
         (the caller adds it as a ``prompt`` segment next). ``reason``: ``history`` or ``drift:<kind>``.
         ``before``: the messages the ending sample covered, when the episode's final ``messages`` will
-        not start with them (a client that rewrote its history); stored in the break as ``before``."""
+        not start with them (a client that rewrote its history); ``tools_before``: the tool schemas it
+        was rendered with, when the client changed them (``metrics["tools"]`` will be the new ones)."""
         brk: dict[str, Any] = {"segment": len(self.segments), "messages": messages, "reason": reason}
         if before is not None:
             brk["before"] = before
+        if tools_before is not None:
+            brk["tools_before"] = tools_before
         self.sample_breaks.append(brk)
 
     def sample_ranges(self) -> list[tuple[int, int]]:
@@ -160,6 +170,8 @@ class Episode:
             view = Episode(**{k: getattr(self, k) for k in self.__dataclass_fields__})
             ending = self.sample_breaks[i] if i < len(self.sample_breaks) else {}
             view.segments, view.messages = segments, ending.get("before", self.messages[: message_ends[i]])
+            if "tools_before" in ending:  # the tools this sample was rendered with
+                view.metrics = {**self.metrics, "tools": ending["tools_before"]}
             view.sample_breaks, view.overlays = [], None
             views.append(view)
         return views

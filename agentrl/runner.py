@@ -74,6 +74,7 @@ class _Live:
     final_text: str | None = None
     done: bool = False
     t0: float = field(default_factory=time.perf_counter)
+    env_closed: bool = False
 
     @property
     def length(self) -> int:
@@ -128,7 +129,13 @@ class EpisodeRunner:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
-        lives = list(self.pool.map(self._start, requests))
+        starting = [self.pool.submit(self._start, r) for r in requests]
+        try:
+            lives = [f.result() for f in starting]
+        except BaseException:  # Ctrl-C while environments start: close each one as it finishes
+            for f in starting:
+                f.add_done_callback(_close_started)
+            raise
         try:
             while True:
                 active = [lv for lv in lives if not lv.done]
@@ -142,10 +149,10 @@ class EpisodeRunner:
                 for lv, result in zip(stepping, self.pool.map(self._safe_step, stepping)):
                     if result is not None:
                         self._after_step(lv, result)
+            return list(self.pool.map(self._finish, lives))
         except BaseException:  # Ctrl-C mid-rollout: the episodes are dropped
             close_quietly(lives)
             raise
-        return list(self.pool.map(self._finish, lives))
 
     def _start(self, req: EpisodeRequest) -> _Live:
         ep = req.new_episode()
@@ -330,6 +337,7 @@ class EpisodeRunner:
             self._score(lv)
         if lv.env is not None:
             try:
+                lv.env_closed = True
                 lv.env.close()
             except Exception as e:
                 ep.metrics["close_error"] = f"{type(e).__name__}: {e}"
@@ -366,11 +374,17 @@ class EpisodeRunner:
         ep.reward = total
 
 
+def _close_started(started: concurrent.futures.Future) -> None:
+    if not started.cancelled() and started.exception() is None:
+        close_quietly([started.result()])
+
+
 def close_quietly(lives: Sequence[_Live]) -> None:
     """Close the environments (sandbox sessions, MCP servers' sessions) of episodes an interrupted
     run drops; an error closing one does not keep the others open."""
     for lv in lives:
-        if lv.env is not None:
+        if lv.env is not None and not lv.env_closed:
+            lv.env_closed = True
             with contextlib.suppress(Exception):
                 lv.env.close()
 

@@ -231,6 +231,33 @@ def test_a_client_that_edits_history_is_recorded_and_handled(tiny_tokenizer, pol
         assert "Show your work." in ep.segments[0].text or "Show your work." in ep.text()
 
 
+def test_a_client_that_changes_its_tools_gets_a_sample_the_doctor_checks_with_its_own_tools(tiny_tokenizer):
+    extra = {"type": "function", "function": {"name": "note", "description": "Take a note.", "parameters": {"type": "object", "properties": {}}}}  # fmt: skip
+
+    @register
+    class MoreTools(CalculatorAgent):
+        name = "test_more_tools_agent"
+
+        async def run(self, client, task):
+            calc = Calculator()
+            messages, tools = calc.reset(task, 0), calc.tool_schemas()
+            r = await client.chat.completions.create(model="m", messages=messages, tools=tools)
+            messages.append(r.choices[0].message)
+            messages.append(
+                {"role": "tool", "tool_call_id": r.choices[0].message.tool_calls[0].id, "content": "17"}
+            )
+            r = await client.chat.completions.create(model="m", messages=messages, tools=[*tools, extra])
+            return 1.0 if "17" in (r.choices[0].message.content or "") else 0.0
+
+    replies = [CALL + "<|im_end|>", "The answer is \\boxed{17}.<|im_end|>"]
+    (ep,) = agent_run(scripted(tiny_tokenizer, replies), tiny_tokenizer, env=MoreTools)
+    assert ep.failure is None and ep.reward == 1.0 and ep.num_samples == 2
+    first, second = ep.sample_views()
+    assert [t["function"]["name"] for t in first.metrics["tools"]] == ["calculate"]
+    assert [t["function"]["name"] for t in second.metrics["tools"]] == ["calculate", "note"]
+    assert diagnose(ep, tiny_tokenizer).drifts == []
+
+
 def test_the_endpoint_refuses_what_it_cannot_honour(tiny_tokenizer):
     engine = scripted(tiny_tokenizer, ["Hi.<|im_end|>"] * 8)
     runner = AgentRunner(engine, tiny_tokenizer, CalculatorAgent, budgets=Budgets(max_turns=1))
@@ -413,6 +440,9 @@ def test_a_stuck_plain_agent_fails_its_episode_and_does_not_hold_the_run(tiny_to
             tasks=(Task("ok", "x"), Task("stuck", "x")),
             agent_timeout_s=1.0,
         )
+        # the stuck agent's thread is a daemon: it cannot hold the process at exit either
+        stuck_threads = [t for t in threading.enumerate() if t.name == "agentrl-agent"]
+        assert stuck_threads and all(t.daemon for t in stuck_threads)
     finally:
         release.set()
     assert time.perf_counter() - t0 < 10  # bounded by the timeout, not by the agent

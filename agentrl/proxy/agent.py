@@ -90,6 +90,74 @@ class _Ledger(_Live):
     calls: int = 0
 
 
+class _DaemonThreads(concurrent.futures.Executor):
+    """One daemon thread per call, for plain-function agents: a stuck agent is abandoned, and never
+    holds the process at exit (CPython joins a ``ThreadPoolExecutor``'s threads there)."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as e:
+                    fut.set_exception(e)
+
+        threading.Thread(target=work, name="agentrl-agent", daemon=True).start()
+        return fut
+
+
+class _AgentsThread:
+    """The agents' event loop on a daemon thread of its own, with a task the driving thread can
+    cancel (``asyncio.run`` gives no handle to do that from another thread)."""
+
+    def __init__(self, coro: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.task = self.loop.create_task(coro)
+        self.done: concurrent.futures.Future = concurrent.futures.Future()
+        """The agents' outcomes, set when the task ends."""
+        self.started = False
+        self._thread = threading.Thread(target=self._run, name="agentrl-agents", daemon=True)
+
+    def start(self) -> None:
+        self.started = True
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.done.set_result(self.loop.run_until_complete(self.task))
+        except BaseException as e:
+            self.done.set_exception(e)
+        finally:
+            try:  # what asyncio.run does, but for the default executor (never waited for)
+                rest = asyncio.all_tasks(self.loop)
+                for t in rest:
+                    t.cancel()
+                if rest:
+                    self.loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def cancel(self, grace_s: float) -> bool:
+        """Cancel the agents; True if they returned within ``grace_s``."""
+        if not self.started:  # close the coroutine that never ran
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                self.loop.run_until_complete(self.task)
+            self.loop.close()
+            return True
+        with contextlib.suppress(RuntimeError):  # the loop has already closed
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        try:
+            self.done.exception(timeout=grace_s)
+            return True
+        except concurrent.futures.TimeoutError:
+            return False
+
+
 def for_template(msg: dict[str, Any]) -> dict[str, Any]:
     """A message as chat templates expect it: tool-call arguments as objects, not JSON text (stock
     templates apply ``tojson`` to them, which would encode a string twice)."""
@@ -235,34 +303,29 @@ class AgentRunner(EpisodeRunner):
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
         """Run one agent per request, concurrently, and return their episodes in request order.
 
-        The agents run on an event loop in a thread of their own (a daemon: a stuck agent never
-        holds the process); generation runs here, in the thread that trains. If this thread is
-        interrupted (a second Ctrl-C), the run stops at once: see ``_abort``."""
-        lives = [self.open(r) for r in requests]
-        loop = asyncio.new_event_loop()
-        agents = loop.create_task(self._run_agents(lives))
-        done: concurrent.futures.Future = concurrent.futures.Future()
-
-        def run_agents() -> None:
-            try:
-                done.set_result(loop.run_until_complete(agents))
-            except BaseException as e:
-                done.set_exception(e)
-            finally:
-                loop.run_until_complete(loop.shutdown_asyncgens())
-                loop.close()
-
-        thread = threading.Thread(target=run_agents, name="agentrl-agents", daemon=True)
+        The agents run on an event loop in a daemon thread of their own; an in-process engine
+        generates here, in the thread that trains. If this thread is interrupted (a second Ctrl-C),
+        the run stops at once: see ``_abort``."""
+        if self._batcher is not None:
+            self._batcher.resume()
+        lives: list[_Ledger] = []
+        try:
+            for r in requests:
+                lives.append(self.open(r))
+        except BaseException:
+            self._discard(lives)
+            raise
+        agents = _AgentsThread(self._run_agents(lives))
         try:
             if self._batcher is not None and hasattr(self.engine, "bounded"):
-                # an in-process engine generates here, in the thread that trains, each call bounded
-                # by the request timeout; other engines are served by the batcher's own thread
-                self._batcher.drive(until=done.done, start=thread.start)
+                # each call bounded by the request timeout; other engines are served by the
+                # batcher's own thread
+                self._batcher.drive(until=agents.done.done, start=agents.start)
             else:
-                thread.start()
-            outcomes = done.result()
+                agents.start()
+            outcomes = agents.done.result()
         except BaseException:
-            self._abort(lives, loop, agents, done, started=thread.ident is not None)
+            self._abort(lives, agents)
             raise
         episodes = []
         for lv, outcome in zip(lives, outcomes):
@@ -270,38 +333,28 @@ class AgentRunner(EpisodeRunner):
             episodes.append(self.finish_episode(lv, outcome))
         return episodes
 
-    def _abort(
-        self,
-        lives: list[_Ledger],
-        loop: asyncio.AbstractEventLoop,
-        agents: asyncio.Task,
-        done: concurrent.futures.Future,
-        started: bool,
-        grace_s: float = 5.0,
-    ) -> None:
+    def _abort(self, lives: list[_Ledger], agents: _AgentsThread, grace_s: float = 5.0) -> None:
         """Stop a run whose driving thread was interrupted: its episodes take no more turns (their
-        requests get ``agentrl_episode_ended``), queued generations fail, the agents are cancelled
-        and get up to ``grace_s`` to return, and the environments are closed. The episodes are
-        dropped, like a lockstep rollout interrupted mid-step (the run resumes from a checkpoint)."""
-        for lv in lives:
-            with lv.lock:
-                lv.closed = True
-        if self._batcher is not None:
-            self._batcher.fail_pending(RuntimeError("the run was interrupted"))
-        if started:
-            with contextlib.suppress(RuntimeError):  # the loop has already closed
-                loop.call_soon_threadsafe(agents.cancel)
-            try:
-                done.exception(timeout=grace_s)
-            except concurrent.futures.TimeoutError:
+        requests get ``agentrl_episode_ended``), queued and later generations fail, the agents are
+        cancelled and get up to ``grace_s`` to return, and the environments are closed. The
+        episodes are dropped, like a lockstep rollout interrupted mid-step (the run resumes from a
+        checkpoint)."""
+        try:
+            for lv in lives:
+                with lv.lock:
+                    lv.closed = True
+            if self._batcher is not None:
+                self._batcher.stop(RuntimeError("the run was interrupted"))
+            if not agents.cancel(grace_s):
                 logger.warning("interrupted run: agents still running after %.0f s are abandoned", grace_s)
-        else:  # the agents never started: close their coroutine
-            agents.cancel()
-            with contextlib.suppress(BaseException):
-                loop.run_until_complete(agents)
-            loop.close()
+        finally:
+            self._discard(lives)
+
+    def _discard(self, lives: list[_Ledger]) -> None:
+        """Forget these episodes: close their ledgers and environments."""
         with self._lock:
             for lv in lives:
+                lv.closed = True
                 self._ledgers.pop(lv.key, None)
         close_quietly(lives)
 
@@ -310,11 +363,7 @@ class AgentRunner(EpisodeRunner):
 
         limit = asyncio.Semaphore(self.max_concurrent_episodes)
         timeout = self.request_timeout_s + 30.0  # the endpoint answers within its own engine timeout
-        # Plain-function agents run here; a stuck one is abandoned, never waited for (asyncio.run
-        # would wait for its default executor forever).
-        threads = concurrent.futures.ThreadPoolExecutor(
-            self.max_concurrent_episodes, thread_name_prefix="agentrl-agent"
-        )
+        threads = _DaemonThreads()  # plain-function agents; a stuck one is abandoned, never joined
 
         def run_sync(env: AgentEnvironment, key: str, task: Any) -> Any:
             with openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=timeout) as client:
@@ -546,7 +595,14 @@ class AgentRunner(EpisodeRunner):
         renderer = self._renderer(tools)
         lv.turn += 1
         if self.on_drift == "split":
-            ep.begin_sample(len(messages), f"drift:{kind}", before=list(lv.messages))
+            old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
+            changed = tools_key != lv.tools_key
+            ep.begin_sample(
+                len(messages),
+                f"drift:{kind}",
+                before=list(lv.messages),
+                tools_before=old_tools if changed else None,
+            )
             for p in history_pieces(renderer, messages):
                 ep.add(Segment(p.role, lv.turn, p.token_ids, p.text))  # type: ignore[arg-type]
         else:
