@@ -4,6 +4,7 @@ an isolated cache directory so tests never touch the user's ~/.cache/agentrl."""
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -22,3 +23,13 @@ def _isolated_cache(tmp_path_factory):
     if "AGENTRL_CACHE" not in os.environ:
         os.environ["AGENTRL_CACHE"] = str(tmp_path_factory.mktemp("agentrl-cache"))
     yield
+
+
+@pytest.fixture
+def ctrl_c():
+    """SIGINT raises KeyboardInterrupt for this test, as in an interactive ``agentrl train``. A test
+    run started in the background by a non-interactive shell inherits SIGINT ignored, and Python
+    then leaves it ignored: a test that sends itself SIGINT would see nothing happen."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)

@@ -104,7 +104,7 @@ def test_slow_tool_does_not_delay_other_episodes(tiny_tokenizer):
     assert [[s.role for s in e.segments] for e in eps] == [[s.role for s in e.segments] for e in eps_sync]
 
 
-def test_ctrl_c_stops_the_run_after_the_current_steps(tiny_tokenizer):
+def test_ctrl_c_stops_the_run_after_the_current_steps(tiny_tokenizer, ctrl_c):
     """A second Ctrl-C (a real SIGINT, mid-rollout): the run raises it once the episodes' current
     steps end, instead of after every episode has finished (12 episodes of 20 one-second tool calls,
     4 at a time: a minute); episodes not yet started never start, and every environment is closed."""

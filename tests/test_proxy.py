@@ -460,7 +460,7 @@ class BoundedScripted(ScriptedEngine):
 
 
 @pytest.mark.parametrize("engine_cls", [BoundedScripted, ScriptedEngine], ids=["driven", "batcher-thread"])
-def test_a_second_ctrl_c_stops_the_run_at_once(tiny_tokenizer, engine_cls):
+def test_a_second_ctrl_c_stops_the_run_at_once(tiny_tokenizer, engine_cls, ctrl_c):
     """A real SIGINT mid-rollout (the trainer's second Ctrl-C raises KeyboardInterrupt in the main
     thread, which generates or waits): the run raises it within seconds, not after the requests'
     timeouts, with every agent stopped, no ledger left open and every environment closed."""
