@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -56,3 +57,10 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # The results are written and the process group is destroyed. Skip interpreter finalization: in
+    # CI a rank intermittently aborted there after a correct run ("terminate called without an active
+    # exception", SIGABRT, seen 5 times in 3 runs on 2026-11-24, never reproduced alone); these drivers
+    # test what they wrote, not the exit. The CLI's exit under torchrun is tested by tests/test_ddp.py.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
