@@ -351,10 +351,10 @@ class AgentRunner(EpisodeRunner):
             self._discard(lives)
 
     def _discard(self, lives: list[_Ledger]) -> None:
-        """Forget these episodes: close their ledgers and environments."""
+        """Forget these episodes: drop their ledgers (a later request gets 404) and close their
+        environments."""
         with self._lock:
             for lv in lives:
-                lv.closed = True
                 self._ledgers.pop(lv.key, None)
         close_quietly(lives)
 
