@@ -232,8 +232,11 @@ def test_vllm_engine_sleep_mode_uses_the_vllm_api(fake_vllm, monkeypatch):
     from agentrl.engines.vllm import VLLMEngine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # from_config picks the GPU path
-    engine = VLLMEngine.from_config(colocated_config(level=2), "some/model")
+    cfg = colocated_config(level=2)
+    engine = VLLMEngine.from_config(cfg, "some/model")
     assert engine.llm.kwargs["enable_sleep_mode"] is True
+    # the KV cache vLLM checks at start is for the longest rollout, not the model's whole context
+    assert engine.llm.kwargs["max_model_len"] == cfg.rollout.max_episode_tokens
     plain = VLLMEngine("some/model", device="cuda")
     assert "enable_sleep_mode" not in plain.llm.kwargs  # off unless asked for
 

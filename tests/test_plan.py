@@ -1,6 +1,7 @@
-"""``agentrl plan``: parameter counts and every memory term against hand-computed values, the
-activation formula against the tensors autograd actually saves, and configs/gpu fitting the
-hardware their comments name."""
+"""``agentrl plan``: parameter counts and every memory term against hand-computed values, each
+budget (a colocated vLLM engine's share, the trainer's rest) checked on its own, the activation
+formula against the tensors autograd actually saves, and configs/gpu fitting the hardware their
+comments name."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.plan import GIB, architecture, plan
+from agentrl.plan import GIB, architecture, plan, render
 
 ROOT = Path(__file__).resolve().parents[1]
 # tiny:h128-L8: hidden 128, 8 layers, 4 heads (head_dim 32), 2 KV heads (kv width 64), MLP 448, vocab 1024
@@ -131,6 +132,116 @@ def test_cpu_offload_moves_the_states_to_the_host_and_bad_meshes_are_refused():
     assert host["AdamW moments (1/2) [offloaded]"] == pytest.approx(8 * N / 2 * 2)  # both ranks' shards
     with pytest.raises(ConfigError, match=r"replicas=3 does not divide the world size 4.*\[1, 2, 4\]"):
         plan(load_config(None, [*base, "trainer.fsdp.replicas=3"]), gpus=4)
+
+
+# -- budgets: a colocated vLLM engine's share of the GPU, and the trainer's rest ---------------------------
+QWEN_32B = ROOT / "configs" / "gpu" / "short_cot_qwen2.5-32b.yaml"
+
+
+def budget_terms(p, name: str) -> dict[str, float]:
+    return {t.name: t.bytes for t in p.budget(name).terms}
+
+
+def test_32b_on_80gb_gpus_does_not_fit_the_vllm_engines_share(capsys):
+    """The issue's case: 4 × 8 GPUs of 78 GiB, vLLM colocated with gpu_memory_utilization 0.6 and
+    tensor_parallel_size 1. Qwen2.5-32B: L = 64, h = 5120, i = 27648, 40 heads, 8 KV heads of 128,
+    V = 152,064, untied. One layer: q 5120² + 5120, k and v 5120·1024 + 1024 each, o 5120², MLP
+    3·5120·27648, two norms 2·5120 = 487,605,248; root: 2·152,064·5120 + 5120 = 1,557,140,480;
+    N = 64·487,605,248 + 1,557,140,480 = 32,763,876,352.
+    Engine (bf16, e = 2): weights N·2/1 = 65,527,752,704 B = 61.0275 GiB; one 8,192-token sequence
+    of KV cache 8192·64·2·8·128·2 = 2^31 B = 2 GiB; 63.0275 GiB > 0.6·78 = 46.8 GiB: does not fit.
+    Trainer (HSDP 4 × 8, offloaded states, bf16, checkpointing): gathered (2·487,605,248 +
+    1,557,140,480)·2 = 5,064,701,952; activations 8192·(64·2·5120 + 348,320) = 8,222,146,560
+    (348,320 = 16·5120 + 2·(4·5120 + 2·1024 + 4·27648) + 4·40); logits 8192·152,064·4 =
+    4,982,833,152; overhead 2 GiB; 20,417,165,312 B = 19.0150 GiB <= 0.4·78 = 31.2 GiB: fits.
+    The old single total, 46.8 + 19.01 = 65.81 of 78 GiB, said it fit."""
+    p = plan(load_config(str(QWEN_32B), []), gpus=8, nodes=4, gpu_memory_gib=78)
+    assert not p.fits
+    engine, trainer = p.budget("vLLM engine"), p.budget("trainer")
+    assert budget_terms(p, "vLLM engine") == pytest.approx(
+        {"vLLM weights (bfloat16, 1/1)": 65_527_752_704, "vLLM KV cache (one 8,192-token sequence)": 2**31}
+    )
+    assert engine.total_gib == pytest.approx(63.0275, abs=1e-4)
+    assert engine.capacity_gib == pytest.approx(46.8) and not engine.fits
+    assert trainer.total_gib == pytest.approx(20_417_165_312 / GIB) == pytest.approx(19.0150, abs=1e-4)
+    assert trainer.capacity_gib == pytest.approx(31.2) and trainer.fits
+    cmd = ["plan", str(QWEN_32B), "--nodes", "4", "--gpus", "8", "--gpu-memory", "78"]
+    assert main(cmd) == 1
+    out = capsys.readouterr().out
+    assert "the vLLM engine's budget is exceeded: 63.03 GiB > 46.80 GiB" in out
+    assert "the trainer's fits (19.01 of 31.20 GiB)" in out
+    assert "largest terms, and what shrinks them (vLLM engine's budget)" in out
+    # no utilization holds both: the engine needs 63.03/78 = 0.808, the trainer leaves 1 - 19.01/78 = 0.756
+    assert "no rollout.vllm.gpu_memory_utilization holds both budgets" in out
+    # tp = 2: 61.03/2 + 2/2 (4 of the 8 KV heads per GPU) = 30.51 + 1 = 31.51 GiB <= 46.8
+    assert "rollout.vllm.tensor_parallel_size=2: the engine's terms then take 31.51 GiB" in out
+
+
+def test_32b_fits_the_h200s_its_header_names():
+    """4 × 8 GPUs of 139 GiB: the same terms as above against 0.6·139 = 83.4 GiB (engine, 63.0275:
+    fits) and 0.4·139 = 55.6 GiB (trainer, 19.0150: fits); the GPU holds the engine's whole share
+    plus the trainer's terms, 83.4 + 19.0150 = 102.4150 GiB."""
+    p = plan(load_config(str(QWEN_32B), []), gpus=8, nodes=4, gpu_memory_gib=139)
+    engine, trainer = p.budget("vLLM engine"), p.budget("trainer")
+    assert (engine.capacity_gib, trainer.capacity_gib) == pytest.approx((83.4, 55.6))
+    assert (engine.total_gib, trainer.total_gib) == pytest.approx((63.0275, 19.0150), abs=1e-4)
+    assert engine.fits and trainer.fits and p.fits
+    assert p.total_gib == pytest.approx(102.4150, abs=1e-4)
+
+
+TINY_VLLM = [
+    "model.path=tiny:h128-L8",
+    "rollout.engine=vllm",
+    "rollout.max_episode_tokens=256",
+    "rollout.prompts_per_step=4",
+    "rollout.group_size=4",
+    "trainer.micro_batch_size=2",
+]
+
+
+def test_tensor_parallel_splits_the_engines_weights_and_kv_heads():
+    """tiny:h128-L8 in fp32 (e = 4), N = 2,035,840, 2 KV heads of 32, 8 layers, ctx 256.
+    tp = 1: weights 4·N = 8,143,360; KV 256·8·2·2·32·4 = 1,048,576.
+    tp = 2: weights 4·N/2 = 4,071,680; KV with ⌈2/2⌉ = 1 head, 256·8·2·1·32·4 = 524,288.
+    tp = 4: weights 4·N/4 = 2,035,840; KV still 1 head per GPU (vLLM replicates them), 524,288."""
+    by_tp = {
+        tp: budget_terms(
+            plan(load_config(None, [*TINY_VLLM, f"rollout.vllm.tensor_parallel_size={tp}"]), gpus=4),
+            "vLLM engine",
+        )
+        for tp in (1, 2, 4)
+    }
+    for tp, weights, kv in [(1, 8_143_360, 1_048_576), (2, 4_071_680, 524_288), (4, 2_035_840, 524_288)]:
+        assert by_tp[tp] == pytest.approx(
+            {f"vLLM weights (float32, 1/{tp})": weights, "vLLM KV cache (one 256-token sequence)": kv}
+        )
+
+
+def test_a_tensor_parallel_size_that_does_not_divide_a_nodes_gpus_is_refused():
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=3 does not divide 4.*\[1, 2, 4\]"):
+        plan(load_config(None, [*TINY_VLLM, "rollout.vllm.tensor_parallel_size=3"]), gpus=4, nodes=2)
+    with pytest.raises(ConfigError, match=r"tensor_parallel_size=16 is larger than the 8 GPU\(s\) of a node"):
+        plan(load_config(None, [*TINY_VLLM, "rollout.vllm.tensor_parallel_size=16"]), gpus=8, nodes=2)
+
+
+def test_the_trainers_budget_exceeded_while_the_engine_fits():
+    """A 4 GiB GPU with gpu_memory_utilization 0.9: the engine's 3.6 GiB holds its 8,143,360 +
+    1,048,576 = 9,191,936 B = 0.00856 GiB; the trainer's 0.4 GiB does not hold its fp32 terms
+    (weights 4N, gradients 4N, AdamW 8N = 32,573,440; activations 512·8·11,792 = 48,300,032 with
+    11,792 = 16·128 + 4·(4·128 + 2·64 + 4·448) + 4·4; logits 512·1024·8 = 4,194,304) plus 2 GiB
+    of overhead: 85,067,776 B + 2 GiB = 2.07923 GiB. Utilizations from ⌈0.00856/4⌉ = 0.01 up to
+    ⌊1 - 2.07923/4⌋ = ⌊0.48019⌋ = 0.48 hold both."""
+    cfg = load_config(None, [*TINY_VLLM, "rollout.vllm.gpu_memory_utilization=0.9"])
+    p = plan(cfg, gpus=1, gpu_memory_gib=4.0)
+    engine, trainer = p.budget("vLLM engine"), p.budget("trainer")
+    assert engine.total_gib == pytest.approx(9_191_936 / GIB) and engine.fits
+    assert trainer.total_gib == pytest.approx(85_067_776 / GIB + 2) == pytest.approx(2.07923, abs=1e-5)
+    assert trainer.capacity_gib == pytest.approx(0.4) and not trainer.fits and not p.fits
+    out = render(p)
+    assert "the trainer's budget is exceeded: 2.08 GiB > 0.40 GiB" in out
+    assert "the vLLM engine's fits (0.01 of 3.60 GiB)" in out
+    assert "largest terms, and what shrinks them (trainer's budget)" in out
+    assert "rollout.vllm.gpu_memory_utilization between 0.01 and 0.48" in out
 
 
 # -- the activation formula against autograd's saved tensors ------------------------------------------

@@ -142,6 +142,10 @@ class VLLMEngine:
             enforce_eager=v.enforce_eager or device == "cpu",
             kv_cache_space_gib=v.kv_cache_space_gib,
             enable_sleep_mode=cfg.rollout.colocate.sleep,
+            # the longest sequence a rollout makes; left unset, vLLM takes the model's whole context
+            # (131,072 positions for Qwen2.5-32B) and refuses to start when one such sequence's KV
+            # cache does not fit its share (agentrl plan counts exactly this)
+            max_model_len=cfg.rollout.max_episode_tokens,
         )
 
     @property
