@@ -31,7 +31,7 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode
 from agentrl.runner import ENGINE_REQUEST_S, ENV_STEP_S, Budgets, EpisodeRequest, EpisodeRunner, _Live
-from agentrl.timeouts import WaitTimeout, wait_for
+from agentrl.timeouts import DaemonThreadPool, WaitTimeout, wait_for
 
 _STOP = object()
 
@@ -286,7 +286,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
         n_threads = max(1, min(self.max_concurrent_episodes, len(requests)))
         self._abandoned = self._stopping = False
         try:
-            with concurrent.futures.ThreadPoolExecutor(n_threads, thread_name_prefix="agentrl-ep") as pool:
+            with DaemonThreadPool(n_threads, "agentrl-ep") as pool:  # episodes run user code
                 futures: list[concurrent.futures.Future] = []
 
                 def start() -> None:

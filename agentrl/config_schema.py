@@ -370,7 +370,7 @@ class TimeoutsConfig:
     weight_sync_s: float = knob(600.0, gt=0)
     """One weight sync (all buckets and the verification)."""
     env_step_s: float = knob(600.0, gt=0)
-    """An environment's ``reset`` or ``step`` (the tools inside it have their own ``tool_timeout_s``) with no answer in this long fails its episode at the ``env`` boundary; the stuck call is abandoned."""
+    """An environment's construction, ``reset``, ``step`` or ``close`` (the tools inside it have their own ``tool_timeout_s``) with no answer in this long fails its episode at the ``env`` boundary; an episode's reward functions that have not all returned in this long fail it at the ``reward`` boundary. The stuck call is abandoned, in a daemon thread that cannot keep the process alive at exit."""
     collective_s: float = knob(600.0, gt=0)
     """A torch.distributed collective between the trainer's ranks (the process group's timeout): on CPU (gloo) the waiting ranks raise an error naming the collective; on GPU NCCL's watchdog aborts them."""
     ray_call_s: float = knob(3600.0, gt=0)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from agentrl.errors import EnvError, ToolError
+from agentrl.timeouts import DaemonThreadPool
 from agentrl.tools import ToolCall, check_arguments, parse_tool_calls, tool_schema
 from sandboxes.base import SandboxSpec
 
@@ -323,12 +324,12 @@ class ToolFeedback(Exception):
     """Raise from a tool to send an error message back to the model (not an episode failure)."""
 
 
-_TOOL_POOL = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="agentrl-tool")
+_TOOL_POOL = DaemonThreadPool(64, "agentrl-tool")  # a tool that never returns cannot hold the process at exit
 
 
 def run_with_timeout(fn: Callable, kwargs: Mapping[str, Any], timeout_s: float) -> Any:
     """Run an in-process tool with a wall-clock limit. A Python thread cannot be killed: a hung tool
-    keeps its worker thread busy, but the episode moves on. Tools that run untrusted or unbounded
+    keeps its (daemon) worker thread busy, but the episode moves on and the process still exits. Tools that run untrusted or unbounded
     work must use a sandbox (``sandboxes/``), which kills the whole process tree."""
     fut = _TOOL_POOL.submit(fn, **kwargs)
     try:

@@ -23,7 +23,7 @@ from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, ch
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
 from agentrl.history import HistoryPolicy, history_pieces
-from agentrl.timeouts import BoundedCalls
+from agentrl.timeouts import BoundedCalls, DaemonThreadPool, WaitTimeout
 
 ENGINE_REQUEST_S = 600.0
 ENV_STEP_S = 600.0
@@ -119,7 +119,7 @@ class EpisodeRunner:
         self.env_factory = env_factory
         self.budgets = budgets or Budgets()
         self.sampling = sampling or SamplingParams()
-        self.pool = concurrent.futures.ThreadPoolExecutor(env_workers, thread_name_prefix="agentrl-env")
+        self.pool = DaemonThreadPool(env_workers, "agentrl-env")  # environments start here (user code)
         self._bounded_calls = BoundedCalls()  # engine and environment calls under their timeouts
         self._renderers: dict[str, ChatRenderer] = {}
 
@@ -164,7 +164,7 @@ class EpisodeRunner:
         }
         lv = _Live(ep, None, None)
         try:
-            env = self.env_factory()
+            env = self._bounded(self.env_factory, None, "construction")
             lv.env, ep.env = env, env.name
             lv.messages = checked_messages(
                 self._bounded(lambda: env.reset(req.task, req.seed), env, "reset"), "Environment.reset"
@@ -255,12 +255,13 @@ class EpisodeRunner:
             self._fail(lv, boundary_of(e, "env"), e)
             return None
 
-    def _bounded(self, call: Callable[[], Any], env: Environment, what: str) -> Any:
-        """An environment call, waited for at most ``env_timeout_s``."""
+    def _bounded(self, call: Callable[[], Any], env: Environment | None, what: str) -> Any:
+        """An environment call (user code: construction, reset, step, rewards, close), waited for at
+        most ``env_timeout_s``."""
         return self._bounded_calls.call(
             call,
             self.env_timeout_s,
-            f"environment {env.name!r} {what}",
+            f"environment {env.name!r} {what}" if env is not None else f"environment {what}",
             f"timeouts.env_step_s={self.env_timeout_s:g}s",
         )
 
@@ -338,7 +339,7 @@ class EpisodeRunner:
         if lv.env is not None:
             try:
                 lv.env_closed = True
-                lv.env.close()
+                self._bounded(lv.env.close, lv.env, "close")
             except Exception as e:
                 ep.metrics["close_error"] = f"{type(e).__name__}: {e}"
                 if ep.failure is None:
@@ -352,20 +353,31 @@ class EpisodeRunner:
         return ep
 
     def _score(self, lv: _Live) -> None:
+        """The episode's reward: ``step``'s rewards plus the weighted reward functions, computed
+        under ``timeouts.env_step_s`` (a reward that never returns fails the episode at the
+        ``reward`` boundary, naming it, instead of holding the batch)."""
         ep, env = lv.episode, lv.env
         assert env is not None and env.task is not None
-        state = EpisodeState(env.task, lv.messages, lv.final_text, dict(lv.info, stop_reason=ep.stop_reason))
-        total, comps = lv.step_reward, {}
-        name = "rewards()"
-        try:
+        task = env.task
+        state = EpisodeState(task, lv.messages, lv.final_text, dict(lv.info, stop_reason=ep.stop_reason))
+        comps: dict[str, float] = {}
+        current = ["rewards()"]  # the reward being computed, for the message when one fails
+
+        def compute() -> float:
+            total = 0.0
             for r in env.rewards():
-                name = repr(r.name)
-                value = float(r.fn(env.task, state))
+                current[0] = repr(r.name)
+                value = float(r.fn(task, state))
                 comps[r.name] = value
                 total += r.weight * value
+            return total
+
+        try:
+            total = lv.step_reward + self._bounded(compute, env, "rewards")
         except Exception as e:
-            ep.failure = Failure("reward", f"reward {name} raised {type(e).__name__}: {e}")
-            ep.reward_components = comps
+            how = "did not return" if isinstance(e, WaitTimeout) else f"raised {type(e).__name__}"
+            ep.failure = Failure("reward", f"reward {current[0]} {how}: {e}")
+            ep.reward_components = dict(comps)
             ep.reward = 0.0
             return
         if lv.step_reward:

@@ -69,6 +69,70 @@ def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str, setting:
     return wait_for(fut, timeout_s, what, setting, note="; the call is abandoned (its thread keeps running)")
 
 
+class DaemonThreadPool(concurrent.futures.Executor):
+    """``concurrent.futures.ThreadPoolExecutor`` with daemon worker threads, for calls into user code
+    (tools, environment reset/step, rewards, whole episodes). CPython joins every
+    ``ThreadPoolExecutor``'s threads when the interpreter exits, so one tool that never returns held
+    the process forever after training had ended; a daemon thread stuck in such a call ends with
+    the process instead. Threads start on demand, up to ``max_workers``, and idle ones are reused."""
+
+    def __init__(self, max_workers: int, name: str) -> None:
+        if max_workers < 1:
+            raise ValueError("max_workers must be at least 1")
+        self._max, self._name = max_workers, name
+        self._work: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._shut = False
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> concurrent.futures.Future[T]:
+        with self._lock:
+            if self._shut:
+                raise RuntimeError("cannot schedule new futures after shutdown")
+            fut: concurrent.futures.Future[T] = concurrent.futures.Future()
+            self._work.put((fut, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
+                t = threading.Thread(
+                    target=self._serve, name=f"{self._name}_{len(self._threads)}", daemon=True
+                )
+                self._threads.append(t)
+                t.start()
+            return fut
+
+    def _serve(self) -> None:
+        while (item := self._work.get()) is not None:
+            fut, fn, args, kwargs = item
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as e:  # handed to whoever waits on the future
+                    fut.set_exception(e)
+            del item, fut, fn, args, kwargs
+            self._idle.release()
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        with self._lock:
+            self._shut = True
+            if cancel_futures:
+                pending = []
+                while True:
+                    try:
+                        item = self._work.get_nowait()
+                    except queue.Empty:
+                        break
+                    if item is not None:
+                        pending.append(item[0])
+                for fut in pending:
+                    fut.cancel()
+            threads = list(self._threads)
+            for _ in threads:
+                self._work.put(None)
+        if wait:
+            for t in threads:
+                t.join()
+
+
 class _CallThread:
     """One long-lived daemon thread that runs the calls put to it, one at a time."""
 
