@@ -18,7 +18,7 @@ import torch
 from agentrl.agents import AgentEnvironment
 from agentrl.async_runner import AsyncEpisodeRunner
 from agentrl.config import Config
-from agentrl.data import load_tasks_from_source
+from agentrl.data import HeldOut, load_tasks_from_source
 from agentrl.engines.base import Engine, SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Environment, Task, import_environment_module, make_env, registered
@@ -82,23 +82,59 @@ def env_factory(cfg: Config) -> Callable[[], Environment]:
 
 def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
     """Tasks for ``split`` ("train" or "test") from the environment's generator or a dataset, drawn
-    with ``seed`` (default ``run.seed``)."""
-    n = cfg.data.num_train if split == "train" else cfg.data.num_test
+    with ``seed`` (default ``run.seed``). A dataset whose one set of rows serves both splits is split
+    by ``data.test_fraction`` (``shared_rows``): no held-out task is ever a training task."""
+    d = cfg.data
+    n = d.num_train if split == "train" else d.num_test
     seed = cfg.run.seed if seed is None else seed
-    if cfg.data.source == "builtin":
+    if d.source == "builtin":
         if cfg.env.module:
             import_environment_module(cfg.env.module)
         env_cls = registered()[cfg.env.name]
-        return env_cls.load_tasks(split, n=n, seed=seed, **cfg.data.options)
+        return env_cls.load_tasks(split, n=n, seed=seed, **d.options)
+    shared = shared_rows(cfg)
+    if split == "test" and shared and d.test_fraction == 0:
+        raise ValueError(
+            f"no held-out tasks: data.path={d.path!r} serves training and data.test_fraction=0 holds none of "
+            "its rows out. Set data.test_fraction (e.g. 0.1), or give held-out rows their own file with "
+            "data.test_path"
+        )
+    path = d.test_path if split == "test" and d.test_path else d.path or ""
     return load_tasks_from_source(
-        source=cfg.data.source,
-        path=cfg.data.path or "",
-        adapter=cfg.data.adapter,
-        columns=dict(cfg.data.columns),
-        split=cfg.data.train_split if split == "train" else cfg.data.test_split,
+        source=d.source,
+        path=path,
+        adapter=d.adapter,
+        columns=dict(d.columns),
+        split=d.train_split if split == "train" else d.test_split,
         n=n,
         seed=seed,
-        **cfg.data.options,
+        held_out=HeldOut(split, d.test_fraction, d.split_seed) if shared else None,
+        **d.options,
+    )
+
+
+def shared_rows(cfg: Config) -> bool:
+    """Does one set of dataset rows serve both splits? A file path without ``{split}`` and no
+    ``data.test_path``, or a hub dataset whose ``train_split`` and ``test_split`` are the same."""
+    d = cfg.data
+    if d.source == "builtin" or d.test_path:
+        return False
+    if d.source == "file":
+        return "{split}" not in (d.path or "")
+    return d.train_split == d.test_split
+
+
+def split_note(cfg: Config) -> str | None:
+    """What the log says about a dataset split from one set of rows (None when the splits are apart)."""
+    if not shared_rows(cfg):
+        return None
+    d = cfg.data
+    where = d.path if d.source == "file" else f"{d.path} ({d.train_split})"
+    if d.test_fraction == 0:
+        return f"data: every row of {where} is a training task (data.test_fraction=0: nothing held out)"
+    return (
+        f"data: {where} serves both splits: {d.test_fraction:.0%} of its rows are held out for evaluation "
+        f"and never trained on (data.test_fraction={d.test_fraction:g}, data.split_seed={d.split_seed})"
     )
 
 

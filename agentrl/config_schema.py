@@ -11,7 +11,7 @@ what they resolve to. The settings of each token weighting (``algorithm.stare``,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from agentrl.algorithms import registry
 from agentrl.dataclass_tree import HasSections, knob, registered_sections
@@ -86,9 +86,15 @@ class DataConfig:
     columns: dict[str, str] = field(default_factory=dict)
     """Map task fields (``id``, ``prompt``, ``answer``) to dataset columns, e.g. ``{prompt: question}``; empty = the adapter's defaults."""
     train_split: str = "train"
-    """Split used for training."""
+    """Split used for training: a hub split, or what ``{split}`` becomes in ``path``."""
     test_split: str = "test"
-    """Split used for evaluation."""
+    """Split used for evaluation: a hub split, or what ``{split}`` becomes in ``path`` (or ``test_path``). The same as ``train_split`` (a hub dataset with one split) means one set of rows for both: see ``test_fraction``."""
+    test_path: str | None = None
+    """A file (or hub dataset) of its own for the held-out tasks (verl's ``data.val_files``); same ``source``, ``adapter`` and ``columns`` as ``path``. None = ``path`` with ``{split}`` set to ``test_split``."""
+    test_fraction: float = knob(0.1, ge=0, lt=1)
+    """When one set of rows serves both splits (``path`` without ``{split}`` and no ``test_path``, or ``train_split`` = ``test_split`` on the hub), this fraction of the rows (at least one) is held out for evaluation and never trained on, chosen by a permutation seeded by ``split_seed``; held-out rows whose prompt is also a training row's are dropped. 0 = no held-out tasks (training only; evaluation is then refused)."""
+    split_seed: int = 0
+    """Seed of the held-out split of one set of rows (``test_fraction``). Independent of ``run.seed``: runs with different seeds evaluate on the same held-out rows."""
     num_train: int | None = knob(None, ge=1)
     """Number of training tasks. None = all (for a generator: its default)."""
     num_test: int = knob(200, ge=1)
@@ -415,6 +421,16 @@ class LoggingConfig:
 
 @dataclass
 class Config:
+    __foreign_keys__: ClassVar[dict[str, str]] = {
+        "data.train_files": "data.path (with data.source: file)",
+        "data.val_files": "data.test_path",
+        "data.test_files": "data.test_path",
+        "data.train_batch_size": "rollout.prompts_per_step",
+        "data.prompt_key": "data.columns (e.g. {prompt: my_column})",
+    }
+    """Keys users bring from other frameworks (verl's data section), with the key that does the same
+    here: an unknown-key error points to it."""
+
     run: RunConfig = field(default_factory=RunConfig)
     """Run identity and output."""
     model: ModelConfig = field(default_factory=ModelConfig)

@@ -32,9 +32,12 @@ the tests run every adapter on small local files written in the same schemas (``
 
 from __future__ import annotations
 
+import difflib
+import json
 import random
 import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,21 +47,89 @@ _FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "c
 
 
 def load_rows(source: str, path: str, split: str = "train", config: str | None = None) -> Any:
-    """A ``datasets.Dataset`` from a local file (``source="file"``) or a hub name (``source="hub"``)."""
-    import datasets  # heavy import, only when data is actually loaded
-
+    """The rows of a local file (``source="file"``; ``{split}`` in ``path`` is replaced by ``split``)
+    or of a hub dataset's ``split`` (``source="hub"``): a list of dicts for JSON files, else a
+    ``datasets.Dataset``. A file that cannot be read is a ``ValueError`` naming the file (and, for
+    JSON, the line), what was found and what was expected."""
     if source == "hub":  # "openai/gsm8k:main" names the config after a colon
+        import datasets  # heavy import, only when data is actually loaded
+
         name, _, suffix = path.partition(":")
         return datasets.load_dataset(name, config or suffix or None, split=split)
     if source != "file":
         raise ValueError(f"data source must be 'file' or 'hub', got {source!r}")
-    file = Path(path.format(split=split))
+    file = Path(path.replace("{split}", split))  # the only placeholder: other braces are the file's name
+    if file.is_dir():
+        raise ValueError(f"{file} is a directory: data.path names a file ({', '.join(_FORMATS)})")
     kind = _FORMATS.get(file.suffix)
     if kind is None:
         raise ValueError(f"cannot tell the format of {file}: use one of {', '.join(_FORMATS)}")
     if not file.exists():
         raise FileNotFoundError(f"dataset file {file} does not exist")
-    return datasets.load_dataset(kind, data_files=str(file), split="train", keep_in_memory=True)
+    if kind == "json":
+        return read_json_rows(file)
+    import datasets
+
+    try:
+        return datasets.load_dataset(kind, data_files=str(file), split="train", keep_in_memory=True)
+    except Exception as e:  # pyarrow's errors do not name the file
+        raise ValueError(f"{file}: cannot be read as {kind}: {type(e).__name__}: {e}") from e
+
+
+ROW_FORMAT = 'one JSON object per line, e.g. {"prompt": "What is 2+2?", "answer": "4"}'
+
+
+def read_json_rows(file: Path) -> list[dict[str, Any]]:
+    """A ``.jsonl`` file (one object per line) or a ``.json`` file (an array of objects, or JSON
+    lines). Errors name the file, the line and what was found there."""
+    text = file.read_text()
+    if file.suffix == ".json" and text.lstrip().startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{file}, line {e.lineno}: not JSON ({e.msg}); expected an array of objects"
+            ) from None
+        for i, row in enumerate(rows):
+            if not isinstance(row, dict):
+                raise ValueError(
+                    f"{file}: item {i} of the array is {_shown(row)}; expected an object per task"
+                )
+        return rows
+    rows = JsonRows()
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(
+                f"{file}, line {n}: not JSON ({e.msg}, column {e.colno}): {line[:80]!r}; expected {ROW_FORMAT}"
+            ) from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{file}, line {n}: {_shown(row)}; expected {ROW_FORMAT}")
+        rows.append(row)
+        rows.lines.append(n)
+    return rows
+
+
+class JsonRows(list):
+    """Rows read from a JSON-lines file, with the line each came from (``lines[i]``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[int] = []
+
+
+def _shown(value: Any) -> str:
+    return f"a JSON {type(value).__name__} {json.dumps(value)[:60]}"
+
+
+def column_names(rows: Any) -> list[str]:
+    """The columns of a ``datasets.Dataset`` or of a list of dicts (every key, in order of appearance)."""
+    if hasattr(rows, "column_names"):
+        return list(rows.column_names)
+    return list(dict.fromkeys(k for row in rows for k in row))
 
 
 # -- adapters -------------------------------------------------------------------------------------
@@ -188,8 +259,16 @@ ADAPTERS: dict[str, Adapter] = {
 }  # fmt: skip
 
 
+AIME_SCHEMAS = ({"ID", "Problem", "Solution", "Answer"},)
+"""Column sets of published AIME datasets that ``auto`` recognises exactly (case-sensitive); a file
+with ``url`` and ``year`` beside problem/answer is AIME 2025's too. Any other question/answer file
+is the user's own and gets the neutral ``jsonl`` adapter."""
+
+
 def detect_adapter(column_names: list[str], first_row: Mapping[str, Any], columns: Mapping[str, str]) -> str:
-    """The adapter for ``auto``, from the column names (and GSM8K's ``####`` answers)."""
+    """The adapter for ``auto``, from the column names (and GSM8K's ``####`` answers). A file that
+    matches no published schema gets the generic ``jsonl`` adapter: ids ``{split}-{row}``, and
+    unmapped columns as metadata."""
     cols = {c.lower() for c in column_names}
     if columns:
         return "jsonl"
@@ -199,32 +278,127 @@ def detect_adapter(column_names: list[str], first_row: Mapping[str, Any], column
         return "gsm8k"
     if {"problem", "answer"} <= cols and ("unique_id" in cols or {"subject", "level"} <= cols):
         return "math500"
-    if ({"problem", "answer"} <= cols or {"question", "answer"} <= cols) and "prompt" not in cols:
+    if set(column_names) in AIME_SCHEMAS or ({"problem", "answer", "url", "year"} <= cols):
         return "aime"
-    if {"prompt", "answer"} <= cols:
+    if {"prompt", "answer"} <= cols or {"question", "answer"} <= cols or {"problem", "answer"} <= cols:
         return "jsonl"
     raise ValueError(
-        f"cannot pick an adapter for columns {sorted(column_names)}; set data.adapter and data.columns"
+        f"cannot pick an adapter for columns {sorted(column_names)}: a task needs a prompt and an answer. "
+        "Name the columns with data.columns (e.g. {prompt: my_question, answer: my_answer}), or set data.adapter"
     )
+
+
+def _generic_columns(column_names: list[str], columns: Mapping[str, str]) -> dict[str, str]:
+    """``columns`` for the generic adapter: a file with ``question`` or ``problem`` (and no
+    ``prompt``) uses that column as the prompt."""
+    cols = {c.lower(): c for c in column_names}
+    if "prompt" in columns or "prompt" in cols:
+        return dict(columns)
+    for name in ("question", "problem"):
+        if name in cols:
+            return {"prompt": cols[name], **columns}
+    return dict(columns)
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """One set of rows serving both splits (one file without ``{split}``, or a hub dataset whose
+    train and test splits are the same): a permutation seeded by ``seed`` puts ``fraction`` of the
+    rows (at least one) in ``test`` and the rest in ``train``; ``side`` is the split wanted. Rows of
+    ``test`` whose prompt also appears in ``train`` (duplicates in the file) are left out of it."""
+
+    side: str
+    fraction: float
+    seed: int = 0
+
+    def sides(self, n: int) -> tuple[list[int], list[int]]:
+        """The row numbers of (train, test), each in file order."""
+        if self.fraction <= 0:
+            return list(range(n)), []
+        n_test = max(1, round(self.fraction * n))
+        if n_test >= n:
+            raise ValueError(
+                f"{n} row(s) cannot be split into training and held-out rows with data.test_fraction="
+                f"{self.fraction:g}: add rows, or give the held-out rows their own file (data.test_path)"
+            )
+        order = list(range(n))
+        random.Random(f"heldout-{self.seed}").shuffle(order)
+        return sorted(order[n_test:]), sorted(order[:n_test])
 
 
 def load_tasks_from_source(source: str, path: str, adapter: str = "auto", columns: Mapping[str, str] | None = None,
                            split: str = "train", n: int | None = None, seed: int = 0, config: str | None = None,
-                           **options: Any) -> list[Task]:  # fmt: skip
+                           held_out: HeldOut | None = None, **options: Any) -> list[Task]:  # fmt: skip
     """Tasks from a dataset. ``n`` rows are drawn by a seeded shuffle (all rows, in file order, when
-    None); ``options`` go to the adapter (e.g. ``keep_instructions`` for ``dapo_math``)."""
+    None); ``options`` go to the adapter (e.g. ``keep_instructions`` for ``dapo_math``). With
+    ``held_out``, the rows are split first and only its ``side`` is kept (ids keep file row numbers)."""
     columns = dict(columns or {})
     rows = load_rows(source, path, split, config)
     if len(rows) == 0:
         raise ValueError(f"{path} ({split}) has no rows")
-    index = list(range(len(rows)))
-    if n is not None and n < len(rows):  # row numbers stay those of the file: ids do not depend on n
-        index = random.Random(seed).sample(index, n)
-    name = detect_adapter(rows.column_names, rows[0], columns) if adapter == "auto" else adapter
+    names = column_names(rows)
+    name = detect_adapter(names, rows[0], columns) if adapter == "auto" else adapter
     if name not in ADAPTERS:
-        raise ValueError(f"unknown adapter {adapter!r}; valid: auto, {', '.join(ADAPTERS)}")
+        guess = difflib.get_close_matches(name, list(ADAPTERS), n=1)
+        did = f" (did you mean {guess[0]!r}?)" if guess else ""
+        raise ValueError(f"unknown adapter {adapter!r}{did}; valid: auto, {', '.join(ADAPTERS)}")
+    if name == "jsonl" and adapter == "auto":
+        columns = _generic_columns(names, columns)
     fn = ADAPTERS[name]
-    return [fn(rows[i], i, split, columns, **options) for i in index]
+    _check_options(name, fn, options)
+    lines = getattr(rows, "lines", None)
+    where = (lambda i: f"{path}, line {lines[i]}") if lines else (lambda i: f"{path} ({split}), row {i}")
+
+    def task(i: int, label: str) -> Task:
+        return _row_task(fn, rows, i, label, columns, options, where)
+
+    index, label = list(range(len(rows))), split
+    if held_out is not None:
+        label = held_out.side
+        train, test = held_out.sides(len(rows))
+        if held_out.side == "test":
+            seen = {task(i, "train").prompt for i in train}
+            test = [i for i in test if task(i, "test").prompt not in seen]
+        index = test if held_out.side == "test" else train
+    if n is not None and n < len(index):  # row numbers stay those of the file: ids do not depend on n
+        index = random.Random(seed).sample(index, n)
+    return [task(i, label) for i in index]
+
+
+def _check_options(name: str, fn: Adapter, options: Mapping[str, Any]) -> None:
+    """``options`` must be keyword arguments of the adapter (``data.options``)."""
+    import inspect
+
+    takes = [p for p in list(inspect.signature(fn).parameters)[4:]]
+    unknown = sorted(set(options) - set(takes))
+    if unknown:
+        offer = f"it takes {', '.join(takes)}" if takes else "it takes none"
+        raise ValueError(
+            f"data.options {unknown} do not apply to the {name!r} dataset adapter ({offer}); an environment's "
+            "task-generator knobs (data.options of a built-in environment) do not apply to a data file"
+        )
+
+
+def _row_task(
+    fn: Adapter,
+    rows: Any,
+    i: int,
+    split: str,
+    columns: Mapping[str, str],
+    options: Mapping[str, Any],
+    where: Callable[[int], str],
+) -> Task:
+    """One row through its adapter; a row the adapter cannot read is named by file and line."""
+    try:
+        task = fn(rows[i], i, split, columns, **options)
+    except (KeyError, ValueError, TypeError) as e:
+        msg = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+        raise ValueError(f"{where(i)}: {msg}") from e
+    if not isinstance(task.prompt, str) or not task.prompt.strip() or task.prompt == "None":
+        raise ValueError(f"{where(i)}: the prompt is empty or missing ({rows[i]!r:.120})")
+    if task.answer is None:
+        raise ValueError(f"{where(i)}: the answer is missing (null) ({rows[i]!r:.120})")
+    return task
 
 
 # -- task sampling ------------------------------------------------------------------------------
@@ -257,5 +431,9 @@ class TaskSampler:
         return {"epoch": self.epoch, "pos": self.pos}
 
     def load(self, state: dict[str, int]) -> None:
+        """Restore a checkpoint's position. A position past the end of this task list (a resume
+        with ``--force`` onto fewer tasks) starts the next epoch."""
         self.epoch, self.pos = state["epoch"], state["pos"]
+        if self.pos > len(self.tasks):
+            self.epoch, self.pos = self.epoch + 1, 0
         self._order = self._perm()

@@ -182,6 +182,9 @@ def unknown_key_message(cls: type, prefix: str, key: str, root: type) -> str:
     """``unknown key 'trainer.totl_steps' — did you mean 'trainer.total_steps'? Valid keys in ...``.
     Looks for a close name in the same section first, then for the same name in another section."""
     valid = sorted(field_names(cls))
+    foreign = getattr(root, "__foreign_keys__", {}).get(prefix + key)
+    if foreign:  # a name from another framework: say what it is called here
+        return f"unknown key '{prefix}{key}' — agentrl calls it {foreign}. Valid keys in '{prefix[:-1]}': {', '.join(valid)}"
     guess = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
     hint = prefix + guess[0] if guess else None
     if hint is None:

@@ -1,6 +1,7 @@
 """Dataset adapters on small local files written in the public schemas (tests/data, made by
 tests/data/make_fixtures.py): the hub path is the same code with ``source="hub"``."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -108,7 +109,7 @@ def test_errors_are_explicit():
         load("missing.jsonl")
     with pytest.raises(ValueError, match="source"):
         load_tasks_from_source("ftp", "x.jsonl")
-    with pytest.raises(KeyError, match="score"):
+    with pytest.raises(ValueError, match=r"generic\.jsonl, line 1: column 'score' not found"):
         load("generic.jsonl", columns={"id": "uid", "prompt": "query", "answer": "score"})
 
 
@@ -139,3 +140,142 @@ def test_hub_names_go_to_load_dataset_with_config_and_split(monkeypatch):
     tasks = load_tasks_from_source("hub", "openai/gsm8k:main", split="test")
     assert calls == [("openai/gsm8k", "main", "test")]
     assert tasks[0].id == "gsm8k-test-0" and tasks[0].answer == "2"
+
+
+# -- the user's own file: errors that name the line, neutral ids, and a held-out split ----------
+def write_rows(path, n, dup=0):
+    """``n`` question/answer rows; the last ``dup`` repeat the first rows' questions."""
+    rows = [{"question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n - dup)]
+    rows += rows[:dup]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_a_malformed_jsonl_line_is_named_with_its_file_and_line(tmp_path):
+    bad = tmp_path / "mine.jsonl"
+    bad.write_text('{"prompt": "a", "answer": "1"}\n\n{"prompt": "b", "answer": \n')
+    with pytest.raises(ValueError, match=r"mine\.jsonl, line 3: not JSON \(Expecting value"):
+        load_tasks_from_source("file", str(bad))
+    bad.write_text('{"prompt": "a", "answer": "1"}\n["b", "2"]\n')
+    with pytest.raises(
+        ValueError, match=r"mine\.jsonl, line 2: a JSON list .* expected one JSON object per line"
+    ):
+        load_tasks_from_source("file", str(bad))
+    bad.write_text('{"prompt": "a", "answer": "1"}\n{"answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"mine\.jsonl, line 2: column 'prompt' not found"):
+        load_tasks_from_source("file", str(bad))
+
+
+def test_a_users_question_answer_file_gets_neutral_ids(tmp_path):
+    """Before: question/answer columns were taken for AIME (ids aime-0, answers made integers)."""
+    tasks = load_tasks_from_source("file", str(write_rows(tmp_path / "qa.jsonl", 3)))
+    assert [(t.id, t.prompt, t.answer) for t in tasks][1] == ("train-1", "What is 1 + 1?", "2")
+    assert tasks[0].metadata == {}  # the question is the prompt, not metadata; nothing says "aime"
+
+
+def config_for(path, *overrides):
+    from agentrl.config import load_config
+
+    return load_config(None, ["env.name=short_cot", "data.source=file", f"data.path={path}", *overrides])
+
+
+def test_one_file_is_split_and_nothing_held_out_is_trained_on(tmp_path):
+    """100 rows, test_fraction 0.1: 10 held out, 90 for training, disjoint; the same rows whatever
+    run.seed is (split_seed decides). Before, the test split returned the training rows."""
+    from agentrl.components import load_tasks
+
+    cfg = config_for(write_rows(tmp_path / "qa.jsonl", 100))
+    train, test = load_tasks(cfg, "train"), load_tasks(cfg, "test")
+    assert (len(train), len(test)) == (90, 10)
+    assert not {t.prompt for t in train} & {t.prompt for t in test}
+    assert not {t.id for t in train} & {t.id for t in test}
+    assert {t.id.split("-")[1] for t in train} | {t.id.split("-")[1] for t in test} == {
+        str(i) for i in range(100)
+    }
+    other = config_for(tmp_path / "qa.jsonl", "run.seed=5")
+    assert {t.id for t in load_tasks(other, "test")} == {t.id for t in test}
+    moved = config_for(tmp_path / "qa.jsonl", "data.split_seed=1")
+    assert {t.id for t in load_tasks(moved, "test")} != {t.id for t in test}
+    more = config_for(tmp_path / "qa.jsonl", "data.test_fraction=0.25")
+    assert len(load_tasks(more, "test")) == 25
+
+
+def test_held_out_rows_that_repeat_a_training_prompt_are_dropped(tmp_path):
+    """40 distinct questions and their 40 repeats: every held-out row whose question is also a
+    training row's is dropped, so none of the held-out prompts was trained on."""
+    from agentrl.components import load_tasks
+
+    cfg = config_for(write_rows(tmp_path / "dup.jsonl", 80, dup=40), "data.test_fraction=0.5")
+    train, test = load_tasks(cfg, "train"), load_tasks(cfg, "test")
+    assert not {t.prompt for t in train} & {t.prompt for t in test}
+    assert 0 < len(test) < 40
+
+
+def test_test_fraction_zero_refuses_evaluation_and_test_path_gives_its_own_file(tmp_path):
+    from agentrl.components import load_tasks
+
+    write_rows(tmp_path / "qa.jsonl", 20)
+    cfg = config_for(tmp_path / "qa.jsonl", "data.test_fraction=0")
+    assert len(load_tasks(cfg, "train")) == 20
+    with pytest.raises(ValueError, match=r"no held-out tasks.*data\.test_path"):
+        load_tasks(cfg, "test")
+    held = tmp_path / "held.jsonl"
+    held.write_text(json.dumps({"question": "What is 100 + 1?", "answer": "101"}) + "\n")
+    cfg = config_for(tmp_path / "qa.jsonl", f"data.test_path={held}")
+    assert len(load_tasks(cfg, "train")) == 20 and [t.prompt for t in load_tasks(cfg, "test")] == [
+        "What is 100 + 1?"
+    ]
+
+
+def test_a_hub_dataset_with_one_split_is_split_too(monkeypatch):
+    import datasets
+
+    from agentrl.components import load_tasks
+
+    rows = [{"prompt": f"p{i}", "answer": str(i)} for i in range(50)]
+    monkeypatch.setattr(
+        datasets, "load_dataset", lambda name, config=None, split=None: datasets.Dataset.from_list(rows)
+    )
+    cfg = config_for("org/one-split", "data.source=hub", "data.test_split=train")
+    train, test = load_tasks(cfg, "train"), load_tasks(cfg, "test")
+    assert (len(train), len(test)) == (45, 5) and not {t.prompt for t in train} & {t.prompt for t in test}
+
+
+def builtin_task_sets():
+    from agentrl.env import registered
+
+    for name, cls in sorted(registered().items()):
+        if not cls.__module__.startswith("environments."):
+            continue  # the built-in ones; test modules register their own
+        try:
+            cls.load_tasks("train", n=2, seed=0)
+        except NotImplementedError:
+            continue  # no built-in tasks: data comes from a dataset adapter
+        yield name
+
+
+@pytest.mark.parametrize("name", list(builtin_task_sets()))
+def test_no_environments_train_and_test_tasks_share_an_id_or_a_prompt(name):
+    from agentrl.env import registered
+
+    cls = registered()[name]
+    train = [t for s in (0, 1, 2) for t in cls.load_tasks("train", n=300, seed=s)]
+    test = [t for s in (0, 1, 2) for t in cls.load_tasks("test", n=200, seed=s)]
+    assert not {t.id for t in train} & {t.id for t in test}
+    assert not {t.prompt for t in train} & {t.prompt for t in test}
+
+
+@pytest.mark.parametrize(
+    "file", ["gsm8k.jsonl", "math500.jsonl", "aime2024.jsonl", "aime2025.jsonl", "aime2025_question.jsonl",
+             "dapo_math.parquet", "generic.jsonl"],
+)  # fmt: skip
+def test_no_dataset_adapters_train_and_test_splits_share_an_id_or_a_prompt(file):
+    """Each fixture as a user's single file, through the config path a run takes."""
+    from agentrl.components import load_tasks
+
+    columns = ["data.columns={id: uid, prompt: query, answer: target}"] if file == "generic.jsonl" else []
+    cfg = config_for(DATA / file, "data.test_fraction=0.5", *columns)
+    train, test = load_tasks(cfg, "train"), load_tasks(cfg, "test")
+    assert train and test
+    assert not {t.id for t in train} & {t.id for t in test}
+    assert not {t.prompt for t in train} & {t.prompt for t in test}
