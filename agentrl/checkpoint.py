@@ -210,9 +210,37 @@ def latest_checkpoint(run_dir: Path) -> Path | None:
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:
+    """The checkpoint's ``trainer_state.pt``, after checking that its weights are there too; a
+    damaged checkpoint is a ``ConfigError`` that names it and the one a resume could use instead."""
     # on the CPU: every rank reads rank 0's file; optimizer.load_state_dict moves each tensor to its
     # parameter's device
-    return torch.load(ckpt / STATE_FILE, weights_only=False, map_location="cpu")
+    try:
+        state = torch.load(ckpt / STATE_FILE, weights_only=False, map_location="cpu")
+        int(state["step"])  # a state without its step is not one of ours
+    except Exception as e:
+        raise _damaged(ckpt, f"{STATE_FILE} cannot be read: {type(e).__name__}: {e}") from e
+    record = weights_record(state)
+    weights = {
+        "hf": [ckpt / "model.safetensors", ckpt / "model.safetensors.index.json"],
+        "dcp": [ckpt / DCP_DIR],
+    }[record["format"]]
+    if record["lora"] and record["format"] == "hf":
+        from agentrl.lora import ADAPTER_DIR
+
+        weights = [ckpt / ADAPTER_DIR]
+    if not any(p.exists() for p in weights):
+        raise _damaged(ckpt, f"its weights are missing (no {' or '.join(p.name for p in weights)})")
+    return state  # type: ignore[no-any-return]
+
+
+def _damaged(ckpt: Path, why: str) -> ConfigError:
+    older = [p.name for p in list_checkpoints(ckpt.parent.parent) if p != ckpt]
+    fallback = (
+        f"move it out of checkpoints/ to resume from {older[-1]}"
+        if older
+        else "no older checkpoint is left: start the run anew (--overwrite)"
+    )
+    return ConfigError(f"checkpoint {ckpt} is damaged: {why}. To resume, {fallback}")
 
 
 def truncate_to(path: Path, length: int) -> int:
@@ -249,8 +277,12 @@ RUN_FILES = ("metrics.jsonl", "transcripts.jsonl", "checkpoints")
 
 
 def existing_run(run_dir: Path) -> list[str]:
-    """The run files in ``run_dir`` ([] for a new or empty directory)."""
-    return [name for name in RUN_FILES if (Path(run_dir) / name).exists()]
+    """The run files in ``run_dir`` that hold something: a non-empty metrics or transcript file, or
+    a complete checkpoint ([] for a new directory, or one that a start which failed before its
+    first step left with empty files)."""
+    run_dir = Path(run_dir)
+    found = [n for n in RUN_FILES[:2] if (run_dir / n).is_file() and (run_dir / n).stat().st_size > 0]
+    return found + (["checkpoints"] if list_checkpoints(run_dir) else [])
 
 
 def refuse_existing_run(run_dir: Path) -> None:

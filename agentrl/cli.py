@@ -53,7 +53,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from agentrl.trainer import TrainingFailed, train
 
     try:
-        train(cfg, overwrite=args.overwrite)
+        train(cfg, overwrite=args.overwrite, force=args.force)
     except KeyboardInterrupt:
         print(
             "interrupted; resume with: agentrl train --resume " + (cfg.run.output_dir or ""), file=sys.stderr
@@ -69,10 +69,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def _checked(cfg, **what):  # type: ignore[no-untyped-def]
+    """``preflight.check_inputs`` (every input checked before any work), its notes printed."""
+    from agentrl.preflight import check_inputs
+
+    checked = check_inputs(cfg, **what)
+    for note in checked.notes:
+        print(note, file=sys.stderr)
+    return checked
+
+
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _config(args, ["sft.enabled=true"])
     from agentrl.build import policy_path
 
+    _checked(cfg, train=True, sft=True)
     path = policy_path(cfg)
     print(f"warm-started model: {path}")
     return 0
@@ -82,11 +93,26 @@ def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl import build, components
     from agentrl.checkpoint import STATE_FILE, latest_checkpoint
+    from agentrl.config import ConfigError
     from agentrl.evaluation import evaluate
     from agentrl.export import checkpoint_model
 
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
     newest = latest_checkpoint(run_dir) if run_dir and not args.checkpoint else None
+    held_out = cfg.eval.split == "test"
+    checked = _checked(
+        cfg, train=True, test=held_out, sft=cfg.sft.enabled and not (args.checkpoint or newest)
+    )
+    if not held_out:
+        print(
+            f"note: eval.split={cfg.eval.split!r}: these are training tasks, not held-out ones",
+            file=sys.stderr,
+        )
+    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
+        raise ConfigError(
+            f"--checkpoint {args.checkpoint}: not a model directory (no config.json); a run's checkpoints "
+            "are RUN/checkpoints/step_N"
+        )
     if args.checkpoint or newest:
         path, label = str(args.checkpoint or newest), Path(args.checkpoint or newest).name  # type: ignore[arg-type]
     else:
@@ -100,10 +126,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     else:
         model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
-    tasks = components.load_tasks(cfg, cfg.eval.split)
+    tasks = (checked.test_tasks if held_out else checked.train_tasks) or []
     if cfg.eval.num_tasks:
         tasks = tasks[: cfg.eval.num_tasks]
     metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
+    trained = {t.prompt for t in checked.train_tasks or []}
+    metrics["tasks_also_in_training"] = float(sum(t.prompt in trained for t in tasks))
     out = Path(args.output or (run_dir or Path(cfg.run.output_dir or "runs/eval")) / "eval" / f"{label}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"checkpoint": str(path), "split": cfg.eval.split, **metrics}, indent=2))
@@ -140,10 +168,11 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     from agentrl.runner import EpisodeRequest
     from agentrl.transcripts import TranscriptWriter
 
+    checked = _checked(cfg, train=args.split == "train", test=args.split == "test")
     path = build.policy_path(cfg)
     model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
-    tasks = components.load_tasks(cfg, args.split)[: args.tasks]
+    tasks = (checked.train_tasks if args.split == "train" else checked.test_tasks or [])[: args.tasks]
     runner = build.build_runner(cfg, engine, tokenizer, seed=cfg.run.seed)
     try:
         g = cfg.rollout.group_size
@@ -155,17 +184,32 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with TranscriptWriter(out) as w:
         w.write(episodes)
-    from agentrl.metrics import episode_metrics
+    from agentrl.metrics import episode_metrics, failure_summary
 
     m = episode_metrics(episodes)
     print(f"{len(episodes)} episodes -> {out}")
     for k in sorted(m):
         print(f"  {k:28s} {m[k]:.4g}")
+    failure = failure_summary(episodes)
+    if failure is not None and failure.fraction == 1.0:  # nothing ran to its end: say so in the status
+        print(
+            f"every episode failed, most at the '{failure.boundary}' boundary: {failure.message}",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.config import ConfigError
+    from agentrl.preflight import bind_problem
+
+    _checked(cfg)
+    port = cfg.proxy.port if args.port is None else args.port
+    problem = bind_problem("--host/--port", args.host or cfg.proxy.host, port)
+    if problem:
+        raise ConfigError(problem)
     from agentrl.proxy.serve import serve_command
 
     return serve_command(cfg, host=args.host, port=args.port)
@@ -183,7 +227,11 @@ def cmd_envs(args: argparse.Namespace) -> int:
     from agentrl.env import import_environment_module, registered
 
     if args.module:
-        import_environment_module(args.module)
+        try:
+            import_environment_module(args.module)
+        except Exception as e:  # FileNotFoundError, ModuleNotFoundError, the module itself raising
+            print(f"--module {args.module!r} cannot be imported: {type(e).__name__}: {e}", file=sys.stderr)
+            return 2
 
     envs = registered()
     if args.action == "list":
@@ -211,7 +259,22 @@ def cmd_envs(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return 2
-    options = json.loads(args.options) if args.options else {}
+    try:
+        options = json.loads(args.options) if args.options else {}
+    except json.JSONDecodeError as e:
+        print(f"--options must be a JSON object, e.g. '{{\"max_turns\": 4}}': {e}", file=sys.stderr)
+        return 2
+    from agentrl.env import option_problem
+
+    for name in names:
+        problem = (
+            option_problem(envs[name], options)
+            if isinstance(options, dict)
+            else "--options is not a JSON object"
+        )
+        if problem:
+            print(f"--options: {problem}", file=sys.stderr)
+            return 2
     failed = 0
     for name in names:
         report = check_environment(name, options)
@@ -259,6 +322,13 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="agentrl", description="RL for multi-turn, tool-using LLM agents.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -278,6 +348,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="run.output_dir already holds a run: move it aside to DIR.old-N (nothing is deleted) and start anew",
     )
+    sp.add_argument(
+        "--force",
+        action="store_true",
+        help="with --resume: allow changes a run cannot take mid-way (the model, tokenizer, environment, "
+        "training data, LoRA settings, run.seed); recorded in the run's history.jsonl",
+    )
     sp.set_defaults(fn=cmd_train)
     with_config("sft", "supervised warm start on demonstrations").set_defaults(fn=cmd_sft)
     sp = with_config(
@@ -294,7 +370,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--transcripts", help="also write the evaluation episodes to this JSONL file")
     sp.set_defaults(fn=cmd_eval)
     sp = with_config("rollout", "run a batch of episodes and write them as JSONL")
-    sp.add_argument("--tasks", type=int, default=8, help="number of tasks (each run group_size times)")
+    sp.add_argument("--tasks", type=_positive, default=8, help="number of tasks (each run group_size times)")
     sp.add_argument("--split", default="train", choices=["train", "test"])
     sp.add_argument("-o", "--output", help="JSONL file (default: RUN_DIR/rollouts.jsonl)")
     sp.set_defaults(fn=cmd_rollout)

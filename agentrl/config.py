@@ -110,14 +110,26 @@ def config_to_yaml(cfg: Config) -> str:
     return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, allow_unicode=True)
 
 
-def save_config(cfg: Config, run_dir: str | Path) -> Path:
-    """Write the resolved config to ``run_dir/config.yaml``; ``load_config(run_dir)`` reads it back."""
+def save_config(cfg: Config, run_dir: str | Path, keep_previous: bool = False) -> Path:
+    """Write the resolved config to ``run_dir/config.yaml`` atomically (a temporary file renamed over
+    it: a crash leaves the old or the new one, never half); ``load_config(run_dir)`` reads it back.
+    ``keep_previous``: a config it replaces with a different one is kept as ``config.prev.yaml``."""
+    from agentrl.run_history import PREVIOUS_CONFIG
+
     out = Path(run_dir) / CONFIG_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
+    text = (
         "# Resolved agentrl config: every value concrete. Load with agentrl.config.load_config.\n"
         + config_to_yaml(cfg)
     )
+    if keep_previous and out.is_file() and out.read_text() != text:
+        out.with_name(PREVIOUS_CONFIG).write_text(out.read_text())  # a copy: config.yaml is never missing
+    tmp = out.with_name(f".{CONFIG_FILE}.tmp{os.getpid()}")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, out)
     return out
 
 
@@ -226,6 +238,14 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
         )
     if cfg.data.source != "builtin" and not cfg.data.path:
         yield "data.source", f"data.path is required when data.source={cfg.data.source!r}"
+    if cfg.data.source == "builtin":
+        for key in ("path", "test_path", "columns"):
+            if getattr(cfg.data, key):
+                yield (
+                    f"data.{key}",
+                    f"data.{key} is set, but data.source=builtin takes the environment's own tasks and ignores "
+                    "it: set data.source=file (or hub) to train on that data",
+                )
     if ro.max_tokens_per_turn > ro.max_episode_tokens:
         yield (
             "rollout.max_tokens_per_turn",
@@ -380,11 +400,13 @@ def _config_file(path: Path) -> Path:
 
 def _read_yaml(path: Path) -> Any:
     try:
+        plain = yaml.safe_load(path.read_text())
         loaded = OmegaConf.load(path)
     except Exception as e:  # yaml.YAMLError and OmegaConf's own errors: report them the same way
         raise ConfigError(f"cannot parse {path}: {e}") from e
-    if not isinstance(loaded, DictConfig):
-        raise ConfigError(f"{path} must hold a mapping of sections (run:, model:, ...), not a list")
+    if not isinstance(loaded, DictConfig) or not isinstance(plain, (dict, type(None))):  # empty: defaults
+        found = type(plain).__name__
+        raise ConfigError(f"{path} must hold a mapping of sections (run:, model:, ...), not a {found}")
     return OmegaConf.to_container(loaded, resolve=False)
 
 

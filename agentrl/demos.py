@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 Message = dict[str, Any]
+ROLES = ("system", "user", "assistant", "tool")
 
 
 DEMO_FORMAT = (
@@ -51,5 +52,21 @@ def load_demonstrations(path: str | Path) -> list[list[Message]]:
                         f"{where}: message {i} is {str(m)[:80]!r}, not a {{'role': str, 'content': str}} dict; "
                         f"expected {DEMO_FORMAT}"
                     )
+                if m["role"] not in ROLES:
+                    raise ValueError(
+                        f"{where}: message {i} has role {m['role']!r}; valid: {', '.join(ROLES)}"
+                    )
+            roles = [m["role"] for m in obj]
+            if "assistant" not in roles:
+                raise ValueError(
+                    f"{where}: no assistant message, so nothing to learn; expected {DEMO_FORMAT}"
+                )
+            if roles[0] == "assistant":
+                raise ValueError(
+                    f"{where}: starts with an assistant message; a demonstration starts with what the "
+                    "environment's reset returns (a system and/or user message)"
+                )
             demos.append(obj)
+    if not demos:
+        raise ValueError(f"{path} holds no demonstration; expected {DEMO_FORMAT}")
     return demos

@@ -179,9 +179,10 @@ class Environment:
         """``options`` (the config's ``env.options``) set class attributes of the same name; an
         unknown one is an error. ``sandbox`` is where code runs (the run's ``sandbox`` section); the
         environments that run code use it, the others ignore it."""
+        problem = option_problem(type(self), options)
+        if problem:
+            raise TypeError(problem)
         for k, v in options.items():
-            if not hasattr(self, k):
-                raise TypeError(f"{type(self).__name__} has no option {k!r}")
             setattr(self, k, v)
         self.sandbox = sandbox or SandboxSpec()
         self.task: Task | None = None
@@ -303,6 +304,35 @@ class Environment:
         except Exception as e:
             raise ToolError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
         return {"role": "tool", "name": call.name, "content": tool_result_text(out)}
+
+
+def declared_options(cls: type[Environment]) -> list[str]:
+    """What ``env.options`` may set on ``cls``: its public class attributes with a plain value (not
+    methods, properties or ``name``), its own and inherited ones."""
+    found = set()
+    for klass in cls.__mro__[:-1]:  # not object
+        for key, value in vars(klass).items():
+            if key.startswith("_") or key == "name":
+                continue
+            if callable(value) or isinstance(value, (property, classmethod, staticmethod)):
+                continue
+            found.add(key)
+    return sorted(found)
+
+
+def option_problem(cls: type[Environment], options: Mapping[str, Any]) -> str | None:
+    """Why ``options`` cannot be set on ``cls`` (None when they can), naming the options it has."""
+    allowed = declared_options(cls)
+    unknown = [k for k in options if k not in allowed]
+    if not unknown:
+        return None
+    guess = difflib.get_close_matches(unknown[0], allowed, n=1)
+    did = f" (did you mean {guess[0]!r}?)" if guess else ""
+    return (
+        f"environment {cls.name!r} ({cls.__name__}) has no option {', '.join(map(repr, unknown))}{did}. "
+        f"Its options: {', '.join(allowed)}. An option is a class attribute with a default: declare "
+        f"`{unknown[0]} = ...` in the class body to make it one"
+    )
 
 
 def tool_result_text(out: Any) -> str:

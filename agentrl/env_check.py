@@ -16,7 +16,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.env import Environment, EpisodeState, StepResult, Task, checked_messages, checked_step, make_env
+from agentrl.env import (
+    Environment,
+    EpisodeState,
+    Reward,
+    StepResult,
+    Task,
+    checked_messages,
+    checked_step,
+    make_env,
+)
 
 SCRIPTED_BAD_ACTIONS = {
     "malformed JSON tool call": '<tool_call>{"name": "x", "arguments": {</tool_call>',
@@ -72,7 +81,11 @@ def _valid_step(result: Any) -> StepResult:
 def check_environment(name: str, options: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
     options = options or {}
     report = CheckReport(name)
-    env_cls = type(make_env(name, **options))
+    try:
+        env_cls = type(make_env(name, **options))
+    except Exception as e:  # the constructor is user code: a FAIL line, like reset and step
+        report.problems.append(f"constructing the environment raised {type(e).__name__}: {e}")
+        return report
 
     tasks = None
     try:
@@ -112,6 +125,7 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
     if env is None:
         return report
     _check(report, "tool schemas are well-formed", lambda: _schemas(env))
+    _check(report, "rewards() returns Reward records", lambda: _rewards(env))
     env.close()
 
     for label, action in SCRIPTED_BAD_ACTIONS.items():
@@ -139,6 +153,15 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
     env.reset(task, seed)
     _check(report, "close() is idempotent", functools.partial(_close_twice, env))
     return report
+
+
+def _rewards(env: Environment) -> None:
+    rewards = env.rewards()
+    assert isinstance(rewards, (list, tuple)), (
+        f"rewards() returned {type(rewards).__name__}; expected a list of agentrl.env.Reward(name, fn, weight)"
+    )
+    for r in rewards:
+        assert isinstance(r, Reward), f"rewards() holds {r!r}; expected agentrl.env.Reward(name, fn, weight)"
 
 
 def _step_checked(env: Environment, action: str) -> StepResult:

@@ -61,7 +61,8 @@ def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:
 
 class TrainProgress:
     """``first_row``: the run's first metrics row when it resumes (so the summary compares the whole
-    run, not just the resumed part); ``every``: print one line every N steps (``logging.log_every``)."""
+    run, not just the resumed part); ``every``: print one line every N steps (``logging.log_every``);
+    ``history``: the run's starts and resumes, printed under the summary when it was resumed."""
 
     def __init__(
         self,
@@ -70,8 +71,10 @@ class TrainProgress:
         console: Console | None = None,
         every: int = 1,
         first_row: dict[str, Any] | None = None,
+        history: list[str] | None = None,
     ) -> None:
         self.console = console or Console(stderr=True)
+        self.history = history or []  # the run's starts and resumes (run_history.describe)
         self.total, self.start, self.every = total_steps, start_step, every
         self.interactive = self.console.is_terminal
         self.first: dict[str, Any] | None = first_row
@@ -118,6 +121,12 @@ class TrainProgress:
             if isinstance(a, (int, float)) or isinstance(b, (int, float)):
                 table.add_row(k, _num(a), _num(b))
         self.console.print(table)
+        if len(self.history) > 1:  # resumed at least once: which keys changed when
+            self.console.print(
+                "run history (RUN/history.jsonl):\n" + "\n".join(f"  {h}" for h in self.history),
+                highlight=False,
+                soft_wrap=True,
+            )
 
 
 def _num(v: Any) -> str:

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from agentrl import run_history
 from agentrl.episode import Episode
 from agentrl.transcripts import (
     TranscriptWarning,
@@ -321,6 +322,14 @@ def replay_command(
         console.print(f"[red]replay: no transcript at {tpath}[/red]")
         return 2
     shown, differs = 0, False
+    run = run_dir_of(path)
+    history = list(run_history.describe(run_history.read(run))) if run is not None else []
+    if len(history) > 1:  # resumed: say when, and with which keys changed
+        console.print(
+            "run history (history.jsonl):\n" + "\n".join(f"  {h}" for h in history),
+            highlight=False,
+            soft_wrap=True,
+        )
     context: dict[str, Any] = {}
     if rerun or rescore:
         try:

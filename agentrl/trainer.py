@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from agentrl import algorithms as alg
-from agentrl import build, components, lora, ranks, sharding, weight_sync
+from agentrl import build, components, lora, preflight, ranks, run_history, sharding, weight_sync
 from agentrl import offpolicy as off
 from agentrl.checkpoint import (
     begin,
@@ -89,10 +89,19 @@ def _over(failure: FailureSummary | None, limit: float | None) -> bool:
 
 class Trainer:
     """``overwrite``: move a run already in ``run.output_dir`` aside (to ``<dir>.old-<n>``) instead of
-    refusing to start; without it (and without ``run.resume``) an existing run is an error."""
+    refusing to start; without it (and without ``run.resume``) an existing run is an error.
+    ``force``: a resume may change keys a run cannot take mid-way (``run_history.FIXED_MID_RUN``);
+    the run's history records it.
 
-    def __init__(self, cfg: Config, log=print, overwrite: bool = False) -> None:
+    Nothing is written before every input has been checked (``preflight``) and, on a resume, the
+    checkpoint loaded: the resolved config (``config.yaml``, atomically, the one it replaces kept as
+    ``config.prev.yaml``) and the session's line in ``history.jsonl`` come last."""
+
+    def __init__(self, cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> None:
         self.cfg, self.log = cfg, log
+        checked = preflight.check_inputs(cfg, train=True, test=bool(cfg.trainer.eval_every), force=force)
+        for note in checked.notes:
+            log(note)
         # data-parallel ranks under torchrun (ranks.py); a collective some rank never joins raises
         self.rank, self.world = ranks.init_from_env(timeout_s=cfg.timeouts.collective_s)
         self.device = components.device_of(cfg)
@@ -104,8 +113,6 @@ class Trainer:
         self._claim_run_dir(overwrite)
         # other ranks keep their own copy of the run's files
         self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir)
         seed_everything(cfg.run.seed)
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True)
@@ -143,12 +150,19 @@ class Trainer:
         self._async_marks = (0.0, 0.0)  # the engine's idle and blocked seconds at the last step
         self.learner = Learner(cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log)
         self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
-        self.train_tasks = components.load_tasks(cfg, "train")
+        assert checked.train_tasks is not None
+        self.train_tasks, self.test_tasks = checked.train_tasks, checked.test_tasks
         self.sampler = TaskSampler(self.train_tasks, cfg.run.seed)
         self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
         self.stop_requested = False  # set by a first SIGTERM/SIGINT (``train``): stop after this step
         if ckpt and state:
             self._resume(ckpt, state)  # cuts metrics/transcripts back to the checkpoint before we append
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir, keep_previous=True)  # every input checked, the checkpoint loaded
+        if self.rank == 0:
+            preflight.record_session(
+                self.root_dir, self.start_step, ckpt.name if ckpt else None, checked.resume
+            )
         self.transcripts = TranscriptWriter(self.run_dir / "transcripts.jsonl")
         self.metrics = MetricsLogger(
             self.run_dir,
@@ -173,6 +187,11 @@ class Trainer:
         breaker trips (too many failed episodes, ``trainer.max_failed_*``) and when no step trained
         at all: such a run never reports success."""
         cfg, history = self.cfg, []
+        if self.start_step >= cfg.trainer.total_steps:
+            self.log(
+                f"nothing to train: {self.root_dir} has run all trainer.total_steps={cfg.trainer.total_steps} "
+                f"steps; to train further, resume with a larger trainer.total_steps"
+            )
         t_start = time.perf_counter()
         failing = 0  # consecutive steps over trainer.max_failed_fraction
         rows = read_metrics(self.run_dir) if self.start_step else []  # the run's first step, when resuming
@@ -182,6 +201,7 @@ class Trainer:
                 self.start_step,
                 every=cfg.logging.log_every,
                 first_row=rows[0] if rows else None,
+                history=list(run_history.describe(run_history.read(self.root_dir))),
             ) as progress,
             self._closing_pipeline(),
         ):
@@ -457,7 +477,8 @@ class Trainer:
 
     # -- evaluation, checkpoints -------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        tasks = components.load_tasks(self.cfg, self.cfg.eval.split)
+        tasks = self.test_tasks if self.cfg.eval.split == "test" and self.test_tasks else None
+        tasks = tasks or components.load_tasks(self.cfg, self.cfg.eval.split)
         if self.cfg.eval.num_tasks:
             tasks = tasks[: self.cfg.eval.num_tasks]
         return evaluate(self.cfg, self.engine, self.tokenizer, tasks)[0]
@@ -521,7 +542,7 @@ class Trainer:
                     truncate_to(gone / "metrics.jsonl", part["metrics_bytes"])
                     truncate_to(gone / "transcripts.jsonl", part["transcripts_bytes"])
         self.log(
-            f"resumed from {ckpt} at step {self.start_step}"
+            f"resumed from {ckpt} (the state after steps 0-{self.start_step - 1}) at step {self.start_step}"
             + (
                 f" (dropped {cut_m} + {cut_t} bytes of metrics/transcripts written after it)"
                 if cut_m or cut_t
@@ -537,13 +558,13 @@ class Trainer:
 
 
 # -- the entry point ------------------------------------------------------------------------------
-def train(cfg: Config, log=print, overwrite: bool = False) -> list[dict[str, float]]:
+def train(cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> list[dict[str, float]]:
     """Run training to ``trainer.total_steps`` (or resume to it).
 
     A first SIGTERM or SIGINT (Ctrl-C) lets the current step finish, writes a checkpoint at it and
     then raises ``KeyboardInterrupt`` (so the CLI exits with 130 and says how to resume); a second
     one raises ``KeyboardInterrupt`` at once, and the run resumes from its last checkpoint."""
-    trainer = Trainer(cfg, log=log, overwrite=overwrite)
+    trainer = Trainer(cfg, log=log, overwrite=overwrite, force=force)
 
     def _graceful(signum, frame):
         if trainer.stop_requested:

@@ -133,8 +133,13 @@ class Calculator(Environment):
         the splits never overlap whatever the seed or count."""
         if split not in ("train", "test"):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
+        unknown = sorted(set(options) - {"n_operands", "max_value", "teacher"})
+        if unknown:
+            raise TypeError(f"calculator's tasks take n_operands, max_value and teacher, not {', '.join(unknown)}")
         n_operands = int(options.get("n_operands", cls.n_operands))
         max_value = int(options.get("max_value", cls.max_value))
+        if n_operands < 1 or max_value < 2:
+            raise ValueError(f"calculator: needs n_operands >= 1 and max_value >= 2, got {n_operands} and {max_value}")
         teacher = str(options.get("teacher", "one"))
         if teacher not in TEACHERS:
             raise ValueError(f"calculator: data.options.teacher={teacher!r}; valid: {', '.join(TEACHERS)}")
@@ -147,6 +152,11 @@ class Calculator(Environment):
             task = make_task(rng, n_operands, max_value)
             if _split_of(task.id, 0.2) == split:
                 tasks.setdefault(task.id, task)
+        if n is not None and len(tasks) < n:
+            raise ValueError(
+                f"calculator: found only {len(tasks)} distinct {split} tasks of {n} with n_operands={n_operands}, "
+                f"max_value={max_value}: raise max_value or n_operands, or ask for fewer (data.num_train/num_test)"
+            )
         # how the solver demonstrates each task (SFT only; RL never reads it)
         return [dataclasses.replace(t, metadata={**t.metadata, "teacher": teacher}) for t in tasks.values()]
 

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from agentrl import run_history
 from agentrl.episode import Episode
 from agentrl.metrics import CURVES, IMPORTANT
 from agentrl.transcripts import (
@@ -233,6 +234,7 @@ def build_data(run_dir: str, max_episodes: int = 2000) -> dict[str, Any]:
         "tokenizer": where,
         "cutoffs": selection_cutoffs(payloads, kept),
         "warnings": [str(w.message) for w in caught],
+        "history": list(run_history.describe(run_history.read(run))) if run is not None else [],
     }  # fmt: skip
 
 

@@ -16,6 +16,10 @@
   $("sampling-note").textContent = "showing " + DATA.sampling.note + (DATA.tokenizer ? "" : " · no tokenizer: token boundaries approximate");
   $("metrics-source").textContent = "(" + DATA.metrics_source + ", " + DATA.metrics.length + " steps)";
   if (DATA.warnings.length) { $("warnings").hidden = false; $("warnings").textContent = DATA.warnings.join("\n"); }
+  if ((DATA.history || []).length) {
+    $("history-section").hidden = false;
+    $("history").innerHTML = DATA.history.map((h) => "<li>" + esc(h) + "</li>").join("");
+  }
   $("theme-toggle").addEventListener("click", () => {
     const root = document.documentElement;
     const dark = root.dataset.theme ? root.dataset.theme === "dark" : matchMedia("(prefers-color-scheme: dark)").matches;
