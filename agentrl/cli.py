@@ -71,11 +71,13 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _checked(cfg, **what):  # type: ignore[no-untyped-def]
     """``preflight.check_inputs`` (every input checked before any work), its notes printed."""
+    from agentrl.components import apply_threads
     from agentrl.preflight import check_inputs
 
     checked = check_inputs(cfg, **what)
     for note in checked.notes:
         print(note, file=sys.stderr)
+    apply_threads(cfg, lambda line: print(line, file=sys.stderr))
     return checked
 
 

@@ -38,6 +38,22 @@ def device_of(cfg: Config) -> torch.device:
     return torch.device(kind)
 
 
+def apply_threads(cfg: Config, log: Callable[[str], None] = print) -> None:
+    """``run.threads`` into torch; with the default, a note when other processes already keep the
+    cores busy (``os.getloadavg``): torch's one thread per core then waits for cores in turn."""
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+        return
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if cfg.run.device != "cuda" and torch.get_num_threads() >= cores and load >= 0.75:
+        log(
+            f"note: this machine is busy (load {load:.1f} on {cores} cores) and torch computes with "
+            f"{torch.get_num_threads()} threads: set run.threads to the cores this job has to itself (beside "
+            "one busy process on 2 cores, 1 thread trained 1.8x faster than 2; docs/performance.md)"
+        )
+
+
 def sandbox_spec(cfg: Config) -> SandboxSpec:
     """The ``sandbox`` section as the ``SandboxSpec`` every environment receives."""
     s, lim = cfg.sandbox, cfg.sandbox.limits

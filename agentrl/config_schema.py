@@ -27,6 +27,8 @@ class RunConfig:
     """Seed for task sampling, generation and initialisation; seeded runs reproduce."""
     device: Literal["cpu", "cuda", "auto"] = "auto"
     """Where the policy runs; ``auto`` picks CUDA when available."""
+    threads: int | None = knob(None, ge=1)
+    """Threads torch computes with in this process (``torch.set_num_threads``). None = torch's default, one per core: the fastest on a machine of its own, but on a shared one each thread waits for a core: on 2 cores, SFT steps with 2 threads took 1.8x as long as with 1 beside one busy process, 2.9x beside two (bench/threads.py, docs/performance.md). Set it to the cores this job has to itself; the run says so when the machine is busy at its start."""
     deterministic: bool = False
     """Ask torch for deterministic kernels (slower on GPU; CPU runs are deterministic anyway)."""
     resume: bool = False

@@ -102,6 +102,7 @@ class Trainer:
         checked = preflight.check_inputs(cfg, train=True, test=bool(cfg.trainer.eval_every), force=force)
         for note in checked.notes:
             log(note)
+        components.apply_threads(cfg, log)
         # data-parallel ranks under torchrun (ranks.py); a collective some rank never joins raises
         self.rank, self.world = ranks.init_from_env(timeout_s=cfg.timeouts.collective_s)
         self.device = components.device_of(cfg)

@@ -6,6 +6,7 @@ found and what to do, and no run directory. Each case here was a raw traceback b
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -370,3 +371,24 @@ def test_eval_of_a_checkpoint_that_does_not_exist_and_rollout_of_no_tasks(tmp_pa
     with pytest.raises(SystemExit):
         main(["rollout", str(ROOT / "configs/quickstart.yaml"), "--tasks", "0"])
     assert "must be at least 1" in capsys.readouterr().err
+
+
+def test_run_threads_reaches_torch_and_a_busy_machine_is_pointed_out(monkeypatch):
+    from agentrl import components
+    from agentrl.config import load_config
+
+    before = torch.get_num_threads()
+    try:
+        components.apply_threads(load_config(None, ["run.threads=1"]))
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(os.cpu_count() or 1)
+        said: list[str] = []
+        monkeypatch.setattr(os, "getloadavg", lambda: (1.9, 1.0, 1.0))
+        components.apply_threads(load_config(None, ["run.device=cpu"]), said.append)
+        assert said and "this machine is busy (load 1.9" in said[0] and "run.threads" in said[0]
+        monkeypatch.setattr(os, "getloadavg", lambda: (0.1, 0.1, 0.1))
+        said.clear()
+        components.apply_threads(load_config(None, ["run.device=cpu"]), said.append)
+        assert said == []
+    finally:
+        torch.set_num_threads(before)
