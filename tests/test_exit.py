@@ -81,9 +81,9 @@ def test_a_thread_user_code_never_ends_delays_the_exit_by_the_grace_only(tmp_pat
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("hang", ["tool,reward", "step", "reset"])
-@pytest.mark.parametrize("command", ["eval", "rollout"])
+@pytest.mark.parametrize(("command", "hang"), [("eval", "tool,reward"), ("rollout", "reset")])
 def test_eval_and_rollout_exit_whatever_user_code_hangs(tmp_path, tiny_model_dir, command, hang):
+    """With train's cases above: every hang point (tool, reward, step, reset, a user thread) and every command."""
     args = ["--tasks", "2"] if command == "rollout" else []
     proc = _agentrl(command, str(_config(tmp_path, tiny_model_dir, hang)), *args)
     out = proc.stdout + proc.stderr
