@@ -244,6 +244,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
         request_timeout_s: float = ENGINE_REQUEST_S,
         env_timeout_s: float = ENV_STEP_S,
         history: str = "auto",
+        tools_prompt: str = "auto",
     ) -> None:
         super().__init__(
             engine,
@@ -255,6 +256,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
             request_timeout_s=request_timeout_s,
             env_timeout_s=env_timeout_s,
             history=history,
+            tools_prompt=tools_prompt,
         )
         self._abandoned = False  # a request of this run timed out: the engine may still be stuck in it
         self.max_concurrent_episodes = max_concurrent_episodes

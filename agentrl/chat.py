@@ -44,12 +44,61 @@ def _message_role(msg: dict[str, Any]) -> str:
     return "tool" if msg.get("role") == "tool" else "env"
 
 
-class ChatRenderer:
-    """Renders prompts and observation deltas for one tokenizer (and one tool set)."""
+TOOLS_PROMPTS = ("template", "auto", "system")
+"""Where the tool schemas go. ``template``: to the chat template's ``tools`` argument (what the
+template does with them is the template's business); ``auto``: the template when it renders them,
+else the system message; ``system``: always the system message, in agentrl's words."""
 
-    def __init__(self, tokenizer: Any, tools: Sequence[dict[str, Any]] | None = None) -> None:
+
+def renders_tools(tokenizer: Any, tools: Sequence[dict[str, Any]]) -> bool:
+    """Does the chat template show ``tools``? (SmolLM2's ChatML template has no tools section and
+    drops them without a word.)"""
+    probe = [{"role": "user", "content": "hi"}]
+    with_tools = tokenizer.apply_chat_template(
+        probe, tools=list(tools), tokenize=False, add_generation_prompt=True
+    )
+    without = tokenizer.apply_chat_template(probe, tools=None, tokenize=False, add_generation_prompt=True)
+    return bool(with_tools != without)
+
+
+def tools_section(tools: Sequence[dict[str, Any]], tool_format: str) -> str:
+    """The system-prompt text that shows ``tools`` and how to call them in ``tool_format``."""
+    import json
+
+    listing = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    if tool_format == "llama3":
+        how = 'To call one, reply with only a JSON object: {"name": "TOOL", "parameters": {"ARG": VALUE}}.'
+    else:
+        how = (
+            "To call one, write its name and arguments as JSON between <tool_call> and </tool_call>, e.g. "
+            '<tool_call>{"name": "TOOL", "arguments": {"ARG": VALUE}}</tool_call>. You may call several.'
+        )
+    return f"You can use these tools:\n<tools>\n{listing}\n</tools>\n{how} Each result comes back in the next message."
+
+
+class ChatRenderer:
+    """Renders prompts and observation deltas for one tokenizer (and one tool set). ``tools_prompt``
+    (``TOOLS_PROMPTS``) says where the tool schemas go; with ``system`` placement they are written
+    into the conversation's system message by ``prompt_messages`` (the runner and the SFT warm start
+    call it, so the transcript holds exactly what the model read) and the template gets none.
+    ``python`` tool calls (a fenced code block) are described by the environment's own prompt."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: Sequence[dict[str, Any]] | None = None,
+        tools_prompt: str = "template",
+        tool_format: str = "json",
+    ) -> None:
+        if tools_prompt not in TOOLS_PROMPTS:
+            raise ValueError(f"tools_prompt={tools_prompt!r}; valid: {', '.join(TOOLS_PROMPTS)}")
         self.tokenizer = tokenizer
         self.tools = list(tools) if tools else None
+        self.tools_text: str | None = None
+        """The tools section written into the system message (None: the template shows the tools)."""
+        placeable = self.tools and tools_prompt != "template" and tool_format != "python"
+        if placeable and (tools_prompt == "system" or not renders_tools(tokenizer, self.tools or [])):
+            self.tools_text, self.tools = tools_section(self.tools or [], tool_format), None
         self._backends: dict[bool, Any] | None = None
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and hasattr(backend, "encode_special_tokens"):
@@ -102,6 +151,19 @@ class ChatRenderer:
             return list(out["input_ids"])
 
     # -- the first prompt --------------------------------------------------------------------
+    def prompt_messages(self, messages: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+        """``messages`` with the tools section in the system message when the tools go there: added
+        to the first system message, or as a new one before the rest (once)."""
+        out = [dict(m) for m in messages]
+        if self.tools_text is None:
+            return out
+        if out and out[0].get("role") == "system":
+            content = str(out[0].get("content") or "")
+            if self.tools_text not in content:
+                out[0]["content"] = f"{content}\n\n{self.tools_text}" if content else self.tools_text
+            return out
+        return [{"role": "system", "content": self.tools_text}, *out]
+
     def render_prompt(self, messages: list[dict[str, Any]]) -> Piece:
         text = self._render(messages, add_generation_prompt=True)
         return Piece("prompt", self.encode(text, split_special=False), text)

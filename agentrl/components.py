@@ -250,6 +250,7 @@ def local_runner(
             request_timeout_s=cfg.timeouts.engine_request_s,
             env_timeout_s=cfg.timeouts.env_step_s,
             history=cfg.rollout.history,
+            tools_prompt=cfg.rollout.tools_prompt,
         )
     return EpisodeRunner(
         engine,
@@ -261,4 +262,5 @@ def local_runner(
         request_timeout_s=cfg.timeouts.engine_request_s,
         env_timeout_s=cfg.timeouts.env_step_s,
         history=cfg.rollout.history,
+        tools_prompt=cfg.rollout.tools_prompt,
     )

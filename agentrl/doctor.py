@@ -167,7 +167,9 @@ def diagnose(episode: Episode, tokenizer: Any, context: int = 6) -> Diagnosis:
 def _drifts(
     view: Episode, messages: list[dict[str, Any]], tokenizer: Any, context: int, sample: int
 ) -> list[Drift]:
-    rendered = render_ids(tokenizer, messages, view.metrics.get("tools"))
+    # tools placed in the system message (metrics.tools_prompt) are in the messages already
+    tools = None if view.metrics.get("tools_prompt") == "system" else view.metrics.get("tools")
+    rendered = render_ids(tokenizer, messages, tools)
     stored, roles = view.token_ids(), view.roles()
     specials = _control_tokens(tokenizer)
 

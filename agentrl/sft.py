@@ -32,7 +32,9 @@ Message = dict[str, Any]
 
 
 def tokenize_conversation(renderer: ChatRenderer, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
-    """Token ids and loss mask (1 on assistant tokens, including each turn's end-of-turn token)."""
+    """Token ids and loss mask (1 on assistant tokens, including each turn's end-of-turn token). The
+    tools section goes into the system message as the runner puts it there (``prompt_messages``)."""
+    messages = renderer.prompt_messages(messages)
     first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
     if first is None:
         raise ValueError("a demonstration needs at least one assistant message")
@@ -206,7 +208,9 @@ def build_examples(
     When there are fewer tasks than ``sft.num_demos``, tasks repeat, and the log says so."""
     env = components.env_factory(cfg)()
     try:
-        renderer = ChatRenderer(tokenizer, env.tool_schemas() or None)
+        renderer = ChatRenderer(
+            tokenizer, env.tool_schemas() or None, cfg.rollout.tools_prompt, env.tool_format
+        )
     finally:
         env.close()
     if cfg.sft.demos:

@@ -417,3 +417,59 @@ def test_runner_episode_equals_a_full_render(family):
     assert [s.text for s in ep.segments if s.role == "tool"] == ["17"]
     d = diagnose(ep, tok)
     assert (d.error, d.drifts) == (None, [])
+
+
+CHATML_NO_TOOLS = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)  # SmolLM2-135M-Instruct's template does the same: no tools section
+
+
+def test_a_template_without_a_tools_section_gets_them_in_the_system_message(tiny_tokenizer):
+    """Before: the calculator's schemas went to a template that ignores them, and the model was told
+    to use a tool it was never shown. Now: auto puts them in the system message, the episode records
+    it, the doctor finds no drift, and SFT demonstrations see the same prompt."""
+    from agentrl.chat import renders_tools
+    from agentrl.doctor import diagnose
+    from agentrl.engines.scripted import ScriptedEngine
+    from agentrl.env import Task
+    from agentrl.runner import EpisodeRequest, EpisodeRunner
+    from agentrl.sft import tokenize_conversation
+    from environments.calculator import Calculator
+
+    tok = copy.deepcopy(tiny_tokenizer)
+    tok.chat_template = CHATML_NO_TOOLS
+    schemas = Calculator().tool_schemas()
+    assert not renders_tools(tok, schemas) and renders_tools(tiny_tokenizer, schemas)
+    call = '<tool_call>{"name": "calculate", "arguments": {"expression": "3 * 4 + 5"}}</tool_call>'
+    script = [call + "<|im_end|>", "\\boxed{17}<|im_end|>"]
+    task = Task(id="t", prompt="What is 3 * 4 + 5?", answer=17, metadata={"expression": "3 * 4 + 5"})
+    for placement, shown in (("auto", "system"), ("system", "system")):
+        runner = EpisodeRunner(
+            ScriptedEngine(list(script), tokenizer=tok), tok, Calculator, tools_prompt=placement
+        )
+        try:
+            (ep,) = runner.run([EpisodeRequest(task, seed=0)])
+        finally:
+            runner.close()
+        assert (
+            ep.metrics["tools_prompt"] == shown
+            and ep.failure is None
+            and ep.reward_components["correct"] == 1.0
+        )
+        system = ep.messages[0]
+        assert system["role"] == "system" and '"name": "calculate"' in system["content"]
+        assert system["content"].startswith(Calculator.system_prompt) and "<tool_call>" in system["content"]
+        assert diagnose(ep, tok).drifts == []
+        renderer = runner._renderer(schemas, "json")
+        demo = Calculator.demonstrations([task])[0]
+        ids, _ = tokenize_conversation(renderer, demo)
+        assert ids[: len(ep.segments[0].token_ids)] == ep.segments[0].token_ids  # SFT's prompt is RL's
+    # a template with a tools section keeps it under auto, and system overrides it
+    runner = EpisodeRunner(ScriptedEngine(list(script), tokenizer=tiny_tokenizer),
+                           tiny_tokenizer, Calculator, tools_prompt="auto")  # fmt: skip
+    try:
+        (ep,) = runner.run([EpisodeRequest(task, seed=0)])
+    finally:
+        runner.close()
+    assert ep.metrics["tools_prompt"] == "template" and "<tools>" not in ep.messages[0]["content"]

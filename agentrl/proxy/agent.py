@@ -488,7 +488,7 @@ class AgentRunner(EpisodeRunner):
         tools_key = json.dumps(req.tools, sort_keys=True)
         seen = [canonical(m) for m in messages]
         if lv.renderer is None:  # the first turn: the prompt
-            lv.renderer, lv.tools_key = self._renderer(req.tools), tools_key
+            lv.renderer, lv.tools_key = self._renderer(req.tools, placement="template"), tools_key
             ep.metrics["tools"] = req.tools
             prompt = lv.renderer.render_prompt(messages)
             ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
@@ -592,7 +592,7 @@ class AgentRunner(EpisodeRunner):
             message = f"history drift ({kind}) at message {at}: the request's history does not extend what the endpoint recorded for episode {lv.key!r} (proxy.on_drift: fail)"  # fmt: skip
             self._fail(lv, "agent", RuntimeError(message))
             raise APIError(400, message, param=f"messages[{at}]", code="agentrl_history_drift")
-        renderer = self._renderer(tools)
+        renderer = self._renderer(tools, placement="template")
         lv.turn += 1
         if self.on_drift == "split":
             old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools

