@@ -42,6 +42,17 @@ def train_config(args: argparse.Namespace):
     _only_overrides(args)
     extra = []
     if args.resume:
+        from agentrl.config import ConfigError
+
+        if args.overwrite:
+            raise ConfigError(
+                "--resume continues the run in RUN_DIR and --overwrite moves it aside: give one of them"
+            )
+        if not Path(args.resume).is_dir():
+            what = "a file" if Path(args.resume).exists() else "no such directory"
+            raise ConfigError(
+                f"--resume {args.resume}: {what}; --resume takes a run directory (run.output_dir)"
+            )
         extra = ["run.resume=true", f"run.output_dir={args.resume}"]
         if args.config is None:
             args.config = args.resume  # a run directory holds its resolved config
@@ -55,9 +66,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     try:
         train(cfg, overwrite=args.overwrite, force=args.force)
     except KeyboardInterrupt:
-        print(
-            "interrupted; resume with: agentrl train --resume " + (cfg.run.output_dir or ""), file=sys.stderr
-        )
+        from agentrl.checkpoint import latest_checkpoint
+
+        run = Path(cfg.run.output_dir or "")
+        if latest_checkpoint(run) is not None:
+            print(f"interrupted; resume with: agentrl train --resume {run}", file=sys.stderr)
+        else:  # before the first checkpoint (in the warm start, or the first step): nothing to resume
+            print(
+                "interrupted before the run's first checkpoint: nothing to resume; run the same command again",
+                file=sys.stderr,
+            )
         return 130
     except TrainingFailed as e:
         print(f"training failed: {e}", file=sys.stderr)
@@ -98,6 +116,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentrl.config import ConfigError
     from agentrl.evaluation import evaluate
     from agentrl.export import checkpoint_model
+    from agentrl.metrics import failure_summary
 
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
     newest = latest_checkpoint(run_dir) if run_dir and not args.checkpoint else None
@@ -134,16 +153,24 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
     trained = {t.prompt for t in checked.train_tasks or []}
     metrics["tasks_also_in_training"] = float(sum(t.prompt in trained for t in tasks))
+    shown: dict[str, float | None] = {k: None if v != v else v for k, v in metrics.items()}  # NaN: JSON null
     out = Path(args.output or (run_dir or Path(cfg.run.output_dir or "runs/eval")) / "eval" / f"{label}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"checkpoint": str(path), "split": cfg.eval.split, **metrics}, indent=2))
+    out.write_text(json.dumps({"checkpoint": str(path), "split": cfg.eval.split, **shown}, indent=2))
     if args.transcripts:
         from agentrl.transcripts import TranscriptWriter
 
         with TranscriptWriter(args.transcripts) as w:
             w.write(episodes)
-    print(json.dumps(metrics, indent=2))
+    print(json.dumps(shown, indent=2))
     print(f"written to {out}")
+    failure = failure_summary(episodes)
+    if failure is not None and failure.fraction == 1.0:  # the scores say nothing: say so in the status
+        print(
+            f"every episode failed, most at the '{failure.boundary}' boundary: {failure.message}",
+            file=sys.stderr,
+        )
+        return 3
     return 0
 
 

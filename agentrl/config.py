@@ -429,8 +429,10 @@ def _parse_override(text: str) -> dict[str, Any]:
 
 
 def _deep_merge(base: dict[str, Any], update: Mapping[str, Any]) -> None:
+    """Mappings merge key by key (``env.options.b=2`` keeps ``a``); an empty mapping replaces what
+    was there (``data.options={}`` clears the preset's knobs)."""
     for key, value in update.items():
-        if isinstance(value, Mapping) and isinstance(base.get(key), dict):
+        if isinstance(value, Mapping) and value and isinstance(base.get(key), dict):
             _deep_merge(base[key], value)
         else:
             base[key] = copy.deepcopy(value)

@@ -72,7 +72,7 @@ class EnvConfig:
     name: str = "calculator"
     """Environment registry name (``agentrl envs list``); checked against the registry when the run starts."""
     options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments for the environment's constructor."""
+    """Values for the environment's options: class attributes it declares (``max_turns``, ``system_prompt``, its own), each set per run; an undeclared one, or a value of another type than the attribute's default, is an error before any work (docs/environments.md, "Options")."""
     module: str | None = None
     """Your own environment: a module name (``my_pkg.my_env``) or a ``.py`` file (relative paths are resolved against the current directory) imported before the run, so its ``@register`` runs."""
 

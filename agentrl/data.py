@@ -375,7 +375,8 @@ def _check_options(name: str, fn: Adapter, options: Mapping[str, Any]) -> None:
         offer = f"it takes {', '.join(takes)}" if takes else "it takes none"
         raise ValueError(
             f"data.options {unknown} do not apply to the {name!r} dataset adapter ({offer}); an environment's "
-            "task-generator knobs (data.options of a built-in environment) do not apply to a data file"
+            "task-generator knobs (data.options of a built-in environment) do not apply to a data file: "
+            "remove them (data.options={} clears them)"
         )
 
 

@@ -325,7 +325,7 @@ def option_problem(cls: type[Environment], options: Mapping[str, Any]) -> str | 
     allowed = declared_options(cls)
     unknown = [k for k in options if k not in allowed]
     if not unknown:
-        return None
+        return _option_type_problem(cls, options)
     guess = difflib.get_close_matches(unknown[0], allowed, n=1)
     did = f" (did you mean {guess[0]!r}?)" if guess else ""
     return (
@@ -333,6 +333,22 @@ def option_problem(cls: type[Environment], options: Mapping[str, Any]) -> str | 
         f"Its options: {', '.join(allowed)}. An option is a class attribute with a default: declare "
         f"`{unknown[0]} = ...` in the class body to make it one"
     )
+
+
+def _option_type_problem(cls: type[Environment], options: Mapping[str, Any]) -> str | None:
+    """An option whose default is a number, a string or a bool takes a value of that kind (an int
+    where the default is a float); the first that does not is named."""
+    for key, value in options.items():
+        default = getattr(cls, key)
+        kinds: tuple[type, ...] = (int, float) if type(default) is float else (type(default),)
+        if default is None or type(default) not in (int, float, str, bool):
+            continue
+        if type(value) not in kinds or (type(default) is not bool and isinstance(value, bool)):
+            return (
+                f"environment {cls.name!r} option {key!r} takes a value of type {type(default).__name__}, "
+                f"like its default {default!r}; got {value!r} ({type(value).__name__})"
+            )
+    return None
 
 
 def tool_result_text(out: Any) -> str:

@@ -68,11 +68,12 @@ def check_inputs(
     env_problems = list(environment_problems(cfg, env_cls))
     problems += env_problems
     if not env_problems:
+        before = len(problems)
         if train:
             out.train_tasks = _tasks(cfg, "train", problems)
-        if test:
+        if test and not (len(problems) > before and components.shared_rows(cfg)):  # one file: said once
             out.test_tasks = _tasks(cfg, "test", problems)
-        if cfg.sft.enabled if sft is None else sft:
+        if (cfg.sft.enabled if sft is None else sft) and len(problems) == before:  # tasks that load
             problems += demonstration_problems(cfg, env_cls)
     if cfg.run.resume:
         out.resume = _resume_changes(cfg, force, problems)
@@ -354,7 +355,7 @@ def _tasks(cfg: Config, split: str, problems: list[str]) -> list[Task] | None:
 def _task_source(cfg: Config) -> str:
     d = cfg.data
     if d.source == "builtin":
-        return f"environment {cfg.env.name!r}'s load_tasks"
+        return f"load_tasks of environment {cfg.env.name!r}"
     return f"data.path={d.path!r}" if d.source == "file" else f"hub dataset {d.path!r}"
 
 
@@ -370,8 +371,8 @@ def task_problem(cfg: Config, split: str, e: Exception) -> str:
         return f"data.path: {e} (relative paths start from {os.getcwd()})"
     if isinstance(e, TypeError) and d.source == "builtin" and d.options:
         return (
-            f"data.options={d.options}: environment {cfg.env.name!r}'s task generator does not take them "
-            f"({what}); see its knobs in docs/tasks.md"
+            f"data.options={d.options}: the task generator of environment {cfg.env.name!r} does not take "
+            f"them ({what}); see its knobs in docs/tasks.md"
         )
     if d.source == "builtin":
         return f"{_task_source(cfg)} ({split}) raised {what}"
@@ -395,11 +396,12 @@ def _split_notes(cfg: Config, out: CheckedInputs) -> list[str]:
         )
         notes.append(f"{note}: {sizes}")
     if out.train_tasks and out.test_tasks:
-        shared = {t.prompt for t in out.train_tasks} & {t.prompt for t in out.test_tasks}
+        trained = {t.prompt for t in out.train_tasks}
+        shared = [t.prompt for t in out.test_tasks if t.prompt in trained]  # tasks, as eval counts them
         if shared:
             notes.append(
                 f"warning: {len(shared)} of the {len(out.test_tasks)} held-out tasks are also training tasks "
-                f"(the same prompt), e.g. {next(iter(shared))[:60]!r}: their evaluation is not held out"
+                f"(the same prompt), e.g. {shared[0][:60]!r}: their evaluation is not held out"
             )
     return notes
 
@@ -431,13 +433,13 @@ def demonstration_problems(cfg: Config, env_cls: type[Environment]) -> Iterator[
         hint = (
             " The rows of a data file need a `solution` column (a worked solution; its last line or "
             "\\boxed{} gives the answer) for the warm start to learn from;"
-            if cfg.data.source != "builtin"
+            if cfg.data.source != "builtin" and "solution" in str(e)
             else ""
         )
         yield (
-            f"sft.enabled=true: the warm start makes its demonstrations with {cfg.env.name!r}'s solver from the "
-            f"training tasks, and that failed: {type(e).__name__}: {e}.{hint} give sft.demos (a JSONL of "
-            "conversations), or set sft.enabled=false"
+            f"sft.enabled=true: the warm start makes its demonstrations with the solver of environment "
+            f"{cfg.env.name!r} from the training tasks, and that failed: {type(e).__name__}: {e}.{hint} give "
+            "sft.demos (a JSONL of conversations), or set sft.enabled=false"
         )
 
 

@@ -113,13 +113,15 @@ class TrainProgress:
             return
         resumed = f", resumed at step {self.start}" if self.start else ""
         table = Table(title=f"training summary ({time.perf_counter() - self.t0:.0f}s{resumed})")
+        one = self.first.get("step", 0) == self.last["step"]  # a one-step run: one column
         table.add_column("metric")
         table.add_column(f"step {self.first.get('step', 0)}", justify="right")
-        table.add_column(f"step {self.last['step']}", justify="right")
+        if not one:
+            table.add_column(f"step {self.last['step']}", justify="right")
         for k in SUMMARY:
             a, b = self.first.get(k), self.last.get(k)
             if isinstance(a, (int, float)) or isinstance(b, (int, float)):
-                table.add_row(k, _num(a), _num(b))
+                table.add_row(k, _num(a), *(() if one else (_num(b),)))
         self.console.print(table)
         if len(self.history) > 1:  # resumed at least once: which keys changed when
             self.console.print(

@@ -35,7 +35,7 @@ IGNORED = ("run.resume", "run.output_dir")
 FIXED_MID_RUN: dict[str, str] = {
     "model.path": "the checkpoint's weights were trained from this model",
     "model.tokenizer": "the token ids in the checkpoint's optimizer state and the transcripts belong to this tokenizer",
-    "model.lora": "the checkpoint holds adapters of these LoRA settings",
+    "model.lora": "the checkpoint was trained with these LoRA settings (rank 0: full fine-tuning, no adapters)",
     "env.name": "the run's tasks and rewards belong to this environment",
     "env.options": "they change the environment's tasks or behaviour",
     "data.source": "the training tasks come from here",

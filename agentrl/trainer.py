@@ -62,6 +62,7 @@ from agentrl.episode import Episode
 from agentrl.evaluation import evaluate
 from agentrl.learner import Learner
 from agentrl.metrics import FailureSummary, MetricsLogger, episode_metrics, failure_summary, plot_run
+from agentrl.models import resolve_model_path
 from agentrl.pipeline import EngineGate, RolloutPipeline, batch_requests
 from agentrl.progress import TrainProgress
 from agentrl.runner import EpisodeRequest
@@ -77,6 +78,13 @@ class StepOutput:
     episodes: list[Episode]
     failure: FailureSummary | None = None
     """The step's failed episodes: their share and the most frequent failure (None: none failed)."""
+
+
+def _prompt_too_long(metrics: dict[str, float]) -> bool:
+    """Every episode of the step ran out of its token budget before the policy wrote anything."""
+    return (
+        metrics.get("stop/token_budget", 0.0) == 1.0 and metrics.get("length/policy_tokens_total", 0.0) == 0
+    )
 
 
 class TrainingFailed(RuntimeError):
@@ -99,7 +107,9 @@ class Trainer:
 
     def __init__(self, cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> None:
         self.cfg, self.log = cfg, log
-        checked = preflight.check_inputs(cfg, train=True, test=bool(cfg.trainer.eval_every), force=force)
+        # the held-out tasks too when they are evaluated or split from the training data (the log says how many)
+        test = bool(cfg.trainer.eval_every) or (components.shared_rows(cfg) and cfg.data.test_fraction > 0)
+        checked = preflight.check_inputs(cfg, train=True, test=test, force=force)
         for note in checked.notes:
             log(note)
         components.apply_threads(cfg, log)
@@ -119,8 +129,11 @@ class Trainer:
             torch.use_deterministic_algorithms(True)
         self.start_step = self.step = 0
         ckpt, state = self._resume_point() if cfg.run.resume else (None, None)
-        self.base_path = build.policy_path(cfg, log=log)  # the model RL starts from
         record = weights_record(state) if state else None
+        # the model RL starts from: the SFT warm start. A checkpoint of full weights replaces it, so a
+        # resume does not warm-start again (another machine, another cache); LoRA adapters need it
+        full = record is not None and not record["lora"]
+        self.base_path = resolve_model_path(cfg.model.path) if full else build.policy_path(cfg, log=log)
         if ckpt and record:
             check_resumable(record, cfg, ckpt, self.base_path)
         # full HF weights load from the checkpoint; LoRA and DCP checkpoints fill a model built from the base
@@ -211,6 +224,11 @@ class Trainer:
                 if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
                     out.metrics.update(self.evaluate())
                 self.metrics.log(step, out.metrics)
+                if _prompt_too_long(out.metrics):
+                    self.log(
+                        f"warning (step {step}): every episode stopped before the model wrote a token: the prompt "
+                        f"is longer than rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}"
+                    )
                 failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
                 tripped = failing >= cfg.trainer.max_failed_steps
                 if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
@@ -266,6 +284,12 @@ class Trainer:
 
     def _nothing_trained_message(self, history: list[dict[str, float]]) -> str:
         failed = max(m.get("episodes/failed_frac", 0.0) for m in history)
+        if all(_prompt_too_long(m) for m in history):
+            return (
+                f"no step trained: in all {len(history)} steps every episode stopped before the model wrote a "
+                f"token: the prompt (system prompt, tool schemas, task) is longer than "
+                f"rollout.max_episode_tokens={self.cfg.rollout.max_episode_tokens}; raise it"
+            )
         why = (
             "episodes failed: see the FAILED part of the progress lines, and agentrl replay "
             f"{self.run_dir} --filter failure=BOUNDARY"
@@ -569,6 +593,8 @@ def train(cfg: Config, log=print, overwrite: bool = False, force: bool = False) 
 
     def _graceful(signum, frame):
         if trainer.stop_requested:
+            log(f"{signal.Signals(signum).name} again: stopping now; step {trainer.step} is lost, and a resume starts "
+                "from the last checkpoint")  # fmt: skip
             raise KeyboardInterrupt
         trainer.stop_requested = True
         log(

@@ -357,3 +357,12 @@ def test_describe_config_lists_every_key():
     for path in dataclass_tree.leaf_paths(Config):
         assert f"| `{path}` |" in table, path
     assert "| `algorithm.clip_high` | float or null, >= 0 | *from the preset* |" in table
+
+
+def test_an_empty_mapping_override_clears_a_presets_mapping():
+    """Switching the quickstart to a data file: its calculator knobs must go, and {} says so (it
+    merged into nothing before, and null is not a mapping)."""
+    cfg = load_config(ROOT / "configs" / "quickstart.yaml", ["data.options={}"])
+    assert cfg.data.options == {}
+    kept = load_config(ROOT / "configs" / "quickstart.yaml", ["data.options.x=1"])
+    assert kept.data.options == {"n_operands": 2, "max_value": 20, "x": 1}  # a key still merges

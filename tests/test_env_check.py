@@ -97,3 +97,24 @@ def test_checking_an_environment_from_a_file_without_module_hints_at_it(tmp_path
     assert "unknown environment 'test_units_from_file'" in err and "pass --module" in err
     main(["envs", "check", "test_units_from_file", "--module", str(path)])
     assert "environment 'test_units_from_file'" in capsys.readouterr().out
+
+
+@register
+class SharesAFewPrompts(Environment):
+    """Distinct ids, but 2 of 200 test problems are also training problems (the docs' agent example
+    had 12 such, and the check, comparing the ids of 8 tasks per split, passed it)."""
+
+    name = "test_shares_a_few_prompts"
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        start = 0 if split == "train" else 198
+        return [
+            Task(id=f"{split}-{i}", prompt=f"What is {i} + 1?", answer=i + 1)
+            for i in range(start, start + (n or 200))
+        ]
+
+
+def test_a_split_sharing_a_few_prompts_is_reported():
+    report = check_environment("test_shares_a_few_prompts")
+    assert "train and test splits overlap: 2 shared id(s) or prompt(s)" in "\n".join(report.problems)

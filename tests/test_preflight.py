@@ -128,7 +128,7 @@ def test_a_generator_knob_that_does_not_exist(tmp_path, capsys):
         "sft.enabled=false",
         config="configs/short_cot_cpu.yaml",
     )
-    assert "environment 'short_cot''s task generator does not take them" in err and "'mode'" in err
+    assert "the task generator of environment 'short_cot' does not take them" in err and "'mode'" in err
 
 
 def test_generator_knobs_left_over_for_a_data_file(tmp_path, capsys):
@@ -392,3 +392,31 @@ def test_run_threads_reaches_torch_and_a_busy_machine_is_pointed_out(monkeypatch
         assert said == []
     finally:
         torch.set_num_threads(before)
+
+
+def test_an_option_value_of_the_wrong_type(tmp_path, capsys):
+    """Before: it passed every check, then crashed in the runner (str < int) after the warm start."""
+    err = refused(tmp_path, capsys, "env.options.max_turns=abc", "sft.enabled=false")
+    assert "option 'max_turns' takes a value of type int, like its default 4; got 'abc' (str)" in err
+
+
+def test_resume_arguments_that_cannot_be_a_run(tmp_path, capsys):
+    assert main(["train", "--resume", str(tmp_path / "nope")]) == 2
+    assert "no such directory; --resume takes a run directory" in capsys.readouterr().err
+    assert main(["train", "--resume", str(ROOT / "configs/quickstart.yaml")]) == 2
+    assert "a file; --resume takes a run directory" in capsys.readouterr().err
+    assert main(["train", "--resume", str(tmp_path), "--overwrite"]) == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
+def test_a_prompt_longer_than_the_episode_budget_is_named(tmp_path, tiny_model_dir, capsys):
+    """Before: 'no group had rewards that differ ... check the warm start', the wrong cause."""
+    code = main(["train", str(ROOT / "configs/quickstart.yaml"), f"model.path={tiny_model_dir}", "sft.enabled=false",
+                 f"run.output_dir={tmp_path / 'run'}", "rollout.max_episode_tokens=36", "rollout.max_tokens_per_turn=16",
+                 "trainer.total_steps=1", "logging.plots=false", "logging.tensorboard=false"])  # fmt: skip
+    out = capsys.readouterr()
+    assert code == 3
+    assert (
+        "the prompt (system prompt, tool schemas, task) is longer than rollout.max_episode_tokens=36"
+        in out.err
+    )

@@ -60,7 +60,7 @@ def test_a_forced_resume_that_cannot_work_writes_nothing_either(run, capsys):
     code = main(
         ["train", "--resume", str(run_dir), "--force", "env.name=short_cot", "data.options={steps: 9, x: 1}"]
     )
-    assert code == 2 and "task generator does not take them" in capsys.readouterr().err
+    assert code == 2 and "does not take them" in capsys.readouterr().err
     assert files(run_dir) == before
 
 
@@ -153,5 +153,24 @@ def test_a_run_from_before_held_out_splits_keeps_training_on_every_row(tmp_path,
     capsys.readouterr()
     assert main(["train", "--resume", str(run_dir), "trainer.total_steps=2"]) == 2
     assert "data.test_fraction: 0.0 -> 0.1 cannot change mid-run" in capsys.readouterr().err
-    assert main(["train", "--resume", str(run_dir), "trainer.total_steps=2", "data.test_fraction=0"]) in (0, 3)
+    assert main(["train", "--resume", str(run_dir), "trainer.total_steps=2", "data.test_fraction=0"]) in (
+        0,
+        3,
+    )
     assert json.loads((run_dir / "history.jsonl").read_text().splitlines()[-1])["step"] == 1
+
+
+def test_a_resume_from_full_weights_does_not_warm_start_again(tmp_path, tiny_model_dir, env_file, capsys):
+    """The warm start is in the checkpoint's weights: on another machine, or with its cache gone, a
+    resume used to run the whole SFT again before loading the checkpoint over it."""
+    run_dir = tmp_path / "run"
+    args = [f"model.path={tiny_model_dir}", "env.name=calculator", f"run.output_dir={run_dir}", "run.device=cpu",
+            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_tokens_per_turn=8",
+            "trainer.total_steps=1", "sft.enabled=true", "sft.cache=false", "sft.steps=2", "sft.num_demos=8",
+            "sft.batch_size=4", "logging.plots=false", "logging.tensorboard=false", "data.num_test=4"]  # fmt: skip
+    assert main(["train", *args]) in (0, 3)
+    shutil.rmtree(run_dir / "warm_start")
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run_dir), "trainer.total_steps=2"]) in (0, 3)
+    out = capsys.readouterr()
+    assert "SFT warm start" not in out.out + out.err and not (run_dir / "warm_start").exists()

@@ -52,9 +52,10 @@ class ArithmeticAgent(AgentEnvironment):
 
     @classmethod
     def load_tasks(cls, split, n=None, seed=0, **options):
-        rng = random.Random(f"{split}-{seed}")
-        pairs = [(rng.randint(0, 50), rng.randint(0, 50)) for _ in range(n or 200)]
-        return [Task(f"{split}-{i}", f"What is {a} + {b}?", answer=a + b) for i, (a, b) in enumerate(pairs)]
+        # every fifth pair of numbers is a test problem: the splits never share a question
+        pairs = [(a, b) for a in range(51) for b in range(51) if ((a * 51 + b) % 5 == 0) == (split == "test")]
+        random.Random(f"{split}-{seed}").shuffle(pairs)
+        return [Task(f"add-{a}-{b}", f"What is {a} + {b}?", answer=a + b) for a, b in pairs[: n or 200]]
 
     async def run(self, client, task):
         answer = await solve(client, task.prompt)
