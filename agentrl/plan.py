@@ -202,9 +202,10 @@ def config_json(path: str) -> dict[str, Any]:
             "tie_word_embeddings": False,
         }
     from agentrl import gguf
+    from agentrl.models import cache_root
 
     if gguf.is_gguf(path) or gguf.is_packaged(path):  # the cached conversion (converted on first use)
-        path = str(gguf.converted_dir(path))
+        path = str(gguf.converted_dir(path, cache_root()))
     local = Path(path) / "config.json"
     if local.exists():
         return json.loads(local.read_text())  # type: ignore[no-any-return]

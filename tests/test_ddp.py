@@ -167,7 +167,9 @@ def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_mode
         _torchrun("train", "--resume", str(run)), env=env, capture_output=True, text=True, timeout=600
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    resumed = re.findall(r"resumed from \S+ at step 2", done.stdout + done.stderr)
+    resumed = re.findall(
+        r"resumed from \S+ \(the state after steps 0-1\) at step 2", done.stdout + done.stderr
+    )
     assert len(resumed) == 2, done.stderr[-3000:]  # one per rank
 
     noise = lambda eps, step: sorted(  # noqa: E731  (threads may hand a rank's draws out in any order)

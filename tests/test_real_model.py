@@ -68,7 +68,7 @@ def smollm2() -> Path:
         gguf.packaged_file(SMOL)
     except gguf.ModelFileError as e:
         pytest.skip(f"SmolLM2-135M-Instruct is not installed here ({e})")
-    return gguf.converted_dir(SMOL, cache=REAL_CACHE)
+    return gguf.converted_dir(SMOL, REAL_CACHE)
 
 
 def test_smollm2_converts_to_a_plain_model_directory():
