@@ -16,6 +16,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import Any
 
 EXIT_GRACE_S = float(os.environ.get("AGENTRL_EXIT_GRACE_S", "10"))
 """How long ``agentrl`` waits, once its command has returned, for threads it did not start as
@@ -114,10 +115,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from agentrl import build, components
     from agentrl.checkpoint import STATE_FILE, latest_checkpoint
     from agentrl.config import ConfigError
-    from agentrl.evaluation import evaluate
+    from agentrl.evaluation import evaluate, outcomes
     from agentrl.export import checkpoint_model
     from agentrl.metrics import failure_summary
 
+    against = _baseline_outcomes(args.against) if args.against else None  # a bad file: before any work
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
     newest = latest_checkpoint(run_dir) if run_dir and not args.checkpoint else None
     held_out = cfg.eval.split == "test"
@@ -156,7 +158,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     shown: dict[str, float | None] = {k: None if v != v else v for k, v in metrics.items()}  # NaN: JSON null
     out = Path(args.output or (run_dir or Path(cfg.run.output_dir or "runs/eval")) / "eval" / f"{label}.json")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"checkpoint": str(path), "split": cfg.eval.split, **shown}, indent=2))
+    by_task = outcomes(episodes)
+    record: dict[str, Any] = {"checkpoint": str(path), "split": cfg.eval.split, **shown}
+    record["per_task"] = {t: [sum(v), len(v)] for t, v in by_task.items()}  # correct of n samples
+    if against is not None:
+        record["compared_with"] = {"file": args.against, **_compare(against, by_task, args.against)}
+    out.write_text(json.dumps(record, indent=2))
     if args.transcripts:
         from agentrl.transcripts import TranscriptWriter
 
@@ -172,6 +179,36 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
         return 3
     return 0
+
+
+def _baseline_outcomes(path: str) -> dict[str, list[bool]]:
+    """``--against FILE``: per task, the outcomes of an earlier ``agentrl eval`` JSON."""
+    from agentrl.config import ConfigError
+
+    try:
+        per_task = json.loads(Path(path).read_text())["per_task"]
+        return {t: [True] * int(c) + [False] * (int(n) - int(c)) for t, (c, n) in per_task.items()}
+    except FileNotFoundError:
+        raise ConfigError(f"--against {path}: no such file (an earlier agentrl eval's JSON)") from None
+    except (KeyError, ValueError, TypeError) as e:
+        raise ConfigError(
+            f"--against {path}: not an agentrl eval JSON with per-task results ({type(e).__name__}: {e}); "
+            "evaluations written before per_task existed need to be run again"
+        ) from None
+
+
+def _compare(before: dict[str, list[bool]], after: dict[str, list[bool]], label: str) -> dict[str, Any]:
+    """The paired bootstrap of ``after`` against ``before``, printed and returned."""
+    from agentrl.evaluation import paired_bootstrap
+
+    result = paired_bootstrap(before, after)
+    for name, r in result.items():
+        print(
+            f"{name}: {r['before']:.3f} ({label}) -> {r['after']:.3f}: {r['change']:+.3f} "
+            f"(95% interval {r['ci_low']:+.3f} to {r['ci_high']:+.3f}, paired bootstrap over "
+            f"{int(r['tasks'])} tasks)"
+        )
+    return result
 
 
 def cmd_export(args: argparse.Namespace) -> int:
@@ -423,6 +460,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="JSON file (default: RUN_DIR/eval/<checkpoint>.json, or run.output_dir/eval/start.json)",
     )
     sp.add_argument("--transcripts", help="also write the evaluation episodes to this JSONL file")
+    sp.add_argument(
+        "--against",
+        help="an earlier eval's JSON on the same tasks (e.g. RUN/eval/start.json): print the change in "
+        "mean@k and pass@k with a 95%% interval from a paired bootstrap over tasks",
+    )
     sp.set_defaults(fn=cmd_eval)
     sp = with_config("rollout", "run a batch of episodes and write them as JSONL")
     sp.add_argument("--tasks", type=_positive, default=8, help="number of tasks (each run group_size times)")

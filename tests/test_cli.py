@@ -80,6 +80,20 @@ def test_sft_train_eval_plot(tmp_path, tiny_model_dir, capsys):
     assert (
         res["eval/tasks"] == 3 and res["eval/k"] == 2 and 0 <= res["eval/mean@k"] <= res["eval/pass@k"] <= 1
     )
+    assert len(res["per_task"]) == 3 and all(n == 2 and 0 <= c <= 2 for c, n in res["per_task"].values())
+    # the same tasks again, compared with the first evaluation: a paired bootstrap over the 3 tasks
+    again = tmp_path / "again.json"
+    checkpoint = ["--checkpoint", str(run / "checkpoints" / "step_2")]
+    assert (
+        main(["eval", "configs/quickstart.yaml", *args, *checkpoint, "-o", str(again), "--against", str(out)])
+        == 0
+    )
+    compared = json.loads(again.read_text())["compared_with"]
+    assert compared["file"] == str(out) and compared["mean@k"]["tasks"] == 3
+    assert "paired bootstrap over 3 tasks" in capsys.readouterr().out
+    (tmp_path / "old.json").write_text('{"eval/mean@k": 0.5}')  # written before per_task existed
+    assert main(["eval", "configs/quickstart.yaml", *args, "--against", str(tmp_path / "old.json")]) == 2
+    assert "evaluations written before per_task existed need to be run again" in capsys.readouterr().err
     (run / "plots" / "entropy.png").unlink()
     assert main(["plot", str(run)]) == 0 and (run / "plots" / "entropy.png").exists()
 
