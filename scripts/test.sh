@@ -27,7 +27,7 @@ bash .ci/browser_setup.sh .venv/bin/python >&2
 phase "install and setup"
 status=0
 t=$SECONDS
-.venv/bin/python -m pytest -m "not vllm and not study" -q "$@" || status=$?
+.venv/bin/python -m pytest -m "not vllm and not study" -q --durations=25 "$@" || status=$?
 bash .ci/docker_setup.sh stop
 phase "test suite" "$t"
 if [ "$#" -eq 0 ]; then
