@@ -291,9 +291,9 @@ _EXPRESSION = re.compile(r"\{([^{}]+)\}")
 _SENTENCE_START = re.compile(r"([.!?]\s+)([a-z])")
 
 
-def fill(text: str, values: dict[str, Any], rng: random.Random | None = None) -> str:
+def fill(text: str, values: dict[str, Any]) -> str:
     """``text`` with ``{name,original}`` and ``{expression}`` replaced by the instance's values."""
-    names = {**_functions(rng or random.Random(0)), **values}
+    names = {**_functions(random.Random(0)), **values}
     out = _VARIABLE.sub(lambda m: _shown(values[m.group(1)]), text)
     out = _EXPRESSION.sub(lambda m: _shown(_number(evaluate(m.group(1), names))), out)
     out = out[:1].upper() + out[1:]
