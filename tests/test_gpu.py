@@ -133,9 +133,11 @@ def long_episodes(n: int, policy_tokens: int) -> list:
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
 def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
-    """One update of a 60 M model at 2 × 1024 tokens: the planner's training terms (weights,
-    gradients, AdamW, gathered parameters, activations, logits) against the peak CUDA memory the
-    update allocated, within 35% (allocator rounding and transient workspaces are not modelled)."""
+    """A 60 M model at 2 × 1024 tokens: the planner's training terms (weights, gradients, AdamW,
+    gathered parameters, activations, logits) against the peak CUDA memory of the second update,
+    within 35% (allocator rounding and transient workspaces are not modelled). The first update is
+    not the steady state: AdamW creates its moments in its first step, after the backward pass has
+    freed the activations (on an H100, 2026-11-27, FSDP2's first update peaked at 0.56x the plan)."""
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.plan import plan
     from agentrl.trainer import Trainer
@@ -165,8 +167,10 @@ def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
     torch.cuda.synchronize()
     engine_bytes = sum(p.numel() * p.element_size() for p in trainer.engine.model.parameters())
     engine_bytes = engine_bytes if trainer.engine.model is not trainer.model else 0
+    learner.update(learner.make_batch(episodes), 0)  # creates AdamW's moments, which then stay
+    torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    learner.update(learner.make_batch(episodes), 0)
+    learner.update(learner.make_batch(episodes), 1)  # the steady state the plan describes
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated() - engine_bytes
     print(
