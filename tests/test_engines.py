@@ -387,6 +387,37 @@ def test_lean_decode_is_used_for_qwen2_and_matches_the_transformers_loop(peaky_p
         assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
 
 
+@pytest.mark.parametrize("attention_bias", [False, True])
+def test_lean_decode_matches_the_transformers_loop_on_a_llama_model(tiny_tokenizer, attention_bias):
+    """A Llama-architecture model shaped like SmolLM2 (tied embeddings, grouped-query attention, rope
+    theta 1e5), with and without biases on the four attention projections: the lean step picks it up
+    and reproduces the transformers loop's completions and log-probs."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tiny_tokenizer), hidden_size=96, intermediate_size=192, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, tie_word_embeddings=True, rope_theta=1e5,
+        attention_bias=attention_bias, pad_token_id=tiny_tokenizer.pad_token_id,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(5.0)  # peaked next-token distributions (the head is the embedding)
+        for layer in model.model.layers if attention_bias else []:
+            for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.o_proj):
+                proj.bias.normal_(0.0, 0.5)
+    prompts = prompts_of(tiny_tokenizer)
+    params = [SamplingParams(max_tokens=4 + 5 * i, temperature=1.0, seed=3 + i) for i in range(len(prompts))]
+    lean = HFEngine(model, tiny_tokenizer, max_batch_size=8)
+    slow = HFEngine(model, tiny_tokenizer, max_batch_size=8, lean_decode=False)
+    assert lean.decode_path == "lean" and slow.decode_path == "transformers"
+    a, b = lean.generate(prompts, params), slow.generate(prompts, params)
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+    assert len({t for x in a for t in x.token_ids}) > 5  # sampled, not one token repeated
+
+
 def test_lean_decode_declines_models_it_does_not_reproduce(tiny_policy):
     from agentrl.engines.lean_decode import supports
 
@@ -395,7 +426,11 @@ def test_lean_decode_declines_models_it_does_not_reproduce(tiny_policy):
     model.config.use_sliding_window = True
     assert not supports(model)
     assert HFEngine(model).decode_path == "transformers"
-    with pytest.raises(ValueError, match="Qwen2-style"):
+    model.config.use_sliding_window = False
+    model.config.model_type = "llama"
+    model.config.mlp_bias = True
+    assert not supports(model)
+    with pytest.raises(ValueError, match="Llama-style"):
         LeanDecoder(model, [], [], torch.zeros(1, 1, 1, 1), 0, 1)
 
 

@@ -153,7 +153,7 @@ class HFEngine:
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._decode = token_decoder(tokenizer) if tokenizer is not None else None
         self._version = 0
-        # decode steps: the lean Qwen2 step (engines/lean_decode.py) when the model is one it
+        # decode steps: the lean Qwen2/Llama step (engines/lean_decode.py) when the model is one it
         # reproduces, else the transformers forward; recorded so benchmarks and logs can say which
         self.decode_path = "lean" if lean_decode and lean_supports(self.model) else "transformers"
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one

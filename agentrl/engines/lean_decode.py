@@ -1,11 +1,13 @@
-"""A lean one-token decode step for Qwen2-architecture models, for the embedded engine on CPU.
+"""A lean one-token decode step for Qwen2- and Llama-architecture models, for the embedded engine.
 
 Why: for small models on CPU a decode step is mostly per-call overhead, not arithmetic. The
 ``transformers`` step rebuilds a 4-D attention mask over the whole sequence, grows every layer's KV
 cache with ``torch.cat`` (copying it), and makes ~60 tensor calls per layer through several wrapper
 modules. Rollouts are about half of an RL step's time (``bench/train_step.py``).
 
-What: the same function as ``Qwen2ForCausalLM.forward`` for one new token per row, in about 15
+What: the same function as ``Qwen2ForCausalLM.forward`` (or ``LlamaForCausalLM.forward``: the same
+layer, with biases on q, k and v in Qwen2 and optionally on all four attention projections in Llama)
+for one new token per row, in about 15
 calls per layer. At the start of each batch the weights are packed (``_Layer``): q, k, v and the
 rotate-half images of q and k come out of one GEMM, gate and up out of another, every matrix is
 pre-transposed, each RMSNorm weight is folded into the matrix that reads its output, and the
@@ -25,8 +27,9 @@ Numerics: exact in real arithmetic. In float32 the log-probs agree with the ``tr
 within 1e-5 and the sampled tokens are identical (tests/test_engines.py); in bfloat16, folding
 rounds differently (log-probs within 0.15 of a bfloat16 forward, tested).
 
-Scope: ``supports(model)`` accepts Qwen2-style models (the tiny models and Qwen2/2.5) with full
-attention in every layer and no MLP biases; anything else keeps the ``transformers`` loop. The engine
+Scope: ``supports(model)`` accepts Qwen2 models (the tiny models, Qwen2/2.5) and Llama models
+(Llama 2/3, SmolLM2) with full attention in every layer and no MLP biases; anything else keeps the
+``transformers`` loop. The engine
 records which path ran (``HFEngine.decode_path``)."""
 
 from __future__ import annotations
@@ -37,13 +40,18 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+ARCHITECTURES = ("qwen2", "llama")  # the same decoder layer, up to which projections carry biases
+
 
 def supports(model: torch.nn.Module) -> bool:
-    """True when ``model`` is a Qwen2-style causal LM this decoder reproduces exactly."""
+    """True when ``model`` is a Qwen2- or Llama-architecture causal LM this decoder reproduces
+    exactly: full attention in every layer, no MLP biases, one tensor-parallel slice."""
     cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "model_type", None) != "qwen2":
+    if cfg is None or getattr(cfg, "model_type", None) not in ARCHITECTURES:
         return False
-    if getattr(cfg, "use_sliding_window", False):
+    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "mlp_bias", False):
+        return False
+    if getattr(cfg, "pretraining_tp", 1) != 1:  # older Llama code splits the matmuls differently
         return False
     if any(t != "full_attention" for t in getattr(cfg, "layer_types", None) or []):
         return False
@@ -132,10 +140,10 @@ class LeanDecoder:
     ):
         if not supports(model):
             raise ValueError(
-                "LeanDecoder reproduces Qwen2-style models with full attention and no MLP biases only "
+                "LeanDecoder reproduces Qwen2- and Llama-style models with full attention and no MLP biases only "
                 "(check lean_decode.supports(model) first)"
             )
-        m: Any = model  # a Qwen2ForCausalLM (supports() checked); its attributes are typed loosely
+        m: Any = model  # a Qwen2/LlamaForCausalLM (supports() checked); its attributes are typed loosely
         self.model, self.inner = m, m.model
         self.keys, self.values = keys, values  # per layer [B, kvH, D, capacity], [B, kvH, capacity, D]
         self.bias = bias  # [B, kvH, 1, capacity]: -inf on left padding, 0 elsewhere
