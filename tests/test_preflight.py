@@ -59,7 +59,11 @@ def test_a_model_directory_without_config_json_or_tokenizer(tmp_path, capsys):
 
 
 def test_a_hub_name_that_the_hub_cannot_give(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # read when huggingface_hub is imported (earlier tests did): without this, ~25 s of retries
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     err = refused(tmp_path, capsys, "model.path=nobody/no-such-model", "sft.enabled=false")
     assert "model.path='nobody/no-such-model': no such local directory, and the hub did not give it" in err
 
