@@ -45,6 +45,7 @@ from agentrl.engines.base import (
     weight_items,
 )
 from agentrl.engines.lean_decode import LeanDecoder
+from agentrl.engines.lean_decode import pays_off as lean_pays_off
 from agentrl.engines.lean_decode import supports as lean_supports
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
@@ -142,7 +143,7 @@ class HFEngine:
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype | None = None,
         max_batch_size: int = 64,
-        lean_decode: bool = True,
+        lean_decode: bool | None = None,
     ) -> None:
         self.device = torch.device(device)
         if dtype is not None and torch_dtype(dtype) != next(model.parameters()).dtype:
@@ -153,9 +154,12 @@ class HFEngine:
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._decode = token_decoder(tokenizer) if tokenizer is not None else None
         self._version = 0
-        # decode steps: the lean Qwen2/Llama step (engines/lean_decode.py) when the model is one it
-        # reproduces, else the transformers forward; recorded so benchmarks and logs can say which
-        self.decode_path = "lean" if lean_decode and lean_supports(self.model) else "transformers"
+        # decode steps: the lean Qwen2/Llama step (engines/lean_decode.py) for a model it reproduces,
+        # by default (None) only where it is the faster one (small models), True wherever it can;
+        # else the transformers forward. Recorded so benchmarks and logs can say which ran
+        auto = lean_decode is None and lean_pays_off(self.model)
+        lean = bool(lean_decode or auto) and lean_supports(self.model)
+        self.decode_path = "lean" if lean else "transformers"
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
         self._deadline = threading.local()  # ``bounded``: this thread's generate deadline
 

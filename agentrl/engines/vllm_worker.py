@@ -103,6 +103,7 @@ class WeightSyncExtension:
         model = self._model()
         with set_current_vllm_config(self._config()):
             finalize_layerwise_reload(model, self._config().model_config)
+            _retie_head(model, self._config().model_config)
         runner: Any = self.model_runner  # type: ignore[attr-defined]
         runner.reset_lora_state()  # as vLLM's own reload_weights does after reloading
         runner.reset_encoder_cache()
@@ -134,6 +135,28 @@ class WeightSyncExtension:
 
     def _config(self) -> Any:
         return self.vllm_config  # type: ignore[attr-defined]
+
+
+def _retie_head(model: Any, model_config: Any) -> None:
+    """Tied embeddings (SmolLM2, Llama 3.2, Qwen2.5 up to 3B): vLLM ties the output head to the
+    embedding by sharing one parameter, and a checkpoint of such a model has no ``lm_head.weight``.
+    The layerwise reload gives a layer that received nothing its old kernel tensors back, so the head
+    kept serving the old embedding after an update (found by the sync's probe on SmolLM2 on CPU:
+    every tensor's checksum matched, the log-probs were off by 0.21). Share the parameter again and
+    redo the head's post-load step (on CPU it prepacks the GEMM weight)."""
+    if not getattr(model_config.hf_config, "tie_word_embeddings", False):
+        return
+    head, inner = getattr(model, "lm_head", None), getattr(model, "model", None)
+    embed = getattr(inner, "embed_tokens", None)
+    if head is None or embed is None:
+        raise NotImplementedError(
+            f"{type(model).__name__} ties its word embeddings but has no lm_head / model.embed_tokens: "
+            "agentrl cannot re-tie them after a weight update"
+        )
+    head.weight = embed.weight
+    method = getattr(head, "quant_method", None)
+    if method is not None:
+        method.process_weights_after_loading(head)
 
 
 def cuda_ipc_blob(tensors: list[tuple[str, torch.Tensor]]) -> bytes:
