@@ -368,6 +368,19 @@ def test_scripted_engine_with_a_function():
 
 
 # -- the lean decode step (engines/lean_decode.py) -----------------------------------------------
+def lean_and_loop_agree(model, tok, prompts, params) -> list:
+    """The lean step and the transformers loop give the same tokens, and log-probs within 1e-5;
+    returns the lean engine's completions."""
+    lean = HFEngine(model, tok, max_batch_size=8, lean_decode=True)
+    slow = HFEngine(model, tok, max_batch_size=8, lean_decode=False)
+    assert lean.decode_path == "lean" and slow.decode_path == "transformers"
+    a, b = lean.generate(prompts, params), slow.generate(prompts, params)
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids
+        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+    return a
+
+
 def test_lean_decode_is_used_for_qwen2_and_matches_the_transformers_loop(peaky_policy):
     """Same completions and log-probs (within float rounding) as the transformers decode loop, with
     left padding (prompts of different lengths), grouped-query attention (4 heads over 2 KV heads)
@@ -378,13 +391,7 @@ def test_lean_decode_is_used_for_qwen2_and_matches_the_transformers_loop(peaky_p
     params = [
         SamplingParams(max_tokens=4 + 6 * i, temperature=1.0, seed=11 + i) for i in range(len(prompts))
     ]  # different lengths: finished rows are dropped from the batch part-way
-    lean = HFEngine(model, tok, max_batch_size=8)
-    slow = HFEngine(model, tok, max_batch_size=8, lean_decode=False)
-    assert lean.decode_path == "lean" and slow.decode_path == "transformers"
-    a, b = lean.generate(prompts, params), slow.generate(prompts, params)
-    for x, y in zip(a, b):
-        assert x.token_ids == y.token_ids
-        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+    lean_and_loop_agree(model, tok, prompts, params)
 
 
 @pytest.mark.parametrize("attention_bias", [False, True])
@@ -408,13 +415,7 @@ def test_lean_decode_matches_the_transformers_loop_on_a_llama_model(tiny_tokeniz
                 proj.bias.normal_(0.0, 0.5)
     prompts = prompts_of(tiny_tokenizer)
     params = [SamplingParams(max_tokens=4 + 5 * i, temperature=1.0, seed=3 + i) for i in range(len(prompts))]
-    lean = HFEngine(model, tiny_tokenizer, max_batch_size=8)
-    slow = HFEngine(model, tiny_tokenizer, max_batch_size=8, lean_decode=False)
-    assert lean.decode_path == "lean" and slow.decode_path == "transformers"
-    a, b = lean.generate(prompts, params), slow.generate(prompts, params)
-    for x, y in zip(a, b):
-        assert x.token_ids == y.token_ids
-        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+    a = lean_and_loop_agree(model, tiny_tokenizer, prompts, params)
     assert len({t for x in a for t in x.token_ids}) > 5  # sampled, not one token repeated
 
 
