@@ -63,9 +63,10 @@ def supports(model: torch.nn.Module) -> bool:
     return all(p.bias is None for p in mlp)  # Qwen2's MLP has none; the packed step assumes so
 
 
-# Measured (bench/engine.py, 64 rows x 64 new tokens, float32, 2 cores, 2026-11-27), lean step's
-# tokens/s over the transformers forward's in the same engine: hidden 128 (2 M parameters) 2.5x;
-# hidden 384 (15 M) 1.00x; hidden 576 (SmolLM2-135M) 0.91x; hidden 640 (60 M) 0.97x. The step
+# Measured, lean step against the transformers forward, float32, 2 cores: hidden 128 (2 M
+# parameters) 2.49x (bench/step_parts.py, 128 decode steps x 32 rows, docs/performance.md); and in
+# tokens/s of the same engine (bench/engine.py, 64 rows x 64 new tokens, 2026-11-27) hidden 384
+# (15 M) 1.00x, hidden 576 (SmolLM2-135M) 0.91x, hidden 640 (60 M) 0.97x. The step
 # removes per-call overhead, which only dominates small models; from hidden ~384 up the matrix
 # products do, and its packed q/k GEMM (rotate-half folded in: 1.8x the projection's columns) costs.
 PAYS_OFF_UP_TO_HIDDEN = 256
