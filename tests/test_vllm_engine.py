@@ -233,7 +233,8 @@ def test_bucketed_sync_equals_the_whole_blob_and_is_verified(engine, tiny_model_
     """Buckets of 0.02 MiB put q, k and v of a layer (fused into qkv_proj) in different RPCs; the
     worker ends with what one whole blob gives, bit for bit: every live checksum (read back through
     the CPU kernels) and every log-prob of a 128-token probe equal."""
-    from agentrl.weight_sync import SyncSettings, probe_ids, sync_weights, tensor_checksum
+    from agentrl.engines.fingerprint import probe_ids, tensor_checksum
+    from agentrl.weight_sync import SyncSettings, sync_weights
 
     model, probe = _moved_policy(tiny_model_dir)
     names, ids = [n for n, _ in model.named_parameters()], probe_ids(1024, 128)

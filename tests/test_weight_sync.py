@@ -18,23 +18,13 @@ import torch
 from agentrl import lora
 from agentrl.config_schema import LoraConfig
 from agentrl.engines.base import SamplingParams
+from agentrl.engines.fingerprint import probe_ids, sample_indices, splitmix64, tensor_checksum
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.models import load_policy
 from agentrl.timeouts import WaitTimeout
 from agentrl.trainer import Trainer
-from agentrl.weight_sync import (
-    MiB,
-    PolicyProbe,
-    SyncSettings,
-    WeightSyncError,
-    _splitmix64,
-    pack_buckets,
-    probe_ids,
-    sample_indices,
-    sync_weights,
-    tensor_checksum,
-)
+from agentrl.weight_sync import MiB, PolicyProbe, SyncSettings, WeightSyncError, pack_buckets, sync_weights
 from tests.jsonl import lines
 from tests.test_trainer import small_config
 
@@ -92,7 +82,7 @@ def test_pack_buckets_keeps_order_and_puts_a_big_tensor_alone():
 def test_samples_and_probe_are_deterministic():
     # SplitMix64 seeded with 0 (Vigna's reference splitmix64.c): 0xe220a8397b1dcdaf, 0x6e789e6aa1b965f4,
     # 0x06c45d188009454f
-    assert [int(x) for x in _splitmix64(0, 3)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
+    assert [int(x) for x in splitmix64(0, 3)] == [0xE220A8397B1DCDAF, 0x6E789E6AA1B965F4, 0x06C45D188009454F]
     assert torch.equal(sample_indices("w", 300), torch.arange(300))  # small: every element
     idx = sample_indices("model.layers.0.mlp.up_proj.weight", 448 * 128)
     assert len(idx) == 512 and int(idx.min()) >= 0 and int(idx.max()) < 448 * 128

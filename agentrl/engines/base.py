@@ -96,7 +96,7 @@ class Fingerprint:
     source: str
     """Which engine or replica answered (``HFEngine``, ``rollout worker 1 (pid 4242): HFEngine``)."""
     checksums: dict[str, str]
-    """Tensor name -> ``weight_sync.sample_checksum`` of the live tensor (in the engine's dtype), or
+    """Tensor name -> ``engines.fingerprint.tensor_checksum`` of the live tensor (in the engine's dtype), or
     ``""`` when the engine has no tensor of that name."""
     probe_logprobs: list[float]
     """log p(ids[t] | ids[:t]) for t = 1 .. n-1 of the probe ids, temperature 1, no sampling filters."""

@@ -44,13 +44,13 @@ from agentrl.engines.base import (
     per_prompt_params,
     weight_items,
 )
+from agentrl.engines.fingerprint import probe_logprobs, tensor_checksum
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import pays_off as lean_pays_off
 from agentrl.engines.lean_decode import supports as lean_supports
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
 from agentrl.timeouts import WaitTimeout
-from agentrl.weight_sync import probe_logprobs, tensor_checksum
 
 
 def sample_next(

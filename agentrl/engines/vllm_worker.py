@@ -25,7 +25,7 @@ sent, say, ``q_proj`` and ``v_proj`` but not ``k_proj`` (it raises after finishi
 the engine can take a complete update next; LoRA ``target_modules`` must cover a fused layer's parts
 together on vLLM).
 
-``agentrl_fingerprint`` checksums the live weights (``weight_sync.tensor_checksum``'s format) with
+``agentrl_fingerprint`` checksums the live weights (``engines.fingerprint.tensor_checksum``'s format) with
 tensor parallelism 1: a checkpoint tensor that vLLM fused is the matching row slice of the fused
 parameter (offsets from the layer's ``output_sizes``), an embedding or head the first
 ``org_vocab_size`` rows (vLLM pads the vocabulary). A linear weight that vLLM's CPU backend has
@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from agentrl.weight_sync import checksum, sample_indices, tensor_checksum
+from agentrl.engines.fingerprint import checksum, sample_indices, tensor_checksum
 
 
 class WeightSyncExtension:
