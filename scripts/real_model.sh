@@ -14,5 +14,5 @@ bash scripts/setup.sh
 RUN=$(.venv/bin/python -c "import sys; from agentrl.config import load_config; c = load_config(sys.argv[1], sys.argv[2:]); print(c.run.output_dir or f'runs/{c.run.name}')" "$CONFIG" "$@")
 BEFORE="$RUN.before.json"
 .venv/bin/agentrl eval "$CONFIG" "$@" -o "$BEFORE"   # the warm start (the SFT runs here, once, and is cached)
-.venv/bin/agentrl train "$CONFIG" "$@"
+.venv/bin/agentrl train "$CONFIG" "$@" --overwrite   # an earlier run there is moved aside, not deleted
 exec .venv/bin/agentrl eval "$RUN" --against "$BEFORE"
