@@ -45,10 +45,10 @@ def local_bytes(t) -> int:
 def worker(out: str, model_dir: str, steps: int, overrides: list[str]) -> None:
     import torch
 
-    from agentrl import ranks
     from agentrl.config import load_config
     from agentrl.episode import Segment
     from agentrl.trainer import Trainer
+    from tests.batches import synthetic_batch
 
     run_dir = tempfile.mkdtemp(prefix="bench_sharding_")
     cfg = load_config(
@@ -67,7 +67,7 @@ def worker(out: str, model_dir: str, steps: int, overrides: list[str]) -> None:
     trainer = Trainer(cfg, log=lambda *_: None)
     learner = trainer.learner
     g = torch.Generator().manual_seed(0)
-    eps = ranks.synthetic_batch(1024, n=8).episodes
+    eps = synthetic_batch(1024, n=8).episodes
     for i, ep in enumerate(eps):  # one long reply per episode: 24 + 232 = 256 tokens
         ep.segments = ep.segments[:1]
         ep.segments[0].token_ids = torch.randint(5, 1024, (24,), generator=g).tolist()

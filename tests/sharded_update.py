@@ -21,14 +21,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl import ranks
 from agentrl.config import load_config
 from agentrl.trainer import Trainer
+from tests.batches import synthetic_batch
 
 
 def episodes(vocab: int, n: int = 8):
     """``n`` episodes in 2 groups with rewards that differ within each group."""
-    eps = ranks.synthetic_batch(vocab, n=n).episodes
+    eps = synthetic_batch(vocab, n=n).episodes
     for i, ep in enumerate(eps):
         ep.reward = float(i % 3) / 2
     return eps

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from agentrl import algorithms as alg
-from agentrl import ranks
 from agentrl.learner import Learner
 from agentrl.models import load_policy
+from tests.batches import synthetic_batch
 from tests.test_trainer import small_config
 
 
@@ -35,7 +35,7 @@ def _meta_learner(tmp_path, tiny_model_dir, *extra: str) -> Learner:
 
 def test_the_learner_computes_on_the_policy_device(tmp_path, tiny_model_dir):
     learner = _meta_learner(tmp_path, tiny_model_dir, "algorithm.name=stare", "algorithm.kl_coef=0.1")
-    episodes = ranks.synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
+    episodes = synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
     batch = learner.make_batch(episodes)
     assert {t.device.type for t in (batch.ids, batch.mask, batch.engine_logp, batch.advantages)} == {"meta"}
     assert batch.lengths.device.type == "cpu"  # host-side: trimming reads them
@@ -62,7 +62,7 @@ def test_a_stray_cpu_tensor_fails_on_meta(tmp_path, tiny_model_dir):
     above would catch a tensor that does not follow the model. (Meta's embedding kernel accepts CPU
     token ids, so a stray ``ids`` tensor is caught only on a GPU.)"""
     learner = _meta_learner(tmp_path, tiny_model_dir)
-    episodes = ranks.synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
+    episodes = synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
     batch = learner.make_batch(episodes)
     logp, _ = learner._forward(learner.model, batch, grad=True)
     with pytest.raises(RuntimeError, match="device"):
