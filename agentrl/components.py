@@ -222,7 +222,7 @@ def local_runner(
     )
     sampling = sampling_params(cfg, seed, temperature)
     if issubclass(env_class(cfg), AgentEnvironment):
-        from agentrl.proxy.agent import AgentRunner  # the endpoint: openai, http.server
+        from agentrl.agent_runner import AgentRunner  # the endpoint: openai, http.server
 
         return AgentRunner(
             engine,

@@ -27,13 +27,13 @@ import json
 import statistics
 import time
 
+from agentrl.agent_runner import AgentRunner
 from agentrl.agents import AgentEnvironment
 from agentrl.async_runner import AsyncEpisodeRunner
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Environment, StepResult, Task
 from agentrl.models import load_policy, resolve_model_path
-from agentrl.proxy.agent import AgentRunner
 from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
 
 TURNS = 4

@@ -396,7 +396,7 @@ RUNS = {
 def test_runner_episode_equals_a_full_render(family):
     """A scripted two-turn tool episode through the EpisodeRunner: the call parses in the family's
     format, the tool output is tagged, and the doctor finds the ids identical to a full re-render."""
-    from agentrl.doctor import diagnose
+    from agentrl.drift import diagnose
     from agentrl.engines.scripted import ScriptedEngine
     from agentrl.env import Task
     from agentrl.runner import EpisodeRequest, EpisodeRunner
@@ -432,7 +432,7 @@ def test_a_template_without_a_tools_section_gets_them_in_the_system_message(tiny
     to use a tool it was never shown. Now: auto puts them in the system message, the episode records
     it, the doctor finds no drift, and SFT demonstrations see the same prompt."""
     from agentrl.chat import renders_tools
-    from agentrl.doctor import diagnose
+    from agentrl.drift import diagnose
     from agentrl.engines.scripted import ScriptedEngine
     from agentrl.env import Task
     from agentrl.runner import EpisodeRequest, EpisodeRunner

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from agentrl.doctor import classify, diagnose, doctor_command
+from agentrl.doctor import doctor_command
+from agentrl.drift import classify, diagnose
 from agentrl.episode import Episode, Segment
 from agentrl.transcripts import iter_episodes
 

@@ -1,5 +1,5 @@
 """The OpenAI-compatible endpoint in front of the engine: agents written against the ``openai``
-client, recorded token by token (agentrl.proxy.agent, agentrl.agents)."""
+client, recorded token by token (agentrl.agent_runner, agentrl.agents)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,13 @@ import httpx
 import openai
 import pytest
 
+from agentrl.agent_runner import AgentRunner
 from agentrl.agents import AgentEnvironment
-from agentrl.doctor import diagnose
+from agentrl.drift import diagnose
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Reward, Task, register
 from agentrl.episode import Episode
-from agentrl.proxy.agent import AgentRunner
 from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
 from agentrl.tools import ToolCall, format_tool_call
 from environments.calculator import Calculator
@@ -339,7 +339,7 @@ def test_a_sync_agent_gets_a_sync_client(tiny_tokenizer):
 
 
 def test_serve_mode_opens_episodes_by_key_and_writes_them_when_finished(tiny_tokenizer):
-    from agentrl.proxy.serve import ServedEpisode
+    from agentrl.cli.serve import ServedEpisode
 
     engine = scripted(tiny_tokenizer, ["Hi.<|im_end|>"] * 4)
     runner = AgentRunner(engine, tiny_tokenizer, ServedEpisode, open_keys=True)
@@ -501,7 +501,7 @@ def test_a_second_ctrl_c_stops_the_run_at_once(tiny_tokenizer, engine_cls, ctrl_
 
 def test_tool_call_arguments_reach_the_template_as_objects():
     """Stock templates apply ``tojson`` to a call's arguments: JSON text would be encoded twice."""
-    from agentrl.proxy.agent import canonical, for_template
+    from agentrl.agent_runner import canonical, for_template
 
     msg = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]}  # fmt: skip
     shown = for_template(msg)

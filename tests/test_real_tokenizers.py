@@ -129,7 +129,7 @@ def _episode(tok, env_cls, replies, tools_prompt="auto"):  # type: ignore[no-unt
 
 
 def test_a_qwen3_tool_episode_with_thinking_survives_a_full_rerender():
-    from agentrl.doctor import diagnose
+    from agentrl.drift import diagnose
     from environments.calculator import Calculator
 
     tok = real("qwen3")
@@ -142,7 +142,7 @@ def test_a_qwen3_tool_episode_with_thinking_survives_a_full_rerender():
 
 
 def test_smollm2_shows_the_tools_in_the_system_message_and_keeps_history():
-    from agentrl.doctor import diagnose
+    from agentrl.drift import diagnose
     from environments.calculator import Calculator
 
     tok = real("smollm2")

@@ -31,8 +31,8 @@ class ServedEpisode(AgentEnvironment):
 
 def serve_command(cfg: Config, host: str | None = None, port: int | None = None) -> int:
     from agentrl import build, components
+    from agentrl.agent_runner import AgentRunner
     from agentrl.config import config_to_yaml
-    from agentrl.proxy.agent import AgentRunner
     from agentrl.transcripts import CONFIG_FILE, TRANSCRIPTS_FILE, TranscriptWriter
 
     path = build.policy_path(cfg)

@@ -276,7 +276,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     problem = bind_problem("--host/--port", args.host or cfg.proxy.host, port)
     if problem:
         raise ConfigError(problem)
-    from agentrl.proxy.serve import serve_command
+    from agentrl.cli.serve import serve_command
 
     return serve_command(cfg, host=args.host, port=args.port)
 
@@ -622,7 +622,3 @@ def exit_past_stuck_threads(code: int, grace_s: float = EXIT_GRACE_S) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-
-
-if __name__ == "__main__":
-    entry()

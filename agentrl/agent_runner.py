@@ -45,7 +45,7 @@ from typing import Any
 from agentrl.agents import AgentEnvironment
 from agentrl.async_runner import RequestBatcher
 from agentrl.chat_templates import tool_call_format
-from agentrl.doctor import _regions, classify, render_ids
+from agentrl.drift import classify, regions, render_ids
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode, Segment
@@ -619,10 +619,10 @@ class AgentRunner(EpisodeRunner):
             theirs = render_ids(self.tokenizer, messages[:n] if n else messages, tools)
         except Exception as e:  # a history the template rejects is still a drift
             return f"other ({type(e).__name__})"
-        regions = _regions(ours, theirs)
-        if not regions:  # the common messages render alike: the client dropped or added turns
+        differ = regions(ours, theirs)
+        if not differ:  # the common messages render alike: the client dropped or added turns
             return "other"
-        i1, i2, j1, j2 = regions[0]
+        i1, i2, j1, j2 = differ[0]
         dec = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
         specials = list(getattr(self.tokenizer, "all_special_tokens", []))
         return classify(dec(ours[i1:i2]), dec(theirs[j1:j2]), dec(ours[max(0, i1 - 6) : i1]), dec(ours[i2 : i2 + 6]), specials)  # fmt: skip
