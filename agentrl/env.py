@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
-from agentrl.errors import EnvError, ToolError
+from agentrl.errors import EnvError, ToolError, ToolFeedback, ToolTimeout
 from agentrl.timeouts import DaemonThreadPool
 from agentrl.tools import ToolCall, check_arguments, parse_tool_calls, tool_schema
 from sandboxes.base import SandboxSpec
@@ -124,10 +124,6 @@ def _is_number(x: Any) -> bool:
 def _shown(value: Any) -> str:
     text = repr(value)
     return f"{type(value).__name__} {text[:120] + '...' if len(text) > 120 else text}"
-
-
-class ToolTimeout(Exception):
-    """A tool ran past its time limit."""
 
 
 @dataclass(frozen=True)
@@ -261,7 +257,12 @@ class Environment:
     def _mcp_tools(self) -> dict[str, Any]:
         from agentrl.mcp_tools import mcp_tools
 
-        return mcp_tools(self)
+        return mcp_tools(self._owner(), self.mcp_servers, set(self.tool_functions()))
+
+    @classmethod
+    def _owner(cls) -> str:
+        """This class's qualified name: the key of its MCP servers (each class has its own)."""
+        return f"{cls.__module__}.{cls.__qualname__}"
 
     def call_tool(self, call: ToolCall) -> Message:
         """Run one parsed call. Malformed calls, unknown tools, bad arguments and timeouts become an
@@ -275,9 +276,11 @@ class Environment:
         if call.name not in fns and self.mcp_servers:
             from agentrl.mcp_tools import call_mcp_tool
 
-            reply = call_mcp_tool(self, call)  # None when no MCP server serves this name
-            if reply is not None:
-                return reply
+            name = call.name or ""
+            local = set(fns)
+            reply = call_mcp_tool(self._owner(), self.mcp_servers, local, name, call.arguments)
+            if reply is not None:  # None when no MCP server serves this name
+                return {"role": "tool", "name": name, "content": reply}
         if call.name not in fns:
             names = self.tool_names()
             hint = difflib.get_close_matches(call.name or "", names, n=1)
@@ -364,10 +367,6 @@ def tool_result_text(out: Any) -> str:
         return json.dumps(out, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(out)
-
-
-class ToolFeedback(Exception):
-    """Raise from a tool to send an error message back to the model (not an episode failure)."""
 
 
 _TOOL_POOL = DaemonThreadPool(64, "agentrl-tool")  # a tool that never returns cannot hold the process at exit

@@ -66,3 +66,12 @@ def boundary_of(exc: BaseException, default: Boundary) -> Boundary:
     """Where an exception belongs: its ``boundary`` attribute if it names one, else ``default``."""
     b = getattr(exc, "boundary", None)
     return b if b in BOUNDARIES else default
+
+
+class ToolTimeout(Exception):
+    """A tool ran past its time limit (``env.run_with_timeout``); the model gets it as feedback."""
+
+
+class ToolFeedback(Exception):
+    """Raise from a tool to send an error message back to the model (not an episode failure).
+    Importable from ``agentrl.env`` too, where tools are written."""

@@ -22,16 +22,12 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urlsplit
 
 from agentrl.errors import ToolError
-
-if TYPE_CHECKING:
-    from agentrl.env import Environment, Message
-    from agentrl.tools import ToolCall
 
 TAG_VAR = "AGENTRL_MCP_TAG"
 """Set in a stdio server's environment: its children inherit it, so ``close_all`` finds them all."""
@@ -384,9 +380,10 @@ _POOLS: dict[tuple[str, str], MCPPool] = {}
 _POOLS_LOCK = threading.Lock()
 
 
-def pool_for(env_cls: type, spec: MCPServer) -> MCPPool:
-    """The process-wide pool of ``spec`` for ``env_cls``, made on first use."""
-    key = (f"{env_cls.__module__}.{env_cls.__qualname__}", spec.launch_key())
+def pool_for(owner: str, spec: MCPServer) -> MCPPool:
+    """The process-wide pool of ``spec`` for ``owner`` (an environment class's qualified name: each
+    class has servers of its own), made on first use."""
+    key = (owner, spec.launch_key())
     with _POOLS_LOCK:
         pool = _POOLS.get(key)
         if pool is None or pool.closed or pool.owner_pid != os.getpid():  # a forked child: its own
@@ -410,41 +407,46 @@ def close_all() -> None:
         pool.close()
 
 
-def mcp_tools(env: Environment) -> dict[str, tuple[MCPPool, MCPServer, dict[str, Any]]]:
-    """Tool name -> (pool, server, schema) for ``env.mcp_servers`` (``MCPServer``s, or dicts from a
-    config's ``env.options``), starting them if needed. A tool name served twice, or also a
-    ``@tool``/``extra_tools`` function, is a ``ValueError``."""
-    specs = [s if isinstance(s, MCPServer) else MCPServer(**s) for s in env.mcp_servers]
+def mcp_tools(
+    owner: str, servers: Sequence[MCPServer | Mapping[str, Any]], local: Collection[str]
+) -> dict[str, tuple[MCPPool, MCPServer, dict[str, Any]]]:
+    """Tool name -> (pool, server, schema) for the ``servers`` of environment class ``owner``
+    (``MCPServer``s, or dicts from a config's ``env.options``), starting them if needed. A tool name
+    served twice, or also one of the ``local`` (``@tool``/``extra_tools``) names, is a ``ValueError``."""
+    specs = [s if isinstance(s, MCPServer) else MCPServer(**s) for s in servers]
+    where = owner.rsplit(".", 1)[-1]
     if len({s.name for s in specs}) != len(specs):
-        raise ValueError(f"{type(env).__name__}.mcp_servers: server names must be unique: {specs}")
-    local = set(env.tool_functions())
+        raise ValueError(f"{where}.mcp_servers: server names must be unique: {specs}")
     out: dict[str, tuple[MCPPool, MCPServer, dict[str, Any]]] = {}
     for spec in specs:
-        pool = pool_for(type(env), spec)
+        pool = pool_for(owner, spec)
         for schema in pool.schemas():
             name = schema["function"]["name"]
             if name in local:
                 raise ValueError(
-                    f"tool name clash in {type(env).__name__}: {name!r} is both a @tool/extra_tools "
+                    f"tool name clash in {where}: {name!r} is both a @tool/extra_tools "
                     f"function and a tool of MCP server {spec.name!r}"
                 )
             if name in out:
                 raise ValueError(
-                    f"tool name clash in {type(env).__name__}: {name!r} is served by both MCP servers "
+                    f"tool name clash in {where}: {name!r} is served by both MCP servers "
                     f"{out[name][1].name!r} and {spec.name!r}"
                 )
             out[name] = (pool, spec, schema)
     return out
 
 
-def call_mcp_tool(env: Environment, call: ToolCall) -> Message | None:
-    """Run ``call`` on the MCP server that serves it; None if no server of ``env`` does."""
-    found = mcp_tools(env).get(call.name or "")
+def call_mcp_tool(
+    owner: str,
+    servers: Sequence[MCPServer | Mapping[str, Any]],
+    local: Collection[str],
+    name: str,
+    arguments: dict[str, Any],
+) -> str | None:
+    """Run tool ``name`` on the server of ``owner``'s ``servers`` that serves it: its reply as text
+    (a tool error is text too); None if none of them serves it."""
+    found = mcp_tools(owner, servers, local).get(name)
     if found is None:
         return None
     pool, spec, _ = found
-    return {
-        "role": "tool",
-        "name": call.name,
-        "content": pool.call(call.name or "", call.arguments, spec.timeout_s),
-    }
+    return pool.call(name, arguments, spec.timeout_s)
