@@ -31,7 +31,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from agentrl import dataclass_tree
 from agentrl.algorithms import registry
-from agentrl.algorithms.registry import weighting_name, weighting_settings
 from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections from here)
     AlgorithmConfig,
     Config,
@@ -75,6 +74,16 @@ class ConfigError(ValueError):
 
 
 # ------------------------------------------------------------------------------------ public API
+def weighting_name(cfg: Config) -> str:
+    """The token weighting ``algorithm.name`` trains with (``none`` for the plain surrogate)."""
+    return registry.METHODS[cfg.algorithm.name].weighting
+
+
+def weighting_settings(cfg: Config) -> Any:
+    """That weighting's settings section (``cfg.algorithm.stare`` for STARE), or None."""
+    return cfg.algorithm.settings.get(weighting_name(cfg))
+
+
 def load_config(path: str | Path | None, overrides: Sequence[str] = ()) -> Config:
     """Defaults ← the YAML file (a run directory means its ``config.yaml``) ← ``key=value`` overrides,
     validated, with presets and derived values resolved. Raises ``ConfigError`` on any problem."""
@@ -301,7 +310,7 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
         yield from _colocate_problems(cfg)
     weighting = registry.WEIGHTINGS[weighting_name(cfg)]
     if weighting.check is not None:  # the selected method's own rules (its record)
-        yield from weighting.check(weighting_settings(cfg), cfg)
+        yield from weighting.check(weighting_settings(cfg), cfg.trainer)
 
 
 def _colocate_problems(cfg: Config) -> Iterator[tuple[str, str]]:

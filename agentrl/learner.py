@@ -22,9 +22,8 @@ import torch
 from agentrl import algorithms as alg
 from agentrl import build, components, lora, ranks, sharding
 from agentrl import offpolicy as off
-from agentrl.algorithms.registry import weighting_name, weighting_settings
 from agentrl.batch import Batch, batch_forward, build_batch, token_metrics
-from agentrl.config import Config
+from agentrl.config import Config, weighting_name, weighting_settings
 from agentrl.episode import Episode
 from agentrl.overlays import attach_overlays
 from agentrl.seeds import mix_seed

@@ -11,7 +11,6 @@ import pytest
 
 from agentrl import dataclass_tree
 from agentrl.algorithms import METHODS, WEIGHTINGS
-from agentrl.algorithms.registry import weighting_name
 from agentrl.config import (
     CONFIG_FILE,
     DOC_BEGIN,
@@ -23,6 +22,7 @@ from agentrl.config import (
     describe_config,
     load_config,
     save_config,
+    weighting_name,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

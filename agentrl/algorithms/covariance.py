@@ -18,18 +18,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from agentrl.algorithms.masked import masked_mean, topk_mask
-from agentrl.algorithms.registry import GRPO_DS, StepContext, TokenWeighting, register_weighting
+from agentrl.algorithms.registry import GRPO_DS, StepContext, TokenWeighting, UpdateShape, register_weighting
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
 from agentrl.dataclass_tree import knob
-
-if TYPE_CHECKING:
-    from agentrl.config_schema import Config
 
 
 def token_covariance(inputs: WeightingInputs) -> Tensor:
@@ -110,7 +107,7 @@ def clip_cov_arguments(s: ClipCovConfig, step: StepContext) -> dict[str, Any]:
     return {"ratio": s.ratio, "lower": s.lb, "upper": s.ub, "generator": generator}
 
 
-def clip_cov_checks(s: ClipCovConfig, cfg: Config) -> Iterator[tuple[str, str]]:
+def clip_cov_checks(s: ClipCovConfig, trainer: UpdateShape) -> Iterator[tuple[str, str]]:
     if s.lb > s.ub:
         yield (
             "algorithm.clip_cov.lb",

@@ -32,14 +32,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from torch import Tensor
 
 from agentrl.algorithms.token_weights import TokenWeights
-
-if TYPE_CHECKING:
-    from agentrl.config_schema import Config
 
 GRPO: Mapping[str, Any] = {
     "advantage": "grpo",
@@ -68,6 +65,15 @@ class StepContext:
     """What the weighting returned as ``TokenWeights.state`` last step (None at the first step)."""
 
 
+class UpdateShape(Protocol):
+    """What a weighting's ``check`` may read of the trainer's settings (``cfg.trainer``): how each
+    step's batch is cut into updates."""
+
+    epochs_per_step: int
+    mini_batches_per_step: int
+    micro_batch_size: int
+
+
 @dataclass(frozen=True)
 class TokenWeighting:
     """A token weighting: ``compute(inputs, **arguments(settings, step)) -> TokenWeights``."""
@@ -83,9 +89,9 @@ class TokenWeighting:
     """Class of the state it carries between steps (``to_dict``/``from_dict``, checkpointed)."""
     preset: Mapping[str, Any] = field(default_factory=lambda: dict(GRPO_DS))
     """``algorithm.*`` defaults when ``algorithm.name`` is this weighting."""
-    check: Callable[[Any, Config], Iterable[tuple[str, str]]] | None = None
-    """``(settings, cfg) -> (key, problem)`` rules involving more than one key, checked at load time
-    when the method is selected."""
+    check: Callable[[Any, UpdateShape], Iterable[tuple[str, str]]] | None = None
+    """``(settings, trainer) -> (key, problem)`` rules involving more than one key, checked at load
+    time when the method is selected; ``trainer`` is the config's ``trainer`` section."""
 
     def kwargs(self, settings: Any, step: StepContext) -> dict[str, Any]:
         return dict(self.arguments(settings, step)) if self.arguments else {}
@@ -157,16 +163,6 @@ def register_advantage(record: AdvantageEstimator) -> AdvantageEstimator:
 
 def register_aggregation(record: LossAggregation) -> LossAggregation:
     return _add(AGGREGATIONS, record.name, record, "loss aggregation", record.numerator)
-
-
-def weighting_name(cfg: Config) -> str:
-    """The token weighting ``algorithm.name`` trains with (``none`` for the plain surrogate)."""
-    return METHODS[cfg.algorithm.name].weighting
-
-
-def weighting_settings(cfg: Config) -> Any:
-    """That weighting's settings section (``cfg.algorithm.stare`` for STARE), or None."""
-    return cfg.algorithm.settings.get(weighting_name(cfg))
 
 
 def settings_types() -> dict[str, type]:

@@ -20,19 +20,16 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
 
 from agentrl.algorithms.masked import masked_mean, topk_mask
-from agentrl.algorithms.registry import StepContext, TokenWeighting, register_weighting
+from agentrl.algorithms.registry import StepContext, TokenWeighting, UpdateShape, register_weighting
 from agentrl.algorithms.stare_control import StareController, StareState, update_stare_state
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
 from agentrl.dataclass_tree import knob
-
-if TYPE_CHECKING:
-    from agentrl.config_schema import Config
 
 VARIANTS = ("O1", "C2")
 SCOPES = ("batch", "micro")
@@ -217,9 +214,8 @@ def stare_arguments(s: StareConfig, step: StepContext) -> dict[str, Any]:
     }
 
 
-def stare_checks(s: StareConfig, cfg: Config) -> Iterator[tuple[str, str]]:
-    """Rules that tie ``algorithm.stare`` keys to each other and to the trainer."""
-    t = cfg.trainer
+def stare_checks(s: StareConfig, t: UpdateShape) -> Iterator[tuple[str, str]]:
+    """Rules that tie ``algorithm.stare`` keys to each other and to the trainer's (``t``)."""
     if s.scope == "micro" and t.epochs_per_step > 1 and t.mini_batches_per_step > 1:
         yield (
             "algorithm.stare.scope",
