@@ -49,7 +49,7 @@ from agentrl.config_schema import (  # noqa: F401  (re-exported: import sections
     VLLMConfig,
 )
 from agentrl.demos import load_demonstrations
-from agentrl.env import import_environment_module, registered
+from agentrl.env import entry_point_errors, import_environment_module, registered
 
 CONFIG_FILE = "config.yaml"
 """Name of the resolved config inside a run directory."""
@@ -363,6 +363,10 @@ def _environment_problems(cfg: Config) -> Iterator[tuple[str, str]]:
             yield "env.module", f"env.module={cfg.env.module!r} cannot be imported: {type(e).__name__}: {e}"
             return
     envs = registered()
+    broken = entry_point_errors().get(cfg.env.name)
+    if broken:
+        yield "env.name", f"env.name={cfg.env.name!r} is installed but could not be loaded: {broken}"
+        return
     if cfg.env.name not in envs:
         guess = difflib.get_close_matches(cfg.env.name, list(envs), n=1)
         did = f" — did you mean '{guess[0]}'?" if guess else "."

@@ -31,6 +31,7 @@ import difflib
 import inspect
 import json
 import re
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
@@ -455,19 +456,65 @@ def _same_definition(a: type, b: type) -> bool:
         return False
 
 
+ENTRY_POINT_GROUP = "agentrl.environments"
+"""The entry-point group installed packages declare their environments in (``name = "pkg.mod:Class"``,
+or a module whose ``@register`` decorators run on import). The built-in environments are declared
+there too (pyproject.toml)."""
+_PLUGINS_LOCK = threading.Lock()
+_PLUGINS_LOADED = False
+_PLUGIN_ERRORS: dict[str, str] = {}
+
+
 def registered() -> dict[str, type[Environment]]:
-    _load_builtin()
+    """Every environment: those of the installed packages' ``agentrl.environments`` entry points, and
+    those registered by modules imported so far (``env.module``, a test's classes)."""
+    _load_entry_points()
     return dict(_REGISTRY)
+
+
+def entry_point_errors() -> dict[str, str]:
+    """Entry point name -> why it could not be loaded (its package raised on import, or it does not
+    name an environment); such an environment is missing from ``registered()``."""
+    _load_entry_points()
+    return dict(_PLUGIN_ERRORS)
+
+
+def _load_entry_points() -> None:
+    global _PLUGINS_LOADED
+    with _PLUGINS_LOCK:
+        if _PLUGINS_LOADED:
+            return
+        from importlib.metadata import entry_points
+
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            where = f"entry point {ep.name} = {ep.value!r} ({ENTRY_POINT_GROUP})"
+            try:
+                obj = ep.load()
+            except Exception as e:  # one broken package must not hide the others
+                _PLUGIN_ERRORS[ep.name] = f"{where} cannot be imported: {type(e).__name__}: {e}"
+                continue
+            if isinstance(obj, type) and issubclass(obj, Environment):
+                if obj.name != ep.name:
+                    _PLUGIN_ERRORS[ep.name] = f"{where} names a class whose name is {obj.name!r}"
+                    continue
+                register(obj)
+            elif not inspect.ismodule(obj):
+                _PLUGIN_ERRORS[ep.name] = f"{where} is neither an Environment subclass nor a module"
+        _PLUGINS_LOADED = True
+
+
+def _unknown(name: str, envs: Mapping[str, Any]) -> str:
+    """Why ``name`` is not an environment, for error messages: a close name, or a failed entry point."""
+    broken = _PLUGIN_ERRORS.get(name)
+    if broken:
+        return f"environment {name!r} is installed but could not be loaded: {broken}"
+    hint = difflib.get_close_matches(name, list(envs), n=1)
+    did = f" Did you mean {hint[0]!r}?" if hint else ""
+    return f"unknown environment {name!r}.{did} Registered: {', '.join(sorted(envs))}"
 
 
 def make_env(name: str, **options: Any) -> Environment:
     envs = registered()
     if name not in envs:
-        hint = difflib.get_close_matches(name, list(envs), n=1)
-        did = f" Did you mean {hint[0]!r}?" if hint else ""
-        raise KeyError(f"unknown environment {name!r}.{did} Registered: {', '.join(sorted(envs))}")
+        raise KeyError(_unknown(name, envs))
     return envs[name](**options)
-
-
-def _load_builtin() -> None:
-    import environments  # noqa: F401  (registers the built-in environments on import)

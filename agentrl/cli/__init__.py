@@ -316,7 +316,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_envs(args: argparse.Namespace) -> int:
-    from agentrl.env import import_environment_module, registered
+    from agentrl.env import entry_point_errors, import_environment_module, registered
 
     if args.module:
         try:
@@ -330,6 +330,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
         for name, cls in sorted(envs.items()):
             doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
             print(f"{name:20s} {doc[0] if doc else ''}")
+        for name, why in sorted(entry_point_errors().items()):
+            print(f"{name:20s} NOT LOADED: {why}")
         return 0
     from agentrl.env_check import check_environment, format_report
 
@@ -337,7 +339,13 @@ def cmd_envs(args: argparse.Namespace) -> int:
     if not names:
         print("name an environment, or pass --all", file=sys.stderr)
         return 2
+    broken = entry_point_errors()
     for name in names:
+        if name in broken:
+            print(
+                f"environment {name!r} is installed but could not be loaded: {broken[name]}", file=sys.stderr
+            )
+            return 2
         if name not in envs:
             guess = difflib.get_close_matches(name, list(envs), n=1)
             did = f" — did you mean '{guess[0]}'?" if guess else "."
