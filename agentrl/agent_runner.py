@@ -57,9 +57,9 @@ from agentrl.runner import (
     Budgets,
     EpisodeRequest,
     EpisodeRunner,
-    _jsonable,
-    _Live,
+    LiveEpisode,
     close_quietly,
+    jsonable,
 )
 from agentrl.timeouts import wait_for
 from agentrl.tools import parse_tool_calls, strip_tool_calls
@@ -72,7 +72,7 @@ ON_DRIFT = ("split", "fail", "retokenize")
 
 
 @dataclass
-class _Ledger(_Live):
+class _Ledger(LiveEpisode):
     """One episode's record on the endpoint: the runner's book-keeping plus the client's view."""
 
     key: str = ""
@@ -275,8 +275,8 @@ class AgentRunner(EpisodeRunner):
         ep.metrics["task"] = {
             "id": req.task.id,
             "prompt": req.task.prompt,
-            "answer": _jsonable(req.task.answer),
-            "metadata": _jsonable(dict(req.task.metadata)),
+            "answer": jsonable(req.task.answer),
+            "metadata": jsonable(dict(req.task.metadata)),
         }
         # the key is the endpoint's only credential: the episode id plus 96 random bits
         lv = _Ledger(ep, None, None, key=key or f"{ep.id}-{uuid.uuid4().hex[:24]}")

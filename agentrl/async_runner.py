@@ -30,7 +30,7 @@ from typing import Any
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode
-from agentrl.runner import ENGINE_REQUEST_S, ENV_STEP_S, Budgets, EpisodeRequest, EpisodeRunner, _Live
+from agentrl.runner import ENGINE_REQUEST_S, ENV_STEP_S, Budgets, EpisodeRequest, EpisodeRunner, LiveEpisode
 from agentrl.timeouts import DaemonThreadPool, WaitTimeout, wait_for
 
 _STOP = object()
@@ -353,7 +353,7 @@ class AsyncEpisodeRunner(EpisodeRunner):
         finally:
             self._count(live=-1, busy=-1)
 
-    def _generate_one(self, lv: _Live, submit: Callable) -> Completion | None:
+    def _generate_one(self, lv: LiveEpisode, submit: Callable) -> Completion | None:
         what = f"engine {type(self.engine).__name__}: generate for episode {lv.episode.id} (turn {lv.turn})"
         try:
             fut = submit(lv.episode.context_ids(), self._sampling_for(lv))

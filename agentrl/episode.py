@@ -244,7 +244,7 @@ class Episode:
 
     @classmethod
     def from_json(cls, line: str) -> Episode:
-        return cls.from_dict(_decode_floats(json.loads(line)))
+        return cls.from_dict(decode_floats(json.loads(line)))
 
 
 _FLOAT_TAG = "__float__"
@@ -261,11 +261,12 @@ def _encode_floats(x: Any) -> Any:
     return x
 
 
-def _decode_floats(x: Any) -> Any:
+def decode_floats(x: Any) -> Any:
+    """The inverse of the float tagging transcripts use for NaN and infinities (JSON has neither)."""
     if isinstance(x, dict):
         if len(x) == 1 and _FLOAT_TAG in x:
             return float(x[_FLOAT_TAG])
-        return {k: _decode_floats(v) for k, v in x.items()}
+        return {k: decode_floats(v) for k, v in x.items()}
     if isinstance(x, list):
-        return [_decode_floats(v) for v in x]
+        return [decode_floats(v) for v in x]
     return x

@@ -61,7 +61,7 @@ class EpisodeRequest:
 
 
 @dataclass
-class _Live:
+class LiveEpisode:
     """Book-keeping for one running episode."""
 
     episode: Episode
@@ -156,15 +156,15 @@ class EpisodeRunner:
             close_quietly(lives)
             raise
 
-    def _start(self, req: EpisodeRequest) -> _Live:
+    def _start(self, req: EpisodeRequest) -> LiveEpisode:
         ep = req.new_episode()
         ep.metrics["task"] = {
             "id": req.task.id,
             "prompt": req.task.prompt,
-            "answer": _jsonable(req.task.answer),
-            "metadata": _jsonable(dict(req.task.metadata)),
+            "answer": jsonable(req.task.answer),
+            "metadata": jsonable(dict(req.task.metadata)),
         }
-        lv = _Live(ep, None, None)
+        lv = LiveEpisode(ep, None, None)
         try:
             env = self._bounded(self.env_factory, None, "construction")
             lv.env, ep.env = env, env.name
@@ -196,7 +196,7 @@ class EpisodeRunner:
             self._renderers[key] = ChatRenderer(self.tokenizer, tools, placement, tool_format)
         return self._renderers[key]
 
-    def _sampling_for(self, lv: _Live) -> SamplingParams:
+    def _sampling_for(self, lv: LiveEpisode) -> SamplingParams:
         """The next turn's sampling: the run's settings, this turn's token budget, EOS as a stop id,
         and a seed derived from (run seed, episode seed, turn) so a turn's sample does not depend on
         which other episodes share its batch."""
@@ -215,7 +215,7 @@ class EpisodeRunner:
             else self.sampling.seed + 7919 * lv.episode.seed + lv.turn,
         )
 
-    def _generate(self, active: list[_Live]) -> list[Completion | None]:
+    def _generate(self, active: list[LiveEpisode]) -> list[Completion | None]:
         prompts = [lv.episode.context_ids() for lv in active]
         params = [self._sampling_for(lv) for lv in active]
         what = f"engine {type(self.engine).__name__}: generate for {len(active)} episodes"
@@ -237,7 +237,7 @@ class EpisodeRunner:
                 self._fail(lv, "model", e)
             return [None] * len(active)
 
-    def _append_policy(self, lv: _Live, comp: Completion) -> None:
+    def _append_policy(self, lv: LiveEpisode, comp: Completion) -> None:
         ep = lv.episode
         text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
         ep.add(
@@ -254,7 +254,7 @@ class EpisodeRunner:
         elif comp.finish_reason == "abort":
             self._fail(lv, "model", RuntimeError(f"engine aborted the request: {comp.info}"))
 
-    def _safe_step(self, lv: _Live) -> StepResult | None:
+    def _safe_step(self, lv: LiveEpisode) -> StepResult | None:
         assert lv.env is not None and lv.final_text is not None
         try:
             env, action = lv.env, lv.final_text
@@ -273,7 +273,7 @@ class EpisodeRunner:
             f"timeouts.env_step_s={self.env_timeout_s:g}s",
         )
 
-    def _after_step(self, lv: _Live, result: StepResult) -> None:
+    def _after_step(self, lv: LiveEpisode, result: StepResult) -> None:
         obs, reward, terminated, truncated, info = result
         lv.step_reward += float(reward)
         lv.info.update(info)
@@ -295,7 +295,7 @@ class EpisodeRunner:
         if lv.length >= self.budgets.max_episode_tokens:
             self._stop(lv, "token_budget")
 
-    def _append_observation(self, lv: _Live, obs: list[Message]) -> None:
+    def _append_observation(self, lv: LiveEpisode, obs: list[Message]) -> None:
         """Append the observation after the policy's turn, as a delta (its tool and env contents
         truncated to ``max_tool_output_tokens``), or, where the chat template would show the model a
         different history and ``history`` is split, as the prompt of a new sample."""
@@ -324,12 +324,12 @@ class EpisodeRunner:
         text = self.tokenizer.decode(ids, skip_special_tokens=False)
         return Piece(piece.role, ids, text, piece.message_index)
 
-    def _stop(self, lv: _Live, reason: str) -> None:
+    def _stop(self, lv: LiveEpisode, reason: str) -> None:
         if not lv.done:
             lv.episode.stop_reason = reason  # type: ignore[assignment]
             lv.done = True
 
-    def _fail(self, lv: _Live, boundary: Boundary, exc: BaseException) -> None:
+    def _fail(self, lv: LiveEpisode, boundary: Boundary, exc: BaseException) -> None:
         if lv.episode.failure is None:
             tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             cause = exc.__cause__ or exc.__context__
@@ -339,7 +339,7 @@ class EpisodeRunner:
         lv.episode.stop_reason = "error"
         lv.done = True
 
-    def _finish(self, lv: _Live) -> Episode:
+    def _finish(self, lv: LiveEpisode) -> Episode:
         ep = lv.episode
         ep.messages = lv.messages
         if ep.failure is None and lv.env is not None and lv.env.task is not None:
@@ -360,7 +360,7 @@ class EpisodeRunner:
         )
         return ep
 
-    def _score(self, lv: _Live) -> None:
+    def _score(self, lv: LiveEpisode) -> None:
         """The episode's reward: ``step``'s rewards plus the weighted reward functions, computed
         under ``timeouts.env_step_s`` (a reward that never returns fails the episode at the
         ``reward`` boundary, naming it, instead of holding the batch)."""
@@ -399,7 +399,7 @@ def _close_started(started: concurrent.futures.Future) -> None:
         close_quietly([started.result()])
 
 
-def close_quietly(lives: Sequence[_Live]) -> None:
+def close_quietly(lives: Sequence[LiveEpisode]) -> None:
     """Close the environments (sandbox sessions, MCP servers' sessions) of episodes an interrupted
     run drops; an error closing one does not keep the others open."""
     for lv in lives:
@@ -409,14 +409,14 @@ def close_quietly(lives: Sequence[_Live]) -> None:
                 lv.env.close()
 
 
-def _jsonable(x: Any) -> Any:
+def jsonable(x: Any) -> Any:
     """Task answers and metadata may hold tuples or dataclasses; store a JSON-safe copy."""
     if isinstance(x, dict):
-        return {str(k): _jsonable(v) for k, v in x.items()}
+        return {str(k): jsonable(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
-        return [_jsonable(v) for v in x]
+        return [jsonable(v) for v in x]
     if hasattr(x, "__dataclass_fields__"):
-        return _jsonable(asdict(x))
+        return jsonable(asdict(x))
     if isinstance(x, (str, int, float, bool)) or x is None:
         return x
     return repr(x)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.episode import Episode, _decode_floats
+from agentrl.episode import Episode, decode_floats
 from agentrl.tokenizer import load_tokenizer
 
 FORMAT_VERSION = 1
@@ -128,7 +128,7 @@ def iter_records(
         if step is not None and obj.get("step") != step:
             continue
         # Non-finite floats are tagged objects (see episode.py); most lines have none: skip the walk.
-        yield offset, (_decode_floats(obj) if b"__float__" in raw else obj)
+        yield offset, (decode_floats(obj) if b"__float__" in raw else obj)
 
 
 def _id_needles(episode_id: str) -> tuple[bytes, ...]:
@@ -157,7 +157,7 @@ def read_episode_at(path: str | os.PathLike[str], offset: int) -> Episode:
         f.seek(offset)
         raw = f.readline()
     d = json.loads(raw)
-    return Episode.from_dict(_decode_floats(d) if b"__float__" in raw else d)
+    return Episode.from_dict(decode_floats(d) if b"__float__" in raw else d)
 
 
 def read_metrics(path: str | os.PathLike[str]) -> list[dict[str, Any]]:

@@ -37,7 +37,7 @@ from sandboxes.base import (
     owner_tag,
 )
 from sandboxes.bwrap import SANDBOX_ENV
-from sandboxes.process import _OVERHEAD_PIDS, WORKER_SOURCE, ProcessSession, encode_frame, pop_frame
+from sandboxes.process import OVERHEAD_PIDS, WORKER_SOURCE, ProcessSession, encode_frame, pop_frame
 
 log = logging.getLogger(__name__)
 LABEL = "agentrl.sandbox"
@@ -97,7 +97,7 @@ class ContainerWorker:
             read_only=True,
             mem_limit=limits.memory_bytes,
             memswap_limit=limits.memory_bytes,
-            pids_limit=limits.processes + _OVERHEAD_PIDS,
+            pids_limit=limits.processes + OVERHEAD_PIDS,
             nano_cpus=int(sb.cpus * 1e9),
             cap_drop=["ALL"],
             security_opt=["no-new-privileges"],

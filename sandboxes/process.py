@@ -29,7 +29,7 @@ from sandboxes.cgroups import Cgroup, CgroupManager
 
 WORKER_SOURCE = (Path(__file__).parent / "worker.py").read_text()
 _MAX_FRAME = 64 << 20
-_OVERHEAD_PIDS = 8  # bwrap's two processes and the worker's drain threads count against pids.max
+OVERHEAD_PIDS = 8  # bwrap's two processes and the worker's drain threads count against pids.max
 
 
 class Spawner:
@@ -146,7 +146,7 @@ class WorkerProcess:
         cfg = {
             "file_bytes": limits.file_bytes,
             "memory_bytes": limits.memory_bytes,
-            "nproc": limits.processes + _OVERHEAD_PIDS if cgroups is None else 0,
+            "nproc": limits.processes + OVERHEAD_PIDS if cgroups is None else 0,
             "paths": paths,
         }
         argv = [
@@ -162,7 +162,7 @@ class WorkerProcess:
         ]
         try:
             if cgroups is not None:
-                self.cgroup = cgroups.create(limits.memory_bytes, limits.processes + _OVERHEAD_PIDS)
+                self.cgroup = cgroups.create(limits.memory_bytes, limits.processes + OVERHEAD_PIDS)
             self.proc = Spawner.get().call(
                 lambda: subprocess.Popen(
                     argv,
