@@ -15,11 +15,10 @@ from typing import Any
 
 from agentrl.drift import DRIFT_KINDS, Diagnosis, diagnose
 from agentrl.episode import Episode
+from agentrl.run_tokenizer import first_tokenizer, tokenizer_candidates
 from agentrl.transcripts import (
     TranscriptWarning,
-    first_tokenizer,
     iter_episodes,
-    tokenizer_candidates,
     transcripts_path,
 )
 

@@ -12,6 +12,7 @@ import pytest
 
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Failure
+from agentrl.run_tokenizer import tokenizer_candidates
 from agentrl.transcripts import (
     TranscriptWarning,
     TranscriptWriter,
@@ -20,7 +21,6 @@ from agentrl.transcripts import (
     parse_filter,
     read_episode_at,
     read_metrics,
-    tokenizer_candidates,
 )
 
 RUN = Path(__file__).parent / "data" / "transcripts" / "run"

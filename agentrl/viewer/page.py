@@ -25,16 +25,15 @@ from typing import Any
 from agentrl import run_history
 from agentrl.episode import Episode
 from agentrl.metrics import CURVES, IMPORTANT
+from agentrl.run_tokenizer import first_tokenizer, tokenizer_candidates
 from agentrl.transcripts import (
     OVERLAY_KEYS,
     TranscriptWarning,
-    first_tokenizer,
     iter_records,
     load_run_config,
     read_episode_at,
     read_metrics,
     run_dir_of,
-    tokenizer_candidates,
     transcripts_path,
 )
 
