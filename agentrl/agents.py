@@ -12,7 +12,7 @@ register it, and train it like any environment (``env.name`` in the config):
             reply = await client.chat.completions.create(model="policy", messages=messages)
             return float(reply.choices[0].message.content.strip() == str(task.answer))
 
-The runner (``agentrl.agent_runner.AgentRunner``) serves the policy behind an OpenAI-compatible endpoint
+The runner (``agentrl.rollout.agent_runner.AgentRunner``) serves the policy behind an OpenAI-compatible endpoint
 on 127.0.0.1, gives each episode a client whose API key is the episode's key, runs ``group_size``
 agents per task concurrently, and records every token the engine sampled in the episode's ledger,
 with the roles and loss mask of a native environment's episode. Tools are whatever the agent does

@@ -37,7 +37,7 @@ def main() -> None:
     ap.add_argument("--episodes", type=int, default=20000)
     ap.add_argument("--max-episodes", type=int, default=2000)
     args = ap.parse_args()
-    from agentrl.viewer.page import inspect_command
+    from agentrl.views.viewer.page import inspect_command
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-inspect-"))
     try:

@@ -24,10 +24,10 @@ from functools import partial
 import torch
 from transformers import GenerationConfig
 
-from agentrl.corpus import word_problem
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.models import ensure_tiny_base, load_policy, resolve_model_path
+from agentrl.models.corpus import word_problem
 
 
 def chat_prompts(tokenizer, n: int, seed: int = 0) -> list[list[int]]:

@@ -70,7 +70,7 @@ MODES = {"sync": (), "async K=1": (1,), "async K=2": (2,)}
 
 
 def run(model_dir: str, mode: str, mix: str, steps: int, tool_ms: float, tokens: int) -> dict:
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     extra = ["trainer.mode=async", f"rollout.max_staleness={MODES[mode][0]}"] if MODES[mode] else []
     cfg = load_config(

@@ -27,14 +27,14 @@ import json
 import statistics
 import time
 
-from agentrl.agent_runner import AgentRunner
 from agentrl.agents import AgentEnvironment
-from agentrl.async_runner import AsyncEpisodeRunner
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Environment, StepResult, Task
 from agentrl.models import load_policy, resolve_model_path
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.rollout.agent_runner import AgentRunner
+from agentrl.rollout.async_runner import AsyncEpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
 
 TURNS = 4
 TOOL_S = 0.0

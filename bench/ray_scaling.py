@@ -15,11 +15,12 @@ import os
 import time
 from pathlib import Path
 
-from agentrl import build, components
 from agentrl.config import load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
-from agentrl.runner import EpisodeRequest
+from agentrl.rollout import components
+from agentrl.rollout.runner import EpisodeRequest
+from agentrl.training import build
 
 RELAY = Path(__file__).with_name("rollout_throughput.py")
 
@@ -62,7 +63,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=48)
     ap.add_argument("--tool-ms", type=float, default=20.0)
     args = ap.parse_args()
-    from agentrl.ray_workers import init_ray
+    from agentrl.rollout.ray_workers import init_ray
 
     init_ray(num_cpus=os.cpu_count())
     reqs = requests(args.episodes)

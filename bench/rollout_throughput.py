@@ -23,13 +23,13 @@ import time
 import torch
 from transformers import GenerationConfig
 
-from agentrl.async_runner import AsyncEpisodeRunner
-from agentrl.chat import ChatRenderer
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Environment, Reward, StepResult, Task, register
 from agentrl.models import ensure_tiny_base, load_policy
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.models.chat import ChatRenderer
+from agentrl.rollout.async_runner import AsyncEpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
 
 
 class Relay(Environment):

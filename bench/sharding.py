@@ -47,7 +47,7 @@ def worker(out: str, model_dir: str, steps: int, overrides: list[str]) -> None:
 
     from agentrl.config import load_config
     from agentrl.episode import Segment
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
     from tests.batches import synthetic_batch
 
     run_dir = tempfile.mkdtemp(prefix="bench_sharding_")

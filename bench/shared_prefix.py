@@ -1,4 +1,4 @@
-"""Shared-prefix forward (agentrl/forward.py) against the plain forward, on the quickstart's SFT batches.
+"""Shared-prefix forward (agentrl/training/forward.py) against the plain forward, on the quickstart's SFT batches.
 
 A batch of calculator demonstrations shares its first ~220 of ~290 tokens (system prompt and tool
 schema). This times forward + backward of the SFT loss with the prefix run once per batch versus
@@ -25,9 +25,9 @@ def main() -> int:
     args = ap.parse_args()
 
     from agentrl.config import load_config
-    from agentrl.forward import first_loss_column, shared_prefix_len, suffix_logits
     from agentrl.models import load_policy, resolve_model_path
-    from agentrl.sft import _pad, build_examples
+    from agentrl.training.forward import first_loss_column, shared_prefix_len, suffix_logits
+    from agentrl.training.sft import _pad, build_examples
 
     cfg = load_config(args.config)
     model, tokenizer = load_policy(resolve_model_path(cfg.model.path))

@@ -6,7 +6,7 @@ alternative, interleaved in one process (so drift in machine speed hits both sid
 - sampling: one ``sample_next`` call on [32, 1024] logits, general path and with the ``plain`` hint;
 - update forward + backward on a GRPO-shaped batch (4 prompts × 8 samples of 150 tokens, prompts of
   22 tokens agreeing on their first 6): no prefix sharing, the prefix every row shares, and the
-  per-group plan of ``agentrl.forward.prefix_plan``;
+  per-group plan of ``agentrl.training.forward.prefix_plan``;
 - one AdamW step over the model: torch's default per-tensor loop on CPU and ``fused=True``.
 
     .venv/bin/python bench/step_parts.py --reps 5
@@ -42,8 +42,8 @@ def main() -> None:
 
     from agentrl.engines.hf import sample_next
     from agentrl.engines.lean_decode import LeanDecoder
-    from agentrl.forward import prefix_plan, shared_prefix_len, suffix_logits
     from agentrl.models import ensure_tiny_base, load_policy
+    from agentrl.training.forward import prefix_plan, shared_prefix_len, suffix_logits
 
     torch.manual_seed(0)
     model, _ = load_policy(str(ensure_tiny_base(args.preset)))

@@ -3,7 +3,7 @@
 RL needs signal: after a few minutes of SFT on the solver's demonstrations, held-out accuracy
 should sit between "never" and "always" (we aim for roughly 30-60% mean@k). For each environment
 this warm-starts the CPU quickstart's tiny model on the environment's demonstrations (the real
-``agentrl.sft`` code) and runs ``agentrl.evaluation.evaluate`` on the test split, printing mean@k and
+``agentrl.training.sft`` code) and runs ``agentrl.training.evaluation.evaluate`` on the test split, printing mean@k and
 pass@k per family, with the SFT time.
 
 Usage: .venv/bin/python bench/task_difficulty.py [--envs countdown shop] [--set sft.steps=300 ...]
@@ -33,11 +33,12 @@ def measure(
 ) -> dict[str, float]:
     from pathlib import Path
 
-    from agentrl import build, components
     from agentrl.config import load_config
-    from agentrl.evaluation import evaluate
     from agentrl.models import resolve_model_path
-    from agentrl.sft import build_examples, sft_train
+    from agentrl.rollout import components
+    from agentrl.training import build
+    from agentrl.training.evaluation import evaluate
+    from agentrl.training.sft import build_examples, sft_train
 
     cfg = load_config(config, [f"env.name={name}", *FAMILIES.get(name, []), *overrides])
     base = resolve_model_path(cfg.model.path)

@@ -4,7 +4,7 @@
 
 One measurement: a fresh process with ``OMP_NUM_THREADS`` set times SFT steps of a tiny model
 (forward + backward + AdamW on ``--batch`` sequences of ``--tokens`` tokens, the warm start's inner
-loop, ``agentrl.sft.sft_train``), the first steps excluded as warm-up. ``--busy N`` starts N
+loop, ``agentrl.training.sft.sft_train``), the first steps excluded as warm-up. ``--busy N`` starts N
 processes that spin on a core each for the whole measurement: what a shared machine looks like
 (another job, a test suite, a second run). Threads of 1, 2 and the machine's core count, alone and
 with 1 and 2 busy neighbours, in rotated order for ``--rounds`` rounds; the table shows the median
@@ -25,7 +25,7 @@ WORKER = r"""
 import json, random, sys, time
 import torch
 from agentrl.models import ensure_tiny_base, load_policy
-from agentrl.sft import sft_train
+from agentrl.training.sft import sft_train
 
 preset, steps, warm, batch, tokens = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
 model, tok = load_policy(ensure_tiny_base(preset))

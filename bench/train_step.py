@@ -67,7 +67,7 @@ def peak_rss_mb() -> float:
 def run_agentrl(model_dir: str, steps: int, lr: float, baseline: bool = False) -> dict:
     """``baseline``: the step as it was before the lean decode step, the shared-prefix forward and
     the reuse of the gradient forward's log-probs (all three off), to show what they bring."""
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     out = tempfile.mkdtemp(prefix="bench-agentrl-")
     cfg = load_config(

@@ -36,7 +36,7 @@ def main() -> None:
     from agentrl.engines.base import SamplingParams
     from agentrl.engines.vllm import VLLMEngine
     from agentrl.models import ensure_tiny_base
-    from agentrl.tokenizer import load_tokenizer
+    from agentrl.models.tokenizer import load_tokenizer
 
     path = ensure_tiny_base(args.preset)
     prompts = chat_prompts(load_tokenizer(path), args.batch)

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from agentrl.models import ensure_tiny_base, load_policy
-from agentrl.weight_sync import MiB, PolicyProbe, SyncSettings, sync_weights
+from agentrl.sync.weight_sync import MiB, PolicyProbe, SyncSettings, sync_weights
 
 BUCKETS = [8.0, 32.0, 128.0, 512.0, math.inf]
 
@@ -87,7 +87,7 @@ def one(engine_kind: str, bucket_mb: float, stream_kind: str, repeats: int, pres
         engine = HFEngine(copy.deepcopy(model), tok)
     else:
         from agentrl.config import load_config
-        from agentrl.ray_workers import RolloutPool, init_ray
+        from agentrl.rollout.ray_workers import RolloutPool, init_ray
 
         init_ray(num_cpus=2)
         cfg = load_config(None, [f"model.path={path}", "run.device=cpu", "rollout.workers=1"])

@@ -23,7 +23,7 @@ Conventions every built-in environment follows (copy them in yours):
   warm start does not collapse the policy onto one answer.
 - ``rewards()`` returns named ``Reward(name, fn, weight)``; ``correct`` has weight 1, metrics weight 0.
   Reward functions do not swallow exceptions: the runner records them as ``reward`` failures.
-- Task data outside the generators (GSM8K, MATH-500, AIME, DAPO-Math) comes from ``agentrl.data``.
+- Task data outside the generators (GSM8K, MATH-500, AIME, DAPO-Math) comes from ``agentrl.env.data``.
 """
 
 from environments import calculator, code_interpreter, countdown, gsm_symbolic, long_cot, shop, short_cot

@@ -135,11 +135,15 @@ class Calculator(Environment):
             raise ValueError(f"split must be 'train' or 'test', got {split!r}")
         unknown = sorted(set(options) - {"n_operands", "max_value", "teacher"})
         if unknown:
-            raise TypeError(f"calculator's tasks take n_operands, max_value and teacher, not {', '.join(unknown)}")
+            raise TypeError(
+                f"calculator's tasks take n_operands, max_value and teacher, not {', '.join(unknown)}"
+            )
         n_operands = int(options.get("n_operands", cls.n_operands))
         max_value = int(options.get("max_value", cls.max_value))
         if n_operands < 1 or max_value < 2:
-            raise ValueError(f"calculator: needs n_operands >= 1 and max_value >= 2, got {n_operands} and {max_value}")
+            raise ValueError(
+                f"calculator: needs n_operands >= 1 and max_value >= 2, got {n_operands} and {max_value}"
+            )
         teacher = str(options.get("teacher", "one"))
         if teacher not in TEACHERS:
             raise ValueError(f"calculator: data.options.teacher={teacher!r}; valid: {', '.join(TEACHERS)}")

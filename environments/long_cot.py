@@ -4,7 +4,7 @@ Built-in tasks are long-hand multiplication (``What is 482*37?``) whose solver w
 product, carry and column addition, a few hundred tokens at the CPU default (3 by 2 digits) and
 thousands at 10 by 10 (knobs ``digits_a``, ``digits_b``; ``multiplication_tokens`` estimates the
 length). Competition-style integer problems (AIME 2024/2025, DAPO-Math-17k) come in through the
-``agentrl.data`` adapters and use the same rewards.
+``agentrl.env.data`` adapters and use the same rewards.
 
 Length: the environment does not count tokens (the runner does). The max-length knob is
 ``rollout.max_tokens_per_turn`` in the config (tens of thousands on GPU); DAPO's soft overlong

@@ -4,7 +4,7 @@ The model reads a problem and answers in one turn; the answer is the last ``\\bo
 ``#### 42`` line) and is checked with ``math_equiv.is_equivalent``, which accepts equivalent forms
 (``1/2``, ``0.5``, ``\\frac{1}{2}``) and rejects wrong ones. Built-in tasks are arithmetic word
 problems (``generators.make_word_problem``: knobs ``steps``, ``max_value``, ``max_factor``, ``ops``);
-real datasets (GSM8K, MATH-500) come in through ``agentrl.data`` adapters with the same rewards.
+real datasets (GSM8K, MATH-500) come in through ``agentrl.env.data`` adapters with the same rewards.
 Many completions are right: the solver folds the terms in any order that stays non-negative.
 """
 

@@ -46,7 +46,7 @@ def _overrides(method: str, out: Path) -> list[str]:
 def snapshot(method: str, work: Path) -> dict:
     """One method's seeded run, reduced to its comparable parts."""
     from agentrl.config import load_config
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     out = work / method
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", _overrides(method, out))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.batch import Batch, build_batch
 from agentrl.episode import Episode, Segment
+from agentrl.training.batch import Batch, build_batch
 
 
 def synthetic_batch(vocab: int, n: int = 6, seed: int = 0) -> Batch:

@@ -21,9 +21,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl import ranks
 from agentrl.config import load_config
-from agentrl.trainer import Trainer
+from agentrl.parallel import ranks
+from agentrl.training.trainer import Trainer
 from tests.sharded_update import episodes
 
 

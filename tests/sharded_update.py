@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from agentrl.config import load_config
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from tests.batches import synthetic_batch
 
 

@@ -7,9 +7,9 @@ from pathlib import Path
 
 from agentrl.config import load_config
 from agentrl.episode import Episode
-from agentrl.replay import replay_command
-from agentrl.trainer import Trainer
-from agentrl.viewer.page import build_data
+from agentrl.training.trainer import Trainer
+from agentrl.views.replay import replay_command
+from agentrl.views.viewer.page import build_data
 from tests.jsonl import lines
 
 ROOT = Path(__file__).resolve().parents[1]

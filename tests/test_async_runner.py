@@ -10,12 +10,12 @@ import time
 
 import pytest
 
-from agentrl.async_runner import AsyncEpisodeRunner, RequestBatcher
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Environment, Reward, Task, tool
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.rollout.async_runner import AsyncEpisodeRunner, RequestBatcher
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
 from agentrl.timeouts import WaitTimeout
 from agentrl.tools import format_tool_call
 from environments.calculator import Calculator
@@ -282,8 +282,8 @@ def test_empty_and_single(tiny_tokenizer):
 
 
 def test_config_switch_selects_the_async_runner(tiny_tokenizer):
-    from agentrl import build
     from agentrl.config import load_config
+    from agentrl.training import build
 
     engine = ScriptedEngine([], tokenizer=tiny_tokenizer)
     cfg = load_config(None, ["rollout.runner=async", "rollout.max_concurrent_episodes=5"])

@@ -11,8 +11,8 @@ import copy
 
 import pytest
 
-from agentrl.chat import ChatRenderer
-from agentrl.chat_templates import (
+from agentrl.models.chat import ChatRenderer
+from agentrl.models.chat_templates import (
     FAMILIES,
     VOCAB_SIZE,
     family_tokenizer,
@@ -21,7 +21,7 @@ from agentrl.chat_templates import (
     save_family_tokenizer,
     tool_call_format,
 )
-from agentrl.tokenizer import load_tokenizer
+from agentrl.models.tokenizer import load_tokenizer
 from agentrl.tools import ToolCall, parse_tool_calls, strip_tool_calls
 
 ADD = {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}
@@ -344,7 +344,7 @@ def test_family_tokenizer(family, tmp_path):
 
 
 def test_family_tokenizers_are_deterministic_and_cached():
-    from agentrl.chat_templates import family_tokenizer as cached
+    from agentrl.models.chat_templates import family_tokenizer as cached
 
     first = cached("qwen3")
     assert cached("qwen3") is first
@@ -396,10 +396,10 @@ RUNS = {
 def test_runner_episode_equals_a_full_render(family):
     """A scripted two-turn tool episode through the EpisodeRunner: the call parses in the family's
     format, the tool output is tagged, and the doctor finds the ids identical to a full re-render."""
-    from agentrl.drift import diagnose
     from agentrl.engines.scripted import ScriptedEngine
     from agentrl.env import Task
-    from agentrl.runner import EpisodeRequest, EpisodeRunner
+    from agentrl.rollout.drift import diagnose
+    from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner
     from environments.calculator import Calculator
 
     tok = family_tokenizer(family)
@@ -431,12 +431,12 @@ def test_a_template_without_a_tools_section_gets_them_in_the_system_message(tiny
     """Before: the calculator's schemas went to a template that ignores them, and the model was told
     to use a tool it was never shown. Now: auto puts them in the system message, the episode records
     it, the doctor finds no drift, and SFT demonstrations see the same prompt."""
-    from agentrl.chat import renders_tools
-    from agentrl.drift import diagnose
     from agentrl.engines.scripted import ScriptedEngine
     from agentrl.env import Task
-    from agentrl.runner import EpisodeRequest, EpisodeRunner
-    from agentrl.sft import tokenize_conversation
+    from agentrl.models.chat import renders_tools
+    from agentrl.rollout.drift import diagnose
+    from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner
+    from agentrl.training.sft import tokenize_conversation
     from environments.calculator import Calculator
 
     tok = copy.deepcopy(tiny_tokenizer)

@@ -13,7 +13,7 @@ from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Task
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
 from environments.code_interpreter import CodeInterpreter
 from sandboxes import SandboxSpec, close_shared_pools
 from sandboxes.e2b_local import LocalCodeInterpreterServer

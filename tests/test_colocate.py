@@ -1,4 +1,4 @@
-"""The colocated engine's sleep/wake cycle (agentrl/colocate.py): the exact order of the phases over
+"""The colocated engine's sleep/wake cycle (agentrl/sync/colocate.py): the exact order of the phases over
 two training steps with no two overlapping, a hanging phase that raises naming itself, out-of-order
 use, ``VLLMEngine``'s sleep mode on the real vLLM call names (a stand-in ``vllm`` module), and the
 config errors."""
@@ -14,12 +14,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl import colocate, weight_sync
-from agentrl.colocate import SleepWakeCycle
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.engines.base import Completion, SamplingParams
+from agentrl.sync import colocate, weight_sync
+from agentrl.sync.colocate import SleepWakeCycle
 from agentrl.timeouts import WaitTimeout
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 
 MARGIN_S = 2.0
 STUCK_S = 60.0

@@ -25,7 +25,7 @@ from agentrl.algorithms import (
 from agentrl.config import ConfigError, load_config
 from agentrl.dataclass_tree import knob
 from agentrl.episode import Episode
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from tests.jsonl import lines
 from tests.test_trainer import small_config
 from tests.user_files import one_turn_env

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.export import checkpoint_model
-from agentrl.ranks import shard_rows
+from agentrl.parallel.ranks import shard_rows
+from agentrl.training.export import checkpoint_model
 from tests.jsonl import lines
 
 
@@ -60,7 +60,7 @@ def test_torchrun_trainer_step_equals_single_process(tmp_path, tiny_model_dir):
     from safetensors.torch import load_file
 
     from agentrl.config import load_config
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     single = tmp_path / "single"
     Trainer(load_config(None, _overrides(single, tiny_model_dir)), log=lambda *_: None).train()

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from agentrl import algorithms as alg
-from agentrl.learner import Learner
 from agentrl.models import load_policy
+from agentrl.training.learner import Learner
 from tests.batches import synthetic_batch
 from tests.test_trainer import small_config
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from transformers import PreTrainedTokenizerFast
 
-from agentrl.doctor import doctor_command
-from agentrl.drift import classify, diagnose
 from agentrl.episode import Episode, Segment
+from agentrl.rollout.drift import classify, diagnose
 from agentrl.transcripts import iter_episodes
+from agentrl.views.doctor import doctor_command
 
 DATA = Path(__file__).parent / "data" / "transcripts"
 TOK_DIR = str(DATA / "tokenizer")
@@ -142,8 +142,8 @@ def _thinking_episode(family: str, split: bool, ep_id: str) -> Episode:
     answer -> a new user query -> think + answer. With ``split`` the new query opens a second sample
     prompted with the template's render (the earlier thinking stripped, for qwen3); without it the
     query is appended as a delta after the model's own tokens."""
-    from agentrl.chat import ChatRenderer
-    from agentrl.chat_templates import family_tokenizer
+    from agentrl.models.chat import ChatRenderer
+    from agentrl.models.chat_templates import family_tokenizer
 
     tok = family_tokenizer(family)
     r = ChatRenderer(tok)
@@ -179,7 +179,7 @@ def _thinking_episode(family: str, split: bool, ep_id: str) -> Episode:
 
 
 def test_split_episode_is_diagnosed_per_sample():
-    from agentrl.chat_templates import family_tokenizer
+    from agentrl.models.chat_templates import family_tokenizer
 
     tok = family_tokenizer("qwen3")
     split = _thinking_episode("qwen3", split=True, ep_id="split")
@@ -208,7 +208,7 @@ def test_split_episode_is_diagnosed_per_sample():
 
 
 def _doctor_output(tmp_path, family: str, episodes: list[Episode], capsys) -> tuple[int, str]:
-    from agentrl.chat_templates import save_family_tokenizer
+    from agentrl.models.chat_templates import save_family_tokenizer
 
     path = tmp_path / "t.jsonl"
     path.write_text("".join(ep.to_json() + "\n" for ep in episodes))
@@ -229,7 +229,7 @@ def test_doctor_explains_split(tmp_path, capsys):
 
 
 def test_doctor_explains_merge_and_a_run_that_chose_otherwise(tmp_path, capsys):
-    from agentrl.chat_templates import family_tokenizer, resolve_history
+    from agentrl.models.chat_templates import family_tokenizer, resolve_history
 
     ep = _thinking_episode("qwen2_5", split=False, ep_id="m")
     code, out = _doctor_output(tmp_path, "qwen2_5", [ep], capsys)

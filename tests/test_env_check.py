@@ -8,7 +8,7 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.env import Environment, Reward, StepResult, Task, register, registered
-from agentrl.env_check import check_environment
+from agentrl.env.check import check_environment
 
 BUILT_IN = sorted(n for n, cls in registered().items() if cls.__module__.startswith("environments."))
 

@@ -4,7 +4,7 @@ with its own rewards: right answers earn 1, wrong ones 0, bad tool calls become 
 import pytest
 
 from agentrl.env import EpisodeState, Task, make_env
-from agentrl.env_check import check_environment, format_report
+from agentrl.env.check import check_environment, format_report
 from agentrl.tools import format_tool_call
 from environments.countdown import check_solution
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.evaluation import paired_bootstrap
+from agentrl.training.evaluation import paired_bootstrap
 
 
 def test_a_uniform_gain_has_an_interval_around_it_and_none_has_zero_width():

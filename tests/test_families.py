@@ -9,7 +9,7 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.episode import Episode
-from agentrl.trainer import Trainer, TrainingFailed
+from agentrl.training.trainer import Trainer, TrainingFailed
 from tests.jsonl import lines
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""Shared-prefix forward passes (agentrl/forward.py): same logits, losses and gradients as a full
+"""Shared-prefix forward passes (agentrl/training/forward.py): same logits, losses and gradients as a full
 forward, and the trainer and SFT give the same numbers with the sharing on or off."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.forward import first_loss_column, prefix_plan, shared_prefix_len, suffix_logits
-from agentrl.trainer import Trainer
+from agentrl.training.forward import first_loss_column, prefix_plan, shared_prefix_len, suffix_logits
+from agentrl.training.trainer import Trainer
 from tests.test_trainer import small_config
 
 
@@ -166,7 +166,7 @@ def test_sft_losses_are_the_same_with_and_without_prefix_sharing(tiny_model_dir)
     """SFT on demonstrations in two groups (two prompts, loss on the answers only): the shared-prefix
     forward changes the work, not the losses."""
     from agentrl.models import load_policy
-    from agentrl.sft import sft_train
+    from agentrl.training.sft import sft_train
 
     g = torch.Generator().manual_seed(4)
     prompts = [torch.randint(5, 900, (16,), generator=g).tolist() for _ in range(2)]

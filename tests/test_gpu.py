@@ -45,7 +45,7 @@ def overrides(model_dir: Path, out: Path, *extra: str) -> list[str]:
 
 
 def train(model_dir: Path, out: Path, *extra: str):
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     trainer = Trainer(load_config(None, overrides(model_dir, out, *extra)), log=print)
     before = {
@@ -139,8 +139,8 @@ def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
     not the steady state: AdamW creates its moments in its first step, after the backward pass has
     freed the activations (on an H100, 2026-11-27, FSDP2's first update peaked at 0.56x the plan)."""
     from agentrl.models import build_tiny_model, train_tokenizer
-    from agentrl.plan import plan
-    from agentrl.trainer import Trainer
+    from agentrl.training.plan import plan
+    from agentrl.training.trainer import Trainer
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
     extra = [f"trainer.strategy={strategy}", "trainer.bf16=true", "model.gradient_checkpointing=false"]

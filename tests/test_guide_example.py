@@ -9,8 +9,8 @@ import pytest
 
 from agentrl.config import load_config
 from agentrl.env import import_environment_module
-from agentrl.env_check import check_environment
-from agentrl.trainer import Trainer, TrainingFailed
+from agentrl.env.check import check_environment
+from agentrl.training.trainer import Trainer, TrainingFailed
 from tests.jsonl import lines
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_the_guides_code_is_the_example_file_and_runs_as_shown(tmp_path):
     )
     script = tmp_path / "guide.py"
     check = (
-        "\nfrom agentrl.env_check import check_environment, format_report\n"
+        "\nfrom agentrl.env.check import check_environment, format_report\n"
         "report = check_environment('population_lookup')\nprint(format_report(report))\n"
     )
     script.write_text("".join(blocks) + check)
@@ -111,8 +111,9 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     """The guide's example as a user runs it (docs/environments.md, "A warm start that learns"): the
     tiny model warm-starts to a held-out mean@4 above 0.2, and 20 RL steps raise the training reward
     (~4 min on 2 cores)."""
-    from agentrl import build, components
-    from agentrl.evaluation import evaluate
+    from agentrl.rollout import components
+    from agentrl.training import build
+    from agentrl.training.evaluation import evaluate
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(ROOT / "configs" / "examples" / "lookup_cpu.yaml", [f"run.output_dir={tmp_path / 'run'}",

@@ -9,13 +9,13 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from agentrl.batch import build_batch
-from agentrl.chat_templates import family_tokenizer
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Environment, Reward, StepResult, Task
 from agentrl.episode import Episode, Segment
-from agentrl.learner import Learner
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.models.chat_templates import family_tokenizer
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.training.batch import build_batch
+from agentrl.training.learner import Learner
 from environments.calculator import Calculator
 from tests.test_runner import check_invariants
 
@@ -133,7 +133,7 @@ def test_a_split_episode_is_one_group_member_and_every_sample_trains_with_its_ad
     assert adv.tolist() == pytest.approx([s, s, -s], abs=1e-7)
     # overlays land on the episode, aligned with all of its tokens
     from agentrl import algorithms as alg
-    from agentrl.overlays import attach_overlays
+    from agentrl.training.overlays import attach_overlays
 
     batch.advantages = adv.float()
     zeros = torch.zeros_like(batch.mask)

@@ -8,7 +8,6 @@ import math
 import pytest
 import torch
 
-from agentrl import components
 from agentrl.algorithms import (
     compute_advantages,
     k1_kl,
@@ -19,7 +18,8 @@ from agentrl.algorithms import (
     policy_loss,
 )
 from agentrl.models import load_policy
-from agentrl.trainer import Trainer
+from agentrl.rollout import components
+from agentrl.training.trainer import Trainer
 from tests.test_trainer import small_config
 
 

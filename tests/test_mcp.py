@@ -1,4 +1,4 @@
-"""MCP tool servers (agentrl/mcp_tools.py): the schema in the prompt, a call, a tool error, a hung tool,
+"""MCP tool servers (agentrl/env/mcp_tools.py): the schema in the prompt, a call, a tool error, a hung tool,
 a crashed server (the episode fails at the tool boundary, the run goes on), no leftover processes.
 
 The server is tests/mcp_server.py, started over stdio by the pool (or over HTTP by the test)."""
@@ -20,8 +20,8 @@ import pytest
 
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Environment, Reward, Task, register, tool
-from agentrl.mcp_tools import MCPServer, MCPServerError, close_all, pools
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.env.mcp_tools import MCPServer, MCPServerError, close_all, pools
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
 from agentrl.tools import ToolCall, format_tool_call
 from sandboxes.process import descendants
 

@@ -19,7 +19,7 @@ from agentrl.models import (
     tiny_config,
     train_tokenizer,
 )
-from agentrl.tokenizer import is_tiny_tokenizer_dir, load_tokenizer
+from agentrl.models.tokenizer import is_tiny_tokenizer_dir, load_tokenizer
 
 TEXTS = [
     "What is 12 + 345 * 6? The answer is \\boxed{2082}.",

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import build
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.env import register
-from agentrl.trainer import Trainer, TrainingFailed
+from agentrl.training import build
+from agentrl.training.trainer import Trainer, TrainingFailed
 from tests.jsonl import lines
 from tests.test_trainer import Chatter, small_config
 from tests.test_trainer_exactness import AllCorrect  # noqa: F401  (registers test_all_correct)

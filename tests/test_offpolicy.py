@@ -8,7 +8,7 @@ import math
 import torch
 
 from agentrl.episode import Episode, Segment
-from agentrl.offpolicy import MismatchMonitor, tis_weights, too_stale, version_lag
+from agentrl.training.offpolicy import MismatchMonitor, tis_weights, too_stale, version_lag
 
 
 def test_tis_weights_by_hand():
@@ -49,7 +49,7 @@ def test_version_lag_and_staleness():
 
 
 def test_trainer_step_with_tis(tmp_path, tiny_model_dir):
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
     from tests.test_trainer import small_config
 
     cfg = small_config(

@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from agentrl.proxy.openai_api import OpenAIServer
-from agentrl.proxy.openai_request import APIError, ChatRequest, ChatResult, parse_chat_request
+from agentrl.serve.openai_api import OpenAIServer
+from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult, parse_chat_request
 
 TOOLS = [
     {

@@ -1,4 +1,4 @@
-"""Asynchronous off-policy training (``trainer.mode: async``, agentrl/pipeline.py): K = 0 is the sync
+"""Asynchronous off-policy training (``trainer.mode: async``, agentrl/rollout/pipeline.py): K = 0 is the sync
 loop exactly; with K = 2 and a slow engine no episode trains past the bound while partial rollouts
 carry several weight versions; a killed async run resumes with no transcript lost or duplicated;
 the pipeline's own contract (grant order, timeouts, errors, checkpoint state)."""
@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl import components
 from agentrl.config import ConfigError
-from agentrl.data import TaskSampler
 from agentrl.env import Task
+from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
-from agentrl.pipeline import EngineGate, PipelineTimeout, RolloutPipeline
-from agentrl.trainer import Trainer
+from agentrl.rollout import components
+from agentrl.rollout.pipeline import EngineGate, PipelineTimeout, RolloutPipeline
+from agentrl.training.trainer import Trainer
 from tests.jsonl import lines
 from tests.test_trainer import _cli_args, small_config
 
@@ -367,7 +367,7 @@ def test_async_on_ray_workers(tmp_path, tiny_model_dir):
     """A pool of Ray workers under async mode: batches overlap on the workers, each worker takes new
     weights between its shards, and the bound holds."""
     ray = pytest.importorskip("ray")
-    from agentrl.ray_workers import init_ray
+    from agentrl.rollout.ray_workers import init_ray
 
     init_ray(num_cpus=2)
     try:

@@ -14,7 +14,7 @@ import torch
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.plan import GIB, architecture, plan, render
+from agentrl.training.plan import GIB, architecture, plan, render
 
 ROOT = Path(__file__).resolve().parents[1]
 # tiny:h128-L8: hidden 128, 8 layers, 4 heads (head_dim 32), 2 KV heads (kv width 64), MLP 448, vocab 1024

@@ -378,8 +378,8 @@ def test_eval_of_a_checkpoint_that_does_not_exist_and_rollout_of_no_tasks(tmp_pa
 
 
 def test_run_threads_reaches_torch_and_a_busy_machine_is_pointed_out(monkeypatch):
-    from agentrl import components
     from agentrl.config import load_config
+    from agentrl.rollout import components
 
     before = torch.get_num_threads()
     try:

@@ -1,5 +1,5 @@
 """The OpenAI-compatible endpoint in front of the engine: agents written against the ``openai``
-client, recorded token by token (agentrl.agent_runner, agentrl.agents)."""
+client, recorded token by token (agentrl.rollout.agent_runner, agentrl.agents)."""
 
 from __future__ import annotations
 
@@ -17,14 +17,14 @@ import httpx
 import openai
 import pytest
 
-from agentrl.agent_runner import AgentRunner
 from agentrl.agents import AgentEnvironment
-from agentrl.drift import diagnose
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Reward, Task, register
 from agentrl.episode import Episode
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.rollout.agent_runner import AgentRunner
+from agentrl.rollout.drift import diagnose
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
 from agentrl.tools import ToolCall, format_tool_call
 from environments.calculator import Calculator
 from tests.test_runner import check_invariants
@@ -501,7 +501,7 @@ def test_a_second_ctrl_c_stops_the_run_at_once(tiny_tokenizer, engine_cls, ctrl_
 
 def test_tool_call_arguments_reach_the_template_as_objects():
     """Stock templates apply ``tojson`` to a call's arguments: JSON text would be encoded twice."""
-    from agentrl.agent_runner import canonical, for_template
+    from agentrl.rollout.agent_runner import canonical, for_template
 
     msg = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]}  # fmt: skip
     shown = for_template(msg)

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl import build
 from agentrl.config import load_config
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Task
 from agentrl.models import load_policy
-from agentrl.runner import EpisodeRequest
+from agentrl.rollout.runner import EpisodeRequest
+from agentrl.training import build
 
 pytestmark = pytest.mark.ray
 ENVS = Path(__file__).parent / "distributed_envs.py"
@@ -49,7 +49,7 @@ def ray_config(tmp_path: Path, model_dir: Path, *extra: str):
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    from agentrl.ray_workers import init_ray
+    from agentrl.rollout.ray_workers import init_ray
 
     init_ray(num_cpus=2)
     yield ray
@@ -64,8 +64,8 @@ def requests(n: int, **metadata) -> list[EpisodeRequest]:
 
 
 def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model_dir):
-    from agentrl.ray_workers import RolloutPool
-    from agentrl.trainer import Trainer
+    from agentrl.rollout.ray_workers import RolloutPool
+    from agentrl.training.trainer import Trainer
 
     cfg = ray_config(tmp_path, tiny_model_dir)
     trainer = Trainer(cfg, log=lambda *_: None)
@@ -130,8 +130,8 @@ def test_agent_environments_run_on_ray_workers(ray_local, tmp_path, tiny_model_d
     """An ``AgentEnvironment`` on Ray workers: each worker serves its own endpoint on 127.0.0.1, its
     agents (the guide's example, the openai package unchanged) run there, and the episodes come back
     token for token what an in-process ``AgentRunner`` with the same weights records."""
-    from agentrl.ray_workers import RolloutPool
-    from agentrl.trainer import Trainer
+    from agentrl.rollout.ray_workers import RolloutPool
+    from agentrl.training.trainer import Trainer
 
     agent = ("env.name=arithmetic_agent", f"env.module={AGENT_ENV}", "rollout.max_episode_tokens=512")
     cfg = ray_config(tmp_path, tiny_model_dir, *agent)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import gguf
 from agentrl.cli import main
+from agentrl.models import gguf
 
 ROOT = Path(__file__).resolve().parents[1]
 # read at import, before the session's private cache is set: where `agentrl models install` put it

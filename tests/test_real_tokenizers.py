@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.chat import ChatRenderer, renders_tools
-from agentrl.chat_templates import family_tokenizer, probe_history, tool_call_format
-from agentrl.tokenizer import load_tokenizer
+from agentrl.models.chat import ChatRenderer, renders_tools
+from agentrl.models.chat_templates import family_tokenizer, probe_history, tool_call_format
+from agentrl.models.tokenizer import load_tokenizer
 from tests.test_chat_templates import ADD, PREFIX, RUNS, THINKING, TOOL_CONVERSATION, TOOL_OBS
 
 CACHE = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
@@ -112,7 +112,7 @@ def test_qwen3_observation_delta_is_the_full_render_after_the_prefix():
 def _episode(tok, env_cls, replies, tools_prompt="auto"):  # type: ignore[no-untyped-def]
     from agentrl.engines.scripted import ScriptedEngine
     from agentrl.env import Task
-    from agentrl.runner import EpisodeRequest, EpisodeRunner
+    from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner
 
     runner = EpisodeRunner(
         ScriptedEngine([r + tok.eos_token for r in replies], tokenizer=tok),
@@ -129,7 +129,7 @@ def _episode(tok, env_cls, replies, tools_prompt="auto"):  # type: ignore[no-unt
 
 
 def test_a_qwen3_tool_episode_with_thinking_survives_a_full_rerender():
-    from agentrl.drift import diagnose
+    from agentrl.rollout.drift import diagnose
     from environments.calculator import Calculator
 
     tok = real("qwen3")
@@ -142,7 +142,7 @@ def test_a_qwen3_tool_episode_with_thinking_survives_a_full_rerender():
 
 
 def test_smollm2_shows_the_tools_in_the_system_message_and_keeps_history():
-    from agentrl.drift import diagnose
+    from agentrl.rollout.drift import diagnose
     from environments.calculator import Calculator
 
     tok = real("smollm2")

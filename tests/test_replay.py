@@ -10,9 +10,9 @@ from rich.console import Console
 from agentrl.env import Environment, EpisodeState, Reward, Task, register, tool
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Failure
-from agentrl.replay import replay_command, rerun_episode, rescore_episode
 from agentrl.tools import format_tool_call
 from agentrl.transcripts import TranscriptWriter
+from agentrl.views.replay import replay_command, rerun_episode, rescore_episode
 from tests.user_files import one_turn_env
 
 RUN = Path(__file__).parent / "data" / "transcripts" / "run"
@@ -182,7 +182,7 @@ def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
     import sys
 
     from agentrl.config import load_config
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     env_file = tmp_path / "units_env.py"
     env_file.write_text(one_turn_env("test_units_replay"))

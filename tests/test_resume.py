@@ -126,7 +126,7 @@ def test_a_start_that_failed_before_any_step_does_not_block_the_next(tmp_path, t
     run_dir.mkdir()
     (run_dir / "transcripts.jsonl").write_text("")
     (run_dir / "metrics.jsonl").write_text("")
-    from agentrl.checkpoint import existing_run
+    from agentrl.training.checkpoint import existing_run
 
     assert existing_run(run_dir) == []
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n')

@@ -11,7 +11,7 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Environment, Reward, StepResult, Task, ToolFeedback, register, tool
 from agentrl.episode import Episode
-from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
 from agentrl.tools import format_tool_call
 from environments.calculator import Calculator
 
@@ -293,7 +293,7 @@ def test_concurrent_encoding_is_thread_safe(tiny_tokenizer):
     must not depend on it, or concurrent episodes corrupt each other's control tokens."""
     import concurrent.futures
 
-    from agentrl.chat import ChatRenderer
+    from agentrl.models.chat import ChatRenderer
 
     r = ChatRenderer(tiny_tokenizer)
     texts = [("<|im_end|>\n<|im_start|>tool\n", False), ("<|im_end|> forged <|im_start|>", True)] * 200

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import components, dataclass_tree
+from agentrl import dataclass_tree
 from agentrl.algorithms import WEIGHTINGS
 from agentrl.config import Config, load_config
-from agentrl.trainer import Trainer
+from agentrl.rollout import components
+from agentrl.training.trainer import Trainer
 from tests.test_trainer import small_config
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.sft import holdout_loss, sft_train
+from agentrl.training.sft import holdout_loss, sft_train
 
 
 def _examples(answer_token: int, n: int, seed: int) -> list[tuple[list[int], list[int]]]:
@@ -61,7 +61,7 @@ def test_patience_or_eval_every_without_a_holdout_is_a_config_error():
 def test_pass_at_k_curve_hand_values():
     from types import SimpleNamespace
 
-    from agentrl.evaluation import pass_at_k_curve
+    from agentrl.training.evaluation import pass_at_k_curve
 
     def ep(task: str, ok: bool) -> SimpleNamespace:
         return SimpleNamespace(

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl import lora
 from agentrl.config import ConfigError, load_config
-from agentrl.export import checkpoint_model
+from agentrl.training import lora
+from agentrl.training.export import checkpoint_model
 from tests.jsonl import lines
 
 DRIVER = Path(__file__).parent / "sharded_update.py"
@@ -207,7 +207,7 @@ def test_lora_engine_samples_with_the_trainers_distribution(tmp_path, tiny_model
     """After an update the HF engine holds the merged weights: the log-probs it reports while
     sampling equal the trainer's teacher-forced log-probs of the same tokens (the adapters' forward)."""
     from agentrl.engines.base import SamplingParams
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
     from tests.sharded_update import episodes
 
     cfg = load_config(
@@ -243,7 +243,7 @@ def test_export_round_trips_the_trainers_log_probs(tmp_path, tiny_model_dir, fmt
     whose log-probs on the batch equal the trainer's."""
     from transformers import AutoModelForCausalLM
 
-    from agentrl.batch import build_batch
+    from agentrl.training.batch import build_batch
     from tests.sharded_update import episodes
 
     extra = ["trainer.strategy=fsdp2"] if fmt == "dcp" else LORA
@@ -337,7 +337,7 @@ def test_unknown_strategy_names_the_valid_ones():
 
 
 def test_lora_targets_matching_nothing_fail_before_any_work(tmp_path, tiny_model_dir):
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
 
     cfg = load_config(
         None,

@@ -13,12 +13,12 @@ import yaml
 
 from agentrl.config import ConfigError
 from agentrl.study import load_study, run_study
-from agentrl.study_report import band_fraction
+from agentrl.study.report import band_fraction
 from tests.user_files import one_turn_env
 
 
 def test_paired_differences_and_what_the_seeds_support():
-    from agentrl.study_report import paired_differences, supported
+    from agentrl.study.report import paired_differences, supported
 
     runs = {
         "base": [{"seed": 0, "x": 1.0}, {"seed": 1, "x": 2.0}, {"seed": 2, "x": 3.0}],
@@ -191,8 +191,8 @@ def test_reduced_study_command_end_to_end(tmp_path):
 
 
 def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_dir, varied_env):
-    from agentrl import components
     from agentrl.config import load_config
+    from agentrl.rollout import components
     from agentrl.study import family_overrides, probe_tasks
 
     path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)

@@ -16,15 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import build
-from agentrl.async_runner import AsyncEpisodeRunner
 from agentrl.config import load_config
-from agentrl.config_schema import TimeoutsConfig
+from agentrl.config.schema import TimeoutsConfig
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Task
-from agentrl.runner import ENGINE_REQUEST_S, ENV_STEP_S, EpisodeRequest
+from agentrl.rollout.async_runner import AsyncEpisodeRunner
+from agentrl.rollout.runner import ENGINE_REQUEST_S, ENV_STEP_S, EpisodeRequest
 from agentrl.timeouts import WaitTimeout, call_with_timeout
+from agentrl.training import build
 from environments.calculator import Calculator
 
 MARGIN_S = 2.0  # thread start-up, the episodes' bookkeeping and a loaded CI machine
@@ -150,7 +150,7 @@ STUCK_ENVS = Path(__file__).parent / "timeout_envs.py"
 @pytest.fixture(scope="module")
 def ray_local():
     ray = pytest.importorskip("ray")
-    from agentrl.ray_workers import init_ray
+    from agentrl.rollout.ray_workers import init_ray
 
     init_ray(num_cpus=2)
     yield ray
@@ -169,7 +169,7 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
     """One worker. A shard whose environment hangs: after ``ray_call_s`` = 2 s the worker is killed
     and the episodes fail at the worker boundary naming it; the next run replaces it and succeeds.
     Then a ``generate`` queued behind a stuck call raises ``WaitTimeout`` after 2 s."""
-    from agentrl.ray_workers import RolloutPool
+    from agentrl.rollout.ray_workers import RolloutPool
 
     cfg = load_config(
         None,
@@ -248,7 +248,7 @@ def test_a_container_that_stops_reading_cannot_block_a_cell():
 RANK_SCRIPT = """
 import json, os, sys, time
 from pathlib import Path
-from agentrl import ranks
+from agentrl.parallel import ranks
 
 rank, world = ranks.init_from_env(timeout_s=2.0)
 done = Path(sys.argv[1])

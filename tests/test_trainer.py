@@ -18,7 +18,7 @@ from agentrl.algorithms import METHODS
 from agentrl.config import load_config
 from agentrl.env import Environment, Reward, StepResult, Task, register
 from agentrl.episode import Episode
-from agentrl.trainer import Trainer
+from agentrl.training.trainer import Trainer
 from tests.jsonl import lines
 
 ALGORITHMS = sorted(METHODS)  # every registered method: the records are the test matrix

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl import learner as learner_mod
 from agentrl.config import ConfigError
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Reward, register
-from agentrl.trainer import Trainer
+from agentrl.training import learner as learner_mod
+from agentrl.training.trainer import Trainer
 from tests.test_trainer import Chatter, small_config
 
 

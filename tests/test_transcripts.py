@@ -12,7 +12,6 @@ import pytest
 
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Failure
-from agentrl.run_tokenizer import tokenizer_candidates
 from agentrl.transcripts import (
     TranscriptWarning,
     TranscriptWriter,
@@ -22,6 +21,7 @@ from agentrl.transcripts import (
     read_episode_at,
     read_metrics,
 )
+from agentrl.views.run_tokenizer import tokenizer_candidates
 
 RUN = Path(__file__).parent / "data" / "transcripts" / "run"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from agentrl.transcripts import iter_episodes
-from agentrl.viewer.page import inspect_command
+from agentrl.views.viewer.page import inspect_command
 
 pytestmark = pytest.mark.browser
 ROOT = Path(__file__).resolve().parents[1]
@@ -178,7 +178,7 @@ def test_deep_link_opens_an_episode(browser, page):
 def real_run(tmp_path_factory, tiny_model_dir):
     """A real STARE run: 4 steps with H_tgt = the first batch's entropy, so the gate is off at step 0
     (H̄ is not below itself) and switches with the entropy after that."""
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
     from tests.test_trainer import small_config
 
     tmp = tmp_path_factory.mktemp("real")
@@ -197,7 +197,7 @@ def test_a_real_runs_page_shades_the_gate_and_explains_a_pinned_token(browser, r
 
     from selenium.webdriver.common.by import By
 
-    from agentrl.metrics import CURVES, IMPORTANT
+    from agentrl.training.metrics import CURVES, IMPORTANT
     from tests.jsonl import lines
 
     run, page = real_run

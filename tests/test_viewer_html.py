@@ -11,7 +11,7 @@ import pytest
 
 from agentrl.episode import Episode, Segment
 from agentrl.transcripts import TranscriptWarning, iter_episodes
-from agentrl.viewer.page import (
+from agentrl.views.viewer.page import (
     PieceDecoder,
     build_data,
     episode_payload,
@@ -150,8 +150,8 @@ def test_every_curve_name_is_a_metric_the_trainer_writes(tmp_path, tiny_model_di
     evaluation: a renamed metric breaks this test instead of silently emptying a curve."""
     import json
 
-    from agentrl.metrics import CURVES
-    from agentrl.trainer import Trainer
+    from agentrl.training.metrics import CURVES
+    from agentrl.training.trainer import Trainer
     from tests.jsonl import lines
     from tests.test_trainer import small_config
 

@@ -145,9 +145,9 @@ def test_submit_feeds_the_running_batch(engine, prompts):
 
 
 def test_async_and_lockstep_runners_on_vllm(engine, tiny_tokenizer):
-    from agentrl.async_runner import AsyncEpisodeRunner
     from agentrl.env import Task
-    from agentrl.runner import Budgets, EpisodeRequest, EpisodeRunner
+    from agentrl.rollout.async_runner import AsyncEpisodeRunner
+    from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
     from environments.calculator import Calculator
 
     reqs = [EpisodeRequest(Task(f"t{i}", f"What is {i} + 2?", answer=i + 2), seed=i) for i in range(3)]
@@ -170,7 +170,7 @@ def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine,
     push is the merged weights of the adapted layers: the second step's episodes, sampled after the
     first update, match the trainer's adapter forward."""
     from agentrl.engines.vllm import VLLMEngine
-    from agentrl.trainer import Trainer
+    from agentrl.training.trainer import Trainer
     from tests.test_trainer import small_config
 
     built: dict = {}
@@ -212,10 +212,10 @@ def test_seeded_batch_over_the_step_token_budget(engine, prompts):
     assert first.token_ids == outs[0].token_ids  # the seed, not the batch, decides the sample
 
 
-# -- bucketed weight sync and its proof (agentrl/weight_sync.py, engines/vllm_worker.py) ------------
+# -- bucketed weight sync and its proof (agentrl/sync/weight_sync.py, engines/vllm_worker.py) ------------
 def _moved_policy(model_dir, seed: int = 1):
     """The tiny policy with every parameter moved (what an update does), and its probe."""
-    from agentrl.weight_sync import PolicyProbe
+    from agentrl.sync.weight_sync import PolicyProbe
 
     model, _ = load_policy(model_dir)
     g = torch.Generator().manual_seed(seed)
@@ -234,7 +234,7 @@ def test_bucketed_sync_equals_the_whole_blob_and_is_verified(engine, tiny_model_
     worker ends with what one whole blob gives, bit for bit: every live checksum (read back through
     the CPU kernels) and every log-prob of a 128-token probe equal."""
     from agentrl.engines.fingerprint import probe_ids, tensor_checksum
-    from agentrl.weight_sync import SyncSettings, sync_weights
+    from agentrl.sync.weight_sync import SyncSettings, sync_weights
 
     model, probe = _moved_policy(tiny_model_dir)
     names, ids = [n for n, _ in model.named_parameters()], probe_ids(1024, 128)
@@ -254,7 +254,7 @@ def test_bucketed_sync_equals_the_whole_blob_and_is_verified(engine, tiny_model_
 def test_fingerprint_names_tensors_corrupted_on_the_way(engine, tiny_model_dir, monkeypatch):
     """k_proj of layer 1 (a slice of the fused qkv_proj) and down_proj of layer 0 (prepacked on CPU,
     read back through its kernel) get noise on the way: exactly those two are named."""
-    from agentrl.weight_sync import SyncSettings, WeightSyncError, sync_weights
+    from agentrl.sync.weight_sync import SyncSettings, WeightSyncError, sync_weights
 
     model, probe = _moved_policy(tiny_model_dir, seed=2)
     bad = {"model.layers.1.self_attn.k_proj.weight", "model.layers.0.mlp.down_proj.weight"}

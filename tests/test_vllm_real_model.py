@@ -68,7 +68,7 @@ def test_a_bucketed_sync_of_smollm2_is_verified(engine, smollm2_dir):
     """Every parameter moved (what an update does), sent in 64 MiB buckets: the engine's checksums
     of every tensor equal the trainer's, and its probe log-probs equal the trainer's forward."""
     from agentrl.engines.fingerprint import probe_ids, tensor_checksum
-    from agentrl.weight_sync import PolicyProbe, SyncSettings, sync_weights
+    from agentrl.sync.weight_sync import PolicyProbe, SyncSettings, sync_weights
 
     model, _ = load_policy(smollm2_dir)
     g = torch.Generator().manual_seed(1)

@@ -1,4 +1,4 @@
-"""Bucketed weight sync and its proof (agentrl/weight_sync.py): buckets give the engine exactly what a
+"""Bucketed weight sync and its proof (agentrl/sync/weight_sync.py): buckets give the engine exactly what a
 whole-state sync gives (HF engine, LoRA merged weights, a Ray pool, FSDP2 on two ranks); the
 fingerprint names a tensor the engine serves wrongly and the probe catches what the samples miss;
 ``verify`` first/off; a stuck engine raises within the time limit; the trainer logs the sync and
@@ -15,16 +15,23 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl import lora
-from agentrl.config_schema import LoraConfig
+from agentrl.config.schema import LoraConfig
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.fingerprint import probe_ids, sample_indices, splitmix64, tensor_checksum
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.models import load_policy
+from agentrl.sync.weight_sync import (
+    MiB,
+    PolicyProbe,
+    SyncSettings,
+    WeightSyncError,
+    pack_buckets,
+    sync_weights,
+)
 from agentrl.timeouts import WaitTimeout
-from agentrl.trainer import Trainer
-from agentrl.weight_sync import MiB, PolicyProbe, SyncSettings, WeightSyncError, pack_buckets, sync_weights
+from agentrl.training import lora
+from agentrl.training.trainer import Trainer
 from tests.jsonl import lines
 from tests.test_trainer import small_config
 
@@ -316,7 +323,7 @@ def test_lora_trainer_names_merged_tensors_dropped_on_the_way(tmp_path, tiny_mod
 @pytest.mark.ray
 def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(tmp_path, tiny_model_dir):
     ray = pytest.importorskip("ray")
-    from agentrl.ray_workers import RolloutPool, init_ray
+    from agentrl.rollout.ray_workers import RolloutPool, init_ray
     from tests.test_ray_workers import ray_config
 
     init_ray(num_cpus=2)
@@ -372,7 +379,7 @@ def test_a_bucket_broadcast_over_gloo_arrives_bit_for_bit_in_order():
     """Two ranks in two threads of this process, gloo on the CPU: three dtypes in one bucket (one flat
     buffer each) come back as the same (name, tensor) pairs in the same order; the store tells which
     ranks began to join."""
-    from agentrl import weight_group
+    from agentrl.sync import weight_group
 
     cpu = torch.device("cpu")
     g = torch.Generator().manual_seed(0)
@@ -415,7 +422,7 @@ def test_broadcast_needs_ray_workers(tmp_path, tiny_model_dir):
 @pytest.mark.ray
 def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(tmp_path, tiny_model_dir):
     ray = pytest.importorskip("ray")
-    from agentrl.ray_workers import RolloutPool, init_ray
+    from agentrl.rollout.ray_workers import RolloutPool, init_ray
     from tests.test_ray_workers import ray_config
 
     init_ray(num_cpus=2)
@@ -466,7 +473,7 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(tm
 @pytest.mark.ray
 def test_ray_pool_broadcast_names_a_worker_that_never_joins(tmp_path, tiny_model_dir):
     ray = pytest.importorskip("ray")
-    from agentrl.ray_workers import RolloutPool, RolloutWorker, init_ray
+    from agentrl.rollout.ray_workers import RolloutPool, RolloutWorker, init_ray
     from tests.test_ray_workers import ray_config
 
     class NeverJoins(RolloutWorker):  # defined here, so Ray ships it to the worker by value

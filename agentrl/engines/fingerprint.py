@@ -1,7 +1,7 @@
 """What an engine serves, in a form two processes (or two libraries) compute the same way: a checksum
 of a deterministic sample of each tensor, and the log-probs of a fixed probe sequence.
 
-The engines compute these of their live weights (``Engine.fingerprint``); ``agentrl.weight_sync``
+The engines compute these of their live weights (``Engine.fingerprint``); ``agentrl.sync.weight_sync``
 computes the same of the trainer's and compares. Sampling: ``SAMPLE`` flat indices from SplitMix64
 seeded by the tensor's name and numel (all of them for a smaller tensor); the checksum hashes the
 sampled values' bytes in the tensor's dtype, with its shape.

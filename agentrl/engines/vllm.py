@@ -12,7 +12,7 @@
 - ``submit(prompt, params) -> Future`` feeds vLLM's own scheduler from a driver thread (true continuous
   batching: a request joins the running batch at the next step), which ``AsyncEpisodeRunner`` uses.
 - ``sleep(level)`` / ``wake_up(tags)``: vLLM's sleep mode (``enable_sleep_mode``, GPU only), which the
-  colocated sleep/wake cycle drives (``agentrl/colocate.py``); while any part is asleep the engine
+  colocated sleep/wake cycle drives (``agentrl/sync/colocate.py``); while any part is asleep the engine
   refuses requests.
 
 CPU (MACHINE.md): float32 (bf16 crashed intermittently in the AMX attention kernel), KV cache size

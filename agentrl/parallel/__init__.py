@@ -1,0 +1,1 @@
+"""Process groups and sharding: ranks (collectives with time limits), DDP/FSDP2/HSDP wrapping."""

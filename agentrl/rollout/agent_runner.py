@@ -1,0 +1,712 @@
+"""The endpoint's backend and the runner of ``AgentEnvironment`` episodes.
+
+``AgentRunner`` is an ``EpisodeRunner`` whose turns arrive as OpenAI chat-completion requests instead
+of being driven by ``reset``/``step``. Each episode has a ledger (the runner's per-episode record, keyed
+by the request's episode key). A request is served in four moves:
+
+1. **Extend.** The request's messages are compared, message by message (role, content, tool calls by
+   name and parsed arguments, reasoning; ids and names are not compared: the templates do not render
+   them), with the ledger's: the client's view of the conversation so far, including the replies the
+   endpoint returned. When they extend it, only the new messages (tool results, user turns) are
+   rendered, as a delta after the last turn: the token ids of earlier turns are the ones already
+   recorded, never re-tokenized. This is the runner's own observation step, so the roles, the loss
+   mask, tool-output truncation and ``rollout.history`` (thinking templates) are a native episode's.
+2. **Drift.** Otherwise the client edited, dropped or re-ordered history. The difference is classified
+   with ``agentrl doctor``'s classes (the first region where the template's renders of the two
+   histories differ), recorded in ``metrics["drift"]``, and handled per ``proxy.on_drift``: ``split``
+   starts a new sample prompted with the client's history, ``fail`` fails the episode (boundary
+   ``agent``) and answers with an error, ``retokenize`` re-renders the client's history into the
+   current sample, keeping the policy's tokens (role, log-prob, version) where they survive unchanged.
+3. **Generate** with the run's sampling settings, the turn's seed and budgets, and the request's own
+   ``max_tokens`` and ``stop`` within them.
+4. **Answer** with the reply as OpenAI ``content`` and ``tool_calls`` (parsed in the template's tool-call
+   format), the sampled tokens' log-probs when asked, and an ``agentrl`` block: the episode key, the
+   turn, the weight version and the token ids.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import dataclasses
+import difflib
+import inspect
+import json
+import logging
+import threading
+import traceback
+import uuid
+import zlib
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agentrl.agents import AgentEnvironment
+from agentrl.engines.base import Completion, Engine, SamplingParams
+from agentrl.env import Environment
+from agentrl.episode import Episode, Segment
+from agentrl.models.chat_templates import tool_call_format
+from agentrl.models.history import history_pieces
+from agentrl.rollout.async_runner import RequestBatcher
+from agentrl.rollout.drift import classify, regions, render_ids
+from agentrl.rollout.runner import (
+    ENGINE_REQUEST_S,
+    Budgets,
+    EpisodeRequest,
+    EpisodeRunner,
+    LiveEpisode,
+    close_quietly,
+    jsonable,
+)
+from agentrl.serve.openai_api import OpenAIServer
+from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult
+from agentrl.timeouts import wait_for
+from agentrl.tools import parse_tool_calls, strip_tool_calls
+
+logger = logging.getLogger(__name__)
+
+AGENT_RUN_S = 3600.0
+"""The default of ``timeouts.agent_run_s``."""
+ON_DRIFT = ("split", "fail", "retokenize")
+
+
+@dataclass
+class _Ledger(LiveEpisode):
+    """One episode's record on the endpoint: the runner's book-keeping plus the client's view."""
+
+    key: str = ""
+    seen: list[Any] = field(default_factory=list)
+    """The canonical form of every message the ledger covers (``canonical``)."""
+    tools_key: str = ""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    busy: bool = False
+    closed: bool = False
+    """Finished and scored: a turn still running when it was finished is not recorded."""
+    agent_done: bool = False
+    """The agent's ``run`` has returned (or raised): no more requests will come."""
+    last_turn: bool = False
+    """The turn budget is spent: a further request ends the episode (``max_turns``)."""
+    calls: int = 0
+
+
+class _DaemonThreads(concurrent.futures.Executor):
+    """One daemon thread per call, for plain-function agents: a stuck agent is abandoned, and never
+    holds the process at exit (CPython joins a ``ThreadPoolExecutor``'s threads there)."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as e:
+                    fut.set_exception(e)
+
+        threading.Thread(target=work, name="agentrl-agent", daemon=True).start()
+        return fut
+
+
+class _AgentsThread:
+    """The agents' event loop on a daemon thread of its own, with a task the driving thread can
+    cancel (``asyncio.run`` gives no handle to do that from another thread)."""
+
+    def __init__(self, coro: Any) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.task = self.loop.create_task(coro)
+        self.done: concurrent.futures.Future = concurrent.futures.Future()
+        """The agents' outcomes, set when the task ends."""
+        self.started = False
+        self._thread = threading.Thread(target=self._run, name="agentrl-agents", daemon=True)
+
+    def start(self) -> None:
+        self.started = True
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.done.set_result(self.loop.run_until_complete(self.task))
+        except BaseException as e:
+            self.done.set_exception(e)
+        finally:
+            try:  # what asyncio.run does, but for the default executor (never waited for)
+                rest = asyncio.all_tasks(self.loop)
+                for t in rest:
+                    t.cancel()
+                if rest:
+                    self.loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def cancel(self, grace_s: float) -> bool:
+        """Cancel the agents; True if they returned within ``grace_s``."""
+        if not self.started:  # close the coroutine that never ran
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                self.loop.run_until_complete(self.task)
+            self.loop.close()
+            return True
+        with contextlib.suppress(RuntimeError):  # the loop has already closed
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        try:
+            self.done.exception(timeout=grace_s)
+            return True
+        except concurrent.futures.TimeoutError:
+            return False
+
+
+def for_template(msg: dict[str, Any]) -> dict[str, Any]:
+    """A message as chat templates expect it: tool-call arguments as objects, not JSON text (stock
+    templates apply ``tojson`` to them, which would encode a string twice)."""
+    calls = msg.get("tool_calls")
+    if not calls:
+        return dict(msg)
+    out = []
+    for c in calls:
+        fn = dict(c.get("function", c))
+        if isinstance(fn.get("arguments"), str):
+            with contextlib.suppress(json.JSONDecodeError):
+                fn["arguments"] = json.loads(fn["arguments"])
+        out.append({**c, "function": fn})
+    return {**msg, "tool_calls": out}
+
+
+def canonical(msg: dict[str, Any]) -> tuple:
+    """What two messages must share to render the same: role, content, tool calls (name and parsed
+    arguments) and reasoning. Tool-call ids and names are left out: the templates do not render them."""
+    calls = []
+    for c in msg.get("tool_calls") or ():
+        fn = c.get("function", c)
+        args = fn.get("arguments")
+        if isinstance(args, str):
+            with contextlib.suppress(json.JSONDecodeError):
+                args = json.loads(args)
+        calls.append((fn.get("name"), json.dumps(args, sort_keys=True)))
+    return (msg.get("role"), msg.get("content") or "", tuple(calls), msg.get("reasoning_content") or None)
+
+
+class AgentRunner(EpisodeRunner):
+    """Runs ``AgentEnvironment`` episodes: each agent's ``run(client, task)`` calls the endpoint, which
+    records its episode. Also the backend of ``agentrl serve`` (``open_keys``: any new key opens an
+    episode, finished through ``POST /v1/episodes/{key}/finish``).
+
+    The engine is shared through continuous batching (``RequestBatcher``, or the engine's own
+    ``submit``); at most ``max_concurrent_episodes`` agents run at once."""
+
+    step_reward_name = "agent"
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        env_factory: Callable[[], Environment],
+        budgets: Budgets | None = None,
+        sampling: SamplingParams | None = None,
+        *,
+        max_concurrent_episodes: int = 64,
+        request_timeout_s: float = ENGINE_REQUEST_S,
+        agent_timeout_s: float = AGENT_RUN_S,
+        history: str = "auto",
+        on_drift: str = "split",
+        host: str = "127.0.0.1",
+        port: int = 0,
+        model_name: str = "agentrl-policy",
+        open_keys: bool = False,
+        max_wait_s: float = 0.01,
+    ) -> None:
+        super().__init__(
+            engine, tokenizer, env_factory, budgets, sampling, env_workers=1,
+            request_timeout_s=request_timeout_s, history=history,
+        )  # fmt: skip
+        if on_drift not in ON_DRIFT:
+            raise ValueError(f"proxy.on_drift is {on_drift!r}; valid: {', '.join(ON_DRIFT)}")
+        self.on_drift, self.agent_timeout_s, self.open_keys = on_drift, agent_timeout_s, open_keys
+        self.max_concurrent_episodes, self.model_name = max_concurrent_episodes, model_name
+        try:
+            self.tool_format: str | None = tool_call_format(tokenizer)
+        except ValueError as e:  # fine for agents without tools; a request with tools is refused
+            self.tool_format, self._tool_format_error = None, str(e)
+        self._ledgers: dict[str, _Ledger] = {}
+        self._lock = threading.Lock()
+        submit = getattr(engine, "submit", None)
+        self._batcher = None
+        if submit is None:
+            self._batcher = RequestBatcher(
+                engine,
+                max_concurrent_episodes,
+                max_wait_s,
+                ready=self._ready,
+                max_gather_s=40 * max_wait_s,
+                lazy=True,  # run() generates in its own thread (RequestBatcher.drive)
+                timeout_s=request_timeout_s,
+            )
+            submit = self._batcher.submit
+        self._submit = submit
+        self.on_finish: Callable[[Episode], None] | None = None
+        """``agentrl serve``: where finished episodes go (the transcript)."""
+        self.server = OpenAIServer(self, host=host, port=port).start()
+
+    @property
+    def url(self) -> str:
+        """The endpoint's base URL (``http://127.0.0.1:PORT/v1``), what an ``openai`` client takes."""
+        return self.server.url
+
+    def close(self) -> None:
+        self.server.close()
+        if self._batcher is not None:
+            self._batcher.close(wait=False)
+        super().close()
+
+    def _ready(self) -> int:
+        """How many requests the batcher may wait for (``max_wait_s`` at most): every running agent
+        could be about to ask; an agent busy with its own tools costs the batch that short wait."""
+        with self._lock:
+            if self.open_keys:  # agentrl serve: the clients are not ours to count; only what is asking
+                return max(1, sum(lv.busy for lv in self._ledgers.values()))
+            return max(1, sum(not (lv.done or lv.agent_done) for lv in self._ledgers.values()))
+
+    # -- episodes ----------------------------------------------------------------------------
+    def open(self, req: EpisodeRequest, key: str | None = None) -> _Ledger:
+        """Start recording an episode under ``key`` (default: the episode's id)."""
+        ep = req.new_episode()
+        ep.metrics["task"] = {
+            "id": req.task.id,
+            "prompt": req.task.prompt,
+            "answer": jsonable(req.task.answer),
+            "metadata": jsonable(dict(req.task.metadata)),
+        }
+        # the key is the endpoint's only credential: the episode id plus 96 random bits
+        lv = _Ledger(ep, None, None, key=key or f"{ep.id}-{uuid.uuid4().hex[:24]}")
+        try:
+            env = self.env_factory()
+            lv.env, ep.env = env, env.name
+            env.reset(req.task, req.seed)
+        except Exception as e:
+            self._fail(lv, "env", e)
+        with self._lock:
+            taken = lv.key in self._ledgers
+            if not taken:
+                self._ledgers[lv.key] = lv
+        if taken:
+            if lv.env is not None:
+                lv.env.close()
+            raise ValueError(f"episode key {lv.key!r} is already open")
+        return lv
+
+    def pop(self, key: str) -> _Ledger:
+        with self._lock:
+            return self._ledgers.pop(key)
+
+    def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
+        """Run one agent per request, concurrently, and return their episodes in request order.
+
+        The agents run on an event loop in a daemon thread of their own; an in-process engine
+        generates here, in the thread that trains. If this thread is interrupted (a second Ctrl-C),
+        the run stops at once: see ``_abort``."""
+        if self._batcher is not None:
+            self._batcher.resume()
+        lives: list[_Ledger] = []
+        try:
+            for r in requests:
+                lives.append(self.open(r))
+        except BaseException:
+            self._discard(lives)
+            raise
+        agents = _AgentsThread(self._run_agents(lives))
+        try:
+            if self._batcher is not None and hasattr(self.engine, "bounded"):
+                # each call bounded by the request timeout; other engines are served by the
+                # batcher's own thread
+                self._batcher.drive(until=agents.done.done, start=agents.start)
+            else:
+                agents.start()
+            outcomes = agents.done.result()
+        except BaseException:
+            self._abort(lives, agents)
+            raise
+        episodes = []
+        for lv, outcome in zip(lives, outcomes):
+            self.pop(lv.key)
+            episodes.append(self.finish_episode(lv, outcome))
+        return episodes
+
+    def _abort(self, lives: list[_Ledger], agents: _AgentsThread, grace_s: float = 5.0) -> None:
+        """Stop a run whose driving thread was interrupted: its episodes take no more turns (their
+        requests get ``agentrl_episode_ended``), queued and later generations fail, the agents are
+        cancelled and get up to ``grace_s`` to return, and the environments are closed. The
+        episodes are dropped, like a lockstep rollout interrupted mid-step (the run resumes from a
+        checkpoint)."""
+        try:
+            for lv in lives:
+                with lv.lock:
+                    lv.closed = True
+            if self._batcher is not None:
+                self._batcher.stop(RuntimeError("the run was interrupted"))
+            if not agents.cancel(grace_s):
+                logger.warning("interrupted run: agents still running after %.0f s are abandoned", grace_s)
+        finally:
+            self._discard(lives)
+
+    def _discard(self, lives: list[_Ledger]) -> None:
+        """Forget these episodes: drop their ledgers (a later request gets 404) and close their
+        environments."""
+        with self._lock:
+            for lv in lives:
+                self._ledgers.pop(lv.key, None)
+        close_quietly(lives)
+
+    async def _run_agents(self, lives: list[_Ledger]) -> list[Any]:
+        import openai
+
+        limit = asyncio.Semaphore(self.max_concurrent_episodes)
+        timeout = self.request_timeout_s + 30.0  # the endpoint answers within its own engine timeout
+        threads = _DaemonThreads()  # plain-function agents; a stuck one is abandoned, never joined
+
+        def run_sync(env: AgentEnvironment, key: str, task: Any) -> Any:
+            with openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=timeout) as client:
+                return env.run(client, task)
+
+        async with openai.DefaultAsyncHttpxClient() as http:  # one connection pool for every agent
+
+            async def one(lv: _Ledger) -> Any:
+                if lv.done:  # the environment failed to start
+                    return None
+                assert isinstance(lv.env, AgentEnvironment) and lv.env.task is not None
+                env, task = lv.env, lv.env.task
+                async with limit:
+                    call: Any  # the agent's coroutine, or its thread's future
+                    try:
+                        if inspect.iscoroutinefunction(env.run):
+                            client = openai.AsyncOpenAI(
+                                base_url=self.url,
+                                api_key=lv.key,
+                                http_client=http,
+                                max_retries=0,
+                                timeout=timeout,
+                            )
+                            call = env.run(client, task)
+                        else:
+                            call = asyncio.get_running_loop().run_in_executor(
+                                threads, run_sync, env, lv.key, task
+                            )
+                        return await asyncio.wait_for(call, self.agent_timeout_s)
+                    except BaseException as e:  # the agent's failure is its episode's, not the run's
+                        if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                            raise
+                        return e
+                    finally:
+                        lv.agent_done = True
+
+            try:
+                return await asyncio.gather(*(one(lv) for lv in lives))
+            finally:
+                threads.shutdown(wait=False, cancel_futures=True)
+
+    def finish_episode(self, lv: _Ledger, outcome: Any) -> Episode:
+        """The episode of a ledger whose agent returned ``outcome`` (a reward, None, or an exception)."""
+        with lv.lock:
+            lv.closed = True
+        ep = lv.episode
+        if isinstance(outcome, BaseException):
+            if isinstance(outcome, (asyncio.TimeoutError, TimeoutError)) and not ep.failed:
+                message = f"AgentEnvironment.run did not return within timeouts.agent_run_s={self.agent_timeout_s:g}s"
+                self._fail(lv, "agent", TimeoutError(message))
+            elif not ep.failed and ep.stop_reason not in ("token_budget", "max_turns"):
+                self._fail(lv, "agent", outcome)
+            elif not ep.failed:  # the agent stopped on the endpoint's budget error: not a failure
+                ep.metrics["agent_error"] = "".join(traceback.format_exception_only(type(outcome), outcome))
+        elif outcome is not None and not ep.failed:
+            try:
+                lv.step_reward = float(outcome)
+            except (TypeError, ValueError):
+                self._fail(
+                    lv, "reward", TypeError(f"AgentEnvironment.run returned {outcome!r}, not a number")
+                )
+        if not ep.failed and outcome is None and lv.env is not None and not lv.env.rewards():
+            self._fail(lv, "reward", ValueError("AgentEnvironment.run returned None and the environment has no rewards()"))  # fmt: skip
+        if ep.stop_reason is None:
+            ep.stop_reason = "answered"
+        lv.done = True
+        ep.metrics["tool_calls"] = lv.calls
+        self._finish(lv)
+        if not ep.failed and isinstance(outcome, (int, float)):
+            ep.reward_components.setdefault(self.step_reward_name, float(outcome))  # a 0 is a reward too
+        return ep
+
+    # -- the endpoint's backend (agentrl.serve.openai_request.ChatBackend) --------------------------
+    def chat(self, request: ChatRequest) -> ChatResult:
+        lv = self._ledger(request.key)
+        with lv.lock:
+            if lv.closed:
+                raise APIError(400, f"episode {lv.key!r} is finished; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
+            if lv.busy:
+                raise APIError(409, f"a request for episode {lv.key!r} is already running; an episode's turns are sequential", code="agentrl_episode_busy")  # fmt: skip
+            lv.busy = True
+        try:
+            return self._serve(lv, request)
+        except APIError:
+            raise
+        except Exception as e:  # the client's history could not be rendered: the episode is over
+            self._fail(lv, "agent", e)
+            raise
+        finally:
+            with lv.lock:
+                lv.busy = False
+
+    def _ledger(self, key: str) -> _Ledger:
+        with self._lock:
+            lv = self._ledgers.get(key)
+        if lv is None and self.open_keys:
+            from agentrl.env import Task
+
+            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF  # distinct keys sample distinct streams
+            try:
+                lv = self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
+            except ValueError:  # two first requests raced: the other one opened it
+                with self._lock:
+                    lv = self._ledgers.get(key)
+        if lv is None:
+            raise APIError(404, f"no episode is open under the key {key!r} (the API key or X-Episode-Key header)", code="agentrl_unknown_episode")  # fmt: skip
+        return lv
+
+    def _serve(self, lv: _Ledger, req: ChatRequest) -> ChatResult:
+        ep = lv.episode
+        if lv.last_turn and not lv.done:
+            self._stop(lv, "max_turns")
+        if lv.done:
+            why = (
+                f"failed at the {ep.failure.boundary} boundary" if ep.failure else f"ended ({ep.stop_reason})"
+            )
+            raise APIError(400, f"episode {lv.key!r} has {why}; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
+        self._check_sampling(req)
+        if req.tools and self.tool_format is None:
+            raise APIError(400, f"this model's chat template cannot carry tool calls: {self._tool_format_error}", param="tools")  # fmt: skip
+        messages = [for_template(m) for m in req.messages]
+        tools_key = json.dumps(req.tools, sort_keys=True)
+        seen = [canonical(m) for m in messages]
+        if lv.renderer is None:  # the first turn: the prompt
+            lv.renderer, lv.tools_key = self._renderer(req.tools, placement="template"), tools_key
+            ep.metrics["tools"] = req.tools
+            prompt = lv.renderer.render_prompt(messages)
+            ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
+            self.history.record(ep)
+            lv.messages, lv.seen = messages, seen
+        elif tools_key == lv.tools_key and seen[: len(lv.seen)] == lv.seen and len(seen) > len(lv.seen):
+            lv.turn += 1
+            new = messages[len(lv.seen) :]
+            self._append_observation(lv, new)  # lv.messages gets them as shown
+            lv.seen = seen
+        else:
+            self._drift(lv, messages, req.tools, tools_key)
+        if lv.length >= self.budgets.max_episode_tokens:
+            self._stop(lv, "token_budget")
+            raise APIError(400, f"episode {lv.key!r} has used its rollout.max_episode_tokens={self.budgets.max_episode_tokens} tokens", code="agentrl_episode_ended")  # fmt: skip
+        prompt_len = len(ep.context_ids())
+        comp = self._complete(lv, req)
+        if lv.closed:  # finished (timed out, /finish) while this turn generated: nothing to record
+            raise APIError(400, f"episode {lv.key!r} was finished during this turn", code="agentrl_episode_ended")  # fmt: skip
+        self._append_policy(lv, comp)
+        if lv.done and ep.failed:
+            raise APIError(500, f"the engine failed: {ep.failure.message}", type="server_error", code="agentrl_engine_failed")  # fmt: skip
+        return self._reply(lv, comp, prompt_len, req.logprobs)
+
+    def _check_sampling(self, req: ChatRequest) -> None:
+        """The run's sampling settings are the policy's: a request may repeat them, not change them."""
+        run = {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p}
+        for name, value in (("temperature", req.temperature), ("top_p", req.top_p)):
+            if value is not None and abs(value - run[name]) > 1e-9:
+                raise APIError(400, f"{name}={value} differs from this run's rollout.{name}={run[name]:g}: the trainer's loss assumes the rollout's sampling distribution; leave {name} out or set rollout.{name}", param=name, code="agentrl_sampling_fixed")  # fmt: skip
+        if req.seed is not None:
+            raise APIError(400, "seed is set by agentrl per episode and turn (from run.seed); leave it out", param="seed", code="agentrl_sampling_fixed")  # fmt: skip
+        if req.top_logprobs:
+            raise APIError(400, "top_logprobs are not recorded; only the sampled tokens' logprobs (logprobs: true)", param="top_logprobs")  # fmt: skip
+
+    def _complete(self, lv: _Ledger, req: ChatRequest) -> Completion:
+        params = self._sampling_for(lv)
+        max_tokens = min(params.max_tokens, req.max_tokens or params.max_tokens)
+        params = dataclasses.replace(params, max_tokens=max_tokens, stop=(*params.stop, *req.stop))
+        what = f"engine {type(self.engine).__name__}: generate for episode {lv.episode.id} (turn {lv.turn})"
+        try:
+            fut = self._submit(lv.episode.context_ids(), params)
+            return wait_for(fut, self.request_timeout_s, what, f"timeouts.engine_request_s={self.request_timeout_s:g}s")  # fmt: skip
+        except Exception as e:
+            self._fail(lv, "model", e)
+            raise APIError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error", code="agentrl_engine_failed") from e  # fmt: skip
+
+    def _reply(self, lv: _Ledger, comp: Completion, prompt_len: int, logprobs: bool) -> ChatResult:
+        """The completion as OpenAI's message, and the ledger's record of it (the client's view)."""
+        text = lv.final_text or ""
+        fmt = self.tool_format
+        calls = [c for c in parse_tool_calls(text, fmt) if c.error is None and c.name] if fmt else []
+        tool_calls = [
+            {
+                "id": f"call_{lv.turn}_{i}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+            }
+            for i, c in enumerate(calls)
+        ]
+        content = strip_tool_calls(text, fmt) if fmt and tool_calls else text
+        message: dict[str, Any] = {"role": "assistant", "content": content}
+        if tool_calls:
+            message["tool_calls"] = tool_calls
+        lv.messages[-1] = for_template(message)  # _append_policy recorded the raw text; the client sees this
+        lv.seen.append(canonical(message))
+        lv.final_text, lv.calls = content, lv.calls + len(tool_calls)
+        if lv.turn + 1 >= min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns):
+            lv.last_turn = True
+        finish = "tool_calls" if tool_calls else ("length" if comp.finish_reason == "length" else "stop")
+        return ChatResult(
+            content=content if content or not tool_calls else None,
+            tool_calls=tool_calls,
+            finish_reason=finish,
+            completion_tokens=[self.tokenizer.decode([t], skip_special_tokens=False) for t in comp.token_ids]
+            if logprobs
+            else [],
+            logprobs=list(comp.logprobs),
+            prompt_tokens=prompt_len,
+            extra={
+                "episode": lv.key,
+                "turn": lv.turn,
+                "sample": lv.episode.num_samples - 1,
+                "weight_version": comp.weight_version,
+                "token_ids": list(comp.token_ids),
+            },
+        )
+
+    # -- drift -------------------------------------------------------------------------------
+    def _drift(self, lv: _Ledger, messages: list[dict], tools: list[dict] | None, tools_key: str) -> None:
+        """The client's history does not extend the ledger: classify, record, act per ``on_drift``."""
+        ep = lv.episode
+        at = next(
+            (i for i, (a, b) in enumerate(zip(lv.seen, map(canonical, messages))) if a != b),
+            min(len(lv.seen), len(messages)),
+        )
+        kind = self._drift_kind(lv, messages, tools)
+        record = {"turn": lv.turn, "message": at, "kind": kind, "action": self.on_drift}
+        ep.metrics.setdefault("drift", []).append(record)
+        if self.on_drift == "fail":
+            message = f"history drift ({kind}) at message {at}: the request's history does not extend what the endpoint recorded for episode {lv.key!r} (proxy.on_drift: fail)"  # fmt: skip
+            self._fail(lv, "agent", RuntimeError(message))
+            raise APIError(400, message, param=f"messages[{at}]", code="agentrl_history_drift")
+        renderer = self._renderer(tools, placement="template")
+        lv.turn += 1
+        if self.on_drift == "split":
+            old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
+            changed = tools_key != lv.tools_key
+            ep.begin_sample(
+                len(messages),
+                f"drift:{kind}",
+                before=list(lv.messages),
+                tools_before=old_tools if changed else None,
+            )
+            for p in history_pieces(renderer, messages):
+                ep.add(Segment(p.role, lv.turn, p.token_ids, p.text))  # type: ignore[arg-type]
+        else:
+            record.update(self._retokenize(lv, renderer, messages))
+        lv.renderer, lv.tools_key = renderer, tools_key
+        lv.messages, lv.seen = messages, [canonical(m) for m in messages]
+        ep.metrics["tools"] = tools
+
+    def _drift_kind(self, lv: _Ledger, messages: list[dict], tools: list[dict] | None) -> str:
+        """The doctor's class of the first region where the two histories render differently."""
+        n = min(len(lv.messages), len(messages))
+        try:
+            ours = render_ids(self.tokenizer, lv.messages[:n] if n else lv.messages, lv.episode.metrics.get("tools"))  # fmt: skip
+            theirs = render_ids(self.tokenizer, messages[:n] if n else messages, tools)
+        except Exception as e:  # a history the template rejects is still a drift
+            return f"other ({type(e).__name__})"
+        differ = regions(ours, theirs)
+        if not differ:  # the common messages render alike: the client dropped or added turns
+            return "other"
+        i1, i2, j1, j2 = differ[0]
+        dec = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+        specials = list(getattr(self.tokenizer, "all_special_tokens", []))
+        return classify(dec(ours[i1:i2]), dec(theirs[j1:j2]), dec(ours[max(0, i1 - 6) : i1]), dec(ours[i2 : i2 + 6]), specials)  # fmt: skip
+
+    def _retokenize(self, lv: _Ledger, renderer: Any, messages: list[dict]) -> dict[str, int]:
+        """Replace the current sample with the template's render of ``messages``, keeping the policy's
+        tokens (role, log-prob, version, turn) wherever they survive unchanged (aligned by
+        ``difflib``); every other token becomes prompt (or tool, for tool outputs)."""
+        ep = lv.episode
+        start = ep.sample_breaks[-1]["segment"] if ep.sample_breaks else 0
+        old: list[tuple[int, Segment, int]] = [(t, s, k) for s in ep.segments[start:] for k, t in enumerate(s.token_ids)]  # fmt: skip
+        new: list[tuple[int, str]] = [
+            (t, p.role) for p in history_pieces(renderer, messages) for t in p.token_ids
+        ]
+        kept: dict[int, tuple[Segment, int]] = {}
+        sm = difflib.SequenceMatcher(None, [t for t, _, _ in old], [t for t, _ in new], autojunk=False)
+        for block in sm.get_matching_blocks():
+            if block.size < 4:  # a stray one-token match could put a policy label on a tool's token
+                continue
+            for d in range(block.size):
+                _, seg, k = old[block.a + d]
+                if seg.role == "policy":
+                    kept[block.b + d] = (seg, k)
+        segments: list[Segment] = []
+        turn = 0
+        for j, (tok, role) in enumerate(new):
+            seg_k = kept.get(j)
+            if seg_k is not None:
+                seg, k = seg_k
+                turn = seg.turn
+                assert seg.logprobs is not None
+                piece = Segment("policy", turn, [tok], "", [seg.logprobs[k]], seg.weight_version)
+            else:
+                piece = Segment(role, turn, [tok], "")  # type: ignore[arg-type]
+            last = segments[-1] if segments else None
+            if last and (last.role, last.turn, last.weight_version) == (
+                piece.role,
+                piece.turn,
+                piece.weight_version,
+            ):
+                last.token_ids += piece.token_ids
+                if last.logprobs is not None and piece.logprobs is not None:
+                    last.logprobs += piece.logprobs
+            else:
+                segments.append(piece)
+        for s in segments:
+            s.text = self.tokenizer.decode(s.token_ids, skip_special_tokens=False)
+        before = sum(len(s.token_ids) for s in ep.segments[start:] if s.role == "policy")
+        ep.segments[start:] = segments
+        after = len(kept)
+        return {"policy_tokens_kept": after, "policy_tokens_dropped": before - after}
+
+    # -- agentrl serve -------------------------------------------------------------------------
+    def episode(self, key: str) -> dict[str, Any]:
+        """``GET /v1/episodes/{key}``: the episode recorded so far, token by token (``Episode``'s JSON)."""
+        with self._lock:
+            lv = self._ledgers.get(key)
+        if lv is None:
+            raise APIError(404, f"no episode is open under the key {key!r}", code="agentrl_unknown_episode")
+        return lv.episode.to_dict()
+
+    def finish(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/episodes/{key}/finish`` with ``{"reward": x}`` (``agentrl serve``): end the
+        episode, score it (reward component ``agent``; 0 when left out) and hand it to ``on_finish``
+        (the transcript). In a training run episodes end when their agent returns."""
+        if not self.open_keys or self.on_finish is None:
+            raise APIError(400, "episodes of a training run end when their agent's run() returns", code="agentrl_not_serving")  # fmt: skip
+        reward = body.get("reward", 0.0)
+        if reward is None or isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise APIError(400, f"reward must be a number, got {reward!r}", param="reward")
+        with self._lock:
+            lv = self._ledgers.pop(key, None)
+        if lv is None:
+            raise APIError(404, f"no episode is open under the key {key!r}", code="agentrl_unknown_episode")
+        ep = self.finish_episode(lv, float(reward))
+        self.on_finish(ep)
+        return {"id": ep.id, "reward": ep.reward, "turns": ep.num_turns, "samples": ep.num_samples}
+
+    def abandon_open(self, reason: str) -> list[Episode]:
+        """Every episode still open, ended with a failure at the ``agent`` boundary saying ``reason``."""
+        with self._lock:
+            lives, self._ledgers = list(self._ledgers.values()), {}
+        out = []
+        for lv in lives:
+            self._fail(lv, "agent", RuntimeError(reason))
+            out.append(self.finish_episode(lv, None))
+        return out

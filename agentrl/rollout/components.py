@@ -1,0 +1,266 @@
+"""The pieces of a run, built in this process from its config: the device, the sandbox and
+environment factory, tasks, the policy, a local engine, sampling parameters and the EpisodeRunner.
+
+``build.py`` assembles a run from these (the SFT warm start, Ray rollout workers); the Ray workers
+and the SFT warm start use them directly, so nothing here imports either.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from agentrl.agents import AgentEnvironment
+from agentrl.config import Config
+from agentrl.engines.base import Engine, SamplingParams
+from agentrl.engines.hf import HFEngine
+from agentrl.env import Environment, Task, import_environment_module, make_env, registered
+from agentrl.env.data import HeldOut, load_tasks_from_source
+from agentrl.models import load_policy, resolve_model_path, torch_dtype
+from agentrl.models.tokenizer import load_tokenizer
+from agentrl.rollout.async_runner import AsyncEpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRunner
+from sandboxes import SandboxSpec
+
+
+def device_of(cfg: Config) -> torch.device:
+    """The run's device; on CUDA under torchrun, the GPU of this rank (``LOCAL_RANK``)."""
+    kind = cfg.run.device
+    if kind == "auto":
+        kind = "cuda" if torch.cuda.is_available() else "cpu"
+    if kind == "cuda":
+        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    return torch.device(kind)
+
+
+def apply_threads(cfg: Config, log: Callable[[str], None] = print) -> None:
+    """``run.threads`` into torch; with the default, a note when other processes already keep the
+    cores busy (``os.getloadavg``): torch's one thread per core then waits for cores in turn."""
+    if cfg.run.threads:
+        torch.set_num_threads(cfg.run.threads)
+        return
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    if cfg.run.device != "cuda" and torch.get_num_threads() >= cores and load >= 0.75:
+        log(
+            f"note: this machine is busy (load {load:.1f} on {cores} cores) and torch computes with "
+            f"{torch.get_num_threads()} threads: set run.threads to the cores this job has to itself (beside "
+            "one busy process on 2 cores, 1 thread trained 1.8x faster than 2; docs/performance.md)"
+        )
+
+
+def sandbox_spec(cfg: Config) -> SandboxSpec:
+    """The ``sandbox`` section as the ``SandboxSpec`` every environment receives."""
+    s, lim = cfg.sandbox, cfg.sandbox.limits
+    options: dict[str, Any] = {
+        "limits": {
+            "wall_s": lim.wall_s,
+            "cpu_s": lim.cpu_s,
+            "memory_bytes": lim.memory_mb * 2**20,
+            "processes": lim.max_procs,
+            "output_bytes": lim.output_bytes,
+            "file_bytes": lim.file_size_mb * 2**20,
+        },
+    }
+    if s.backend == "unisolated":
+        options["allow_unisolated"] = s.allow_unisolated
+    if s.backend == "docker":
+        options["image"] = s.docker_image
+    if s.backend == "e2b" and s.e2b_template:
+        options["template"] = s.e2b_template
+    return SandboxSpec(
+        backend=s.backend,
+        options=options,
+        warm_sessions=s.warm_sessions,
+        max_sessions=cfg.rollout.max_concurrent_episodes,  # one session per running episode
+    )
+
+
+def env_class(cfg: Config) -> type[Environment]:
+    """The registered environment class ``env.name`` (importing ``env.module`` first)."""
+    if cfg.env.module:
+        import_environment_module(cfg.env.module)
+    if cfg.env.name not in registered():
+        make_env(cfg.env.name)  # raises with a did-you-mean and the registered names
+    return registered()[cfg.env.name]
+
+
+def env_factory(cfg: Config) -> Callable[[], Environment]:
+    """Makes one fresh environment per episode: ``env.options`` and the run's sandbox."""
+    env_class(cfg)
+    return functools.partial(make_env, cfg.env.name, sandbox=sandbox_spec(cfg), **cfg.env.options)
+
+
+def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
+    """Tasks for ``split`` ("train" or "test") from the environment's generator or a dataset, drawn
+    with ``seed`` (default ``run.seed``). A dataset whose one set of rows serves both splits is split
+    by ``data.test_fraction`` (``shared_rows``): no held-out task is ever a training task."""
+    d = cfg.data
+    n = d.num_train if split == "train" else d.num_test
+    seed = cfg.run.seed if seed is None else seed
+    if d.source == "builtin":
+        if cfg.env.module:
+            import_environment_module(cfg.env.module)
+        env_cls = registered()[cfg.env.name]
+        return env_cls.load_tasks(split, n=n, seed=seed, **d.options)
+    shared = shared_rows(cfg)
+    if split == "test" and shared and d.test_fraction == 0:
+        raise ValueError(
+            f"no held-out tasks: data.path={d.path!r} serves training and data.test_fraction=0 holds none of "
+            "its rows out. Set data.test_fraction (e.g. 0.1), or give held-out rows their own file with "
+            "data.test_path"
+        )
+    path = d.test_path if split == "test" and d.test_path else d.path or ""
+    return load_tasks_from_source(
+        source=d.source,
+        path=path,
+        adapter=d.adapter,
+        columns=dict(d.columns),
+        split=d.train_split if split == "train" else d.test_split,
+        n=n,
+        seed=seed,
+        held_out=HeldOut(split, d.test_fraction, d.split_seed) if shared else None,
+        **d.options,
+    )
+
+
+def shared_rows(cfg: Config) -> bool:
+    """Does one set of dataset rows serve both splits? A file path without ``{split}`` and no
+    ``data.test_path``, or a hub dataset whose ``train_split`` and ``test_split`` are the same."""
+    d = cfg.data
+    if d.source == "builtin" or d.test_path:
+        return False
+    if d.source == "file":
+        return "{split}" not in (d.path or "")
+    return d.train_split == d.test_split
+
+
+def split_note(cfg: Config) -> str | None:
+    """What the log says about a dataset split from one set of rows (None when the splits are apart)."""
+    if not shared_rows(cfg):
+        return None
+    d = cfg.data
+    where = d.path if d.source == "file" else f"{d.path} ({d.train_split})"
+    if d.test_fraction == 0:
+        return f"data: every row of {where} is a training task (data.test_fraction=0: nothing held out)"
+    return (
+        f"data: {where} serves both splits: {d.test_fraction:.0%} of its rows are held out for evaluation "
+        f"and never trained on (data.test_fraction={d.test_fraction:g}, data.split_seed={d.split_seed})"
+    )
+
+
+def load_model(
+    cfg: Config, path: str, device: torch.device | str | None = None, dtype: str | None = None
+) -> tuple[torch.nn.Module, Any]:
+    """The policy at ``path`` and its tokenizer, in ``dtype`` (default ``model.dtype``) on ``device``
+    (default the run's). ``device="meta"``: the architecture only, parameters on the meta device
+    (no memory, nothing read but the config; ``sharding.materialize`` fills them), buffers real."""
+    extra = {"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}
+    dtype = dtype or cfg.model.dtype
+    if str(device) == "meta":
+        return meta_model(path, dtype, **extra), load_tokenizer(
+            resolve_model_path(cfg.model.tokenizer or path)
+        )
+    return load_policy(
+        path, dtype=dtype, device=str(device or device_of(cfg)), tokenizer=cfg.model.tokenizer, **extra
+    )
+
+
+def meta_model(path: str, dtype: str, **kwargs: Any) -> torch.nn.Module:
+    """The model at ``path`` built from its config.json with parameters on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentrl.parallel.sharding import meta_parameters
+
+    config = AutoConfig.from_pretrained(resolve_model_path(path), **kwargs)
+    with meta_parameters():
+        return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
+
+
+def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, path: str) -> Engine:
+    """A generation engine in this process, in ``rollout.dtype``. The HF engine gets its own copy of
+    the weights (of ``model``, or read from ``path`` when the trainer's model is sharded), synced
+    after each update through ``load_weights`` exactly like vLLM's, so both paths behave the same."""
+    if cfg.rollout.engine == "hf":
+        dtype = cfg.rollout.dtype or cfg.model.dtype
+        if model is None:
+            engine_model = load_model(cfg, path, dtype=dtype)[0]
+        else:
+            engine_model = copy.deepcopy(model).to(torch_dtype(dtype))
+        engine_model.eval()
+        for p in engine_model.parameters():
+            p.requires_grad_(False)
+        return HFEngine(engine_model, tokenizer=tokenizer, device=device_of(cfg))
+    from agentrl.engines.vllm import VLLMEngine  # the optional vllm extra
+
+    return VLLMEngine.from_config(cfg, path, tokenizer)
+
+
+def sampling_params(cfg: Config, seed: int | None = None, temperature: float | None = None) -> SamplingParams:
+    return SamplingParams(
+        temperature=cfg.rollout.temperature if temperature is None else temperature,
+        top_p=cfg.rollout.top_p,
+        top_k=cfg.rollout.top_k,
+        seed=seed,
+    )
+
+
+def local_runner(
+    cfg: Config, engine: Engine, tokenizer: Any, seed: int | None = None, temperature: float | None = None
+) -> EpisodeRunner:
+    """The EpisodeRunner of ``rollout.runner`` (lockstep or async) over ``engine``."""
+    budgets = Budgets(
+        max_turns=cfg.rollout.max_turns,
+        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
+        max_episode_tokens=cfg.rollout.max_episode_tokens,
+        max_tool_output_tokens=cfg.rollout.max_tool_output_tokens,
+    )
+    sampling = sampling_params(cfg, seed, temperature)
+    if issubclass(env_class(cfg), AgentEnvironment):
+        from agentrl.rollout.agent_runner import AgentRunner  # the endpoint: openai, http.server
+
+        return AgentRunner(
+            engine,
+            tokenizer,
+            env_factory(cfg),
+            budgets=budgets,
+            sampling=sampling,
+            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
+            request_timeout_s=cfg.timeouts.engine_request_s,
+            agent_timeout_s=cfg.timeouts.agent_run_s,
+            history=cfg.rollout.history,
+            on_drift=cfg.proxy.on_drift,
+            host=cfg.proxy.host,
+            port=cfg.proxy.port,
+            model_name=cfg.proxy.model_name,
+        )
+    if cfg.rollout.runner == "async":
+        return AsyncEpisodeRunner(
+            engine,
+            tokenizer,
+            env_factory(cfg),
+            budgets=budgets,
+            sampling=sampling,
+            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
+            request_timeout_s=cfg.timeouts.engine_request_s,
+            env_timeout_s=cfg.timeouts.env_step_s,
+            history=cfg.rollout.history,
+            tools_prompt=cfg.rollout.tools_prompt,
+        )
+    return EpisodeRunner(
+        engine,
+        tokenizer,
+        env_factory(cfg),
+        budgets=budgets,
+        sampling=sampling,
+        env_workers=min(64, cfg.rollout.max_concurrent_episodes),
+        request_timeout_s=cfg.timeouts.engine_request_s,
+        env_timeout_s=cfg.timeouts.env_step_s,
+        history=cfg.rollout.history,
+        tools_prompt=cfg.rollout.tools_prompt,
+    )

@@ -1,0 +1,422 @@
+"""The EpisodeRunner: runs a batch of multi-turn episodes to completion, token in, token out.
+
+Each round, every active episode generates its next turn in one batched engine call; the
+environment steps of the finished turns then run concurrently in a thread pool; each observation is
+appended to its episode as chat-template deltas (token ids tagged tool/env/scaffold). Policy tokens
+are the engine's ids, never re-tokenized text. A failure in one episode (engine, environment, tool,
+sandbox, reward) is recorded on that episode with its boundary; the batch goes on.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from agentrl.engines.base import Completion, Engine, SamplingParams
+from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
+from agentrl.episode import Episode, Segment
+from agentrl.errors import Boundary, Failure, boundary_of
+from agentrl.models.chat import ChatRenderer, Piece
+from agentrl.models.history import HistoryPolicy, history_pieces
+from agentrl.timeouts import BoundedCalls, DaemonThreadPool, WaitTimeout
+
+ENGINE_REQUEST_S = 600.0
+ENV_STEP_S = 600.0
+"""The default of ``timeouts.engine_request_s``, for runners built without a config."""
+
+
+@dataclass(frozen=True)
+class Budgets:
+    """Per-episode limits. Token counts include everything in the context (prompt, policy tokens,
+    observations), since that is what the model must fit."""
+
+    max_turns: int = 8
+    max_tokens_per_turn: int = 256
+    max_episode_tokens: int = 2048
+    max_tool_output_tokens: int = 256
+    """Longer tool outputs keep their head and tail with a visible marker in between."""
+
+
+@dataclass(frozen=True)
+class EpisodeRequest:
+    task: Task
+    seed: int
+    group: str | None = None
+    episode_id: str | None = None
+
+    def new_episode(self) -> Episode:
+        """The empty episode record this request fills (its id defaults to ``<task id>-s<seed>``)."""
+        return Episode(
+            id=self.episode_id or f"{self.task.id}-s{self.seed}",
+            env="",
+            task_id=self.task.id,
+            seed=self.seed,
+            group=self.group,
+        )
+
+
+@dataclass
+class LiveEpisode:
+    """Book-keeping for one running episode."""
+
+    episode: Episode
+    env: Environment | None
+    renderer: ChatRenderer | None
+    messages: list[Message] = field(default_factory=list)
+    turn: int = 0
+    step_reward: float = 0.0
+    info: dict[str, Any] = field(default_factory=dict)
+    final_text: str | None = None
+    done: bool = False
+    t0: float = field(default_factory=time.perf_counter)
+    env_closed: bool = False
+
+    @property
+    def length(self) -> int:
+        """Tokens in the model's context: the current sample (all of an unsplit episode)."""
+        start = self.episode.sample_breaks[-1]["segment"] if self.episode.sample_breaks else 0
+        return sum(len(s.token_ids) for s in self.episode.segments[start:])
+
+
+class EpisodeRunner:
+    """Runs episodes of one environment type with one engine and tokenizer.
+
+    ``env_factory`` builds a fresh environment per episode (episodes run concurrently, so they never
+    share one). ``sampling`` holds temperature/top-p/top-k; ``max_tokens`` and stop ids are set per
+    turn by the runner. ``request_timeout_s`` (``timeouts.engine_request_s``): an engine call with no
+    answer in this long fails the episodes waiting on it at the ``model`` boundary; the stuck call is
+    abandoned (``agentrl.timeouts``), so the engine may still be busy with it afterwards.
+    ``env_timeout_s`` (``timeouts.env_step_s``): the same for an environment's ``reset`` or ``step``
+    (the episode fails at the ``env`` boundary). ``history`` (``rollout.history``): ``auto``, ``split``
+    or ``merge``, what to do when the chat template would show the model a different history than
+    the one it wrote (``agentrl.models.history``).
+    """
+
+    step_reward_name = "env_step"
+    """The reward component that holds the rewards ``step`` returned."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        env_factory: Callable[[], Environment],
+        budgets: Budgets | None = None,
+        sampling: SamplingParams | None = None,
+        env_workers: int = 16,
+        request_timeout_s: float = ENGINE_REQUEST_S,
+        env_timeout_s: float = ENV_STEP_S,
+        history: str = "auto",
+        tools_prompt: str = "auto",
+    ) -> None:
+        self.engine = engine
+        self.tools_prompt = tools_prompt
+        self.history = HistoryPolicy(tokenizer, history)
+        self.request_timeout_s, self.env_timeout_s = request_timeout_s, env_timeout_s
+        self.tokenizer = tokenizer
+        self.env_factory = env_factory
+        self.budgets = budgets or Budgets()
+        self.sampling = sampling or SamplingParams()
+        self.pool = DaemonThreadPool(env_workers, "agentrl-env")  # environments start here (user code)
+        self._bounded_calls = BoundedCalls()  # engine and environment calls under their timeouts
+        self._renderers: dict[str, ChatRenderer] = {}
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+        self._bounded_calls.close()
+
+    # -- the loop ----------------------------------------------------------------------------
+    def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
+        starting = [self.pool.submit(self._start, r) for r in requests]
+        try:
+            lives = [f.result() for f in starting]
+        except BaseException:  # Ctrl-C while environments start: close each one as it finishes
+            for f in starting:
+                f.add_done_callback(_close_started)
+            raise
+        try:
+            while True:
+                active = [lv for lv in lives if not lv.done]
+                if not active:
+                    break
+                completions = self._generate(active)
+                for lv, comp in zip(active, completions):
+                    if comp is not None:
+                        self._append_policy(lv, comp)
+                stepping = [lv for lv, comp in zip(active, completions) if comp is not None and not lv.done]
+                for lv, result in zip(stepping, self.pool.map(self._safe_step, stepping)):
+                    if result is not None:
+                        self._after_step(lv, result)
+            return list(self.pool.map(self._finish, lives))
+        except BaseException:  # Ctrl-C mid-rollout: the episodes are dropped
+            close_quietly(lives)
+            raise
+
+    def _start(self, req: EpisodeRequest) -> LiveEpisode:
+        ep = req.new_episode()
+        ep.metrics["task"] = {
+            "id": req.task.id,
+            "prompt": req.task.prompt,
+            "answer": jsonable(req.task.answer),
+            "metadata": jsonable(dict(req.task.metadata)),
+        }
+        lv = LiveEpisode(ep, None, None)
+        try:
+            env = self._bounded(self.env_factory, None, "construction")
+            lv.env, ep.env = env, env.name
+            lv.messages = checked_messages(
+                self._bounded(lambda: env.reset(req.task, req.seed), env, "reset"), "Environment.reset"
+            )
+            tools = env.tool_schemas() or None
+            ep.metrics["tools"] = tools
+            lv.renderer = self._renderer(tools, env.tool_format)
+            if tools:
+                ep.metrics["tools_prompt"] = "system" if lv.renderer.tools_text else "template"
+                lv.messages = lv.renderer.prompt_messages(lv.messages)
+            prompt = lv.renderer.render_prompt(lv.messages)
+            ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
+            self.history.record(ep)
+        except Exception as e:
+            self._fail(lv, boundary_of(e, "env"), e)
+            return lv
+        if lv.length >= self.budgets.max_episode_tokens:
+            self._stop(lv, "token_budget")
+        return lv
+
+    def _renderer(
+        self, tools: list[dict] | None, tool_format: str = "json", placement: str | None = None
+    ) -> ChatRenderer:
+        placement = placement or self.tools_prompt
+        key = repr((tools, tool_format, placement))
+        if key not in self._renderers:
+            self._renderers[key] = ChatRenderer(self.tokenizer, tools, placement, tool_format)
+        return self._renderers[key]
+
+    def _sampling_for(self, lv: LiveEpisode) -> SamplingParams:
+        """The next turn's sampling: the run's settings, this turn's token budget, EOS as a stop id,
+        and a seed derived from (run seed, episode seed, turn) so a turn's sample does not depend on
+        which other episodes share its batch."""
+        left = self.budgets.max_episode_tokens - lv.length
+        assert lv.renderer is not None
+        stop_ids = tuple({*self.sampling.stop_token_ids, lv.renderer.eos_token_id} - {None})
+        return SamplingParams(
+            max_tokens=min(self.budgets.max_tokens_per_turn, left),
+            temperature=self.sampling.temperature,
+            top_p=self.sampling.top_p,
+            top_k=self.sampling.top_k,
+            stop_token_ids=stop_ids,  # type: ignore[arg-type]
+            stop=self.sampling.stop,
+            seed=None
+            if self.sampling.seed is None
+            else self.sampling.seed + 7919 * lv.episode.seed + lv.turn,
+        )
+
+    def _generate(self, active: list[LiveEpisode]) -> list[Completion | None]:
+        prompts = [lv.episode.context_ids() for lv in active]
+        params = [self._sampling_for(lv) for lv in active]
+        what = f"engine {type(self.engine).__name__}: generate for {len(active)} episodes"
+        setting = f"timeouts.engine_request_s={self.request_timeout_s:g}s"
+        try:
+            bounded = getattr(self.engine, "bounded", None)
+            if (
+                bounded is not None
+            ):  # an in-process engine keeps its compute in this thread (HFEngine.bounded)
+                with bounded(self.request_timeout_s, what, setting):
+                    return list(self.engine.generate(prompts, params))
+            return list(
+                self._bounded_calls.call(
+                    lambda: self.engine.generate(prompts, params), self.request_timeout_s, what, setting
+                )
+            )
+        except Exception as e:
+            for lv in active:
+                self._fail(lv, "model", e)
+            return [None] * len(active)
+
+    def _append_policy(self, lv: LiveEpisode, comp: Completion) -> None:
+        ep = lv.episode
+        text = self.tokenizer.decode(comp.token_ids, skip_special_tokens=False)
+        ep.add(
+            Segment("policy", lv.turn, list(comp.token_ids), text, list(comp.logprobs), comp.weight_version)
+        )
+        assert lv.renderer is not None
+        ended_with_eos = bool(comp.token_ids) and comp.token_ids[-1] == lv.renderer.eos_token_id
+        lv.final_text = text.removesuffix(lv.renderer.assistant_close.strip()) if ended_with_eos else text
+        lv.messages.append({"role": "assistant", "content": lv.final_text})
+        close = lv.renderer.close_turn(text, ended_with_eos)
+        ep.add(Segment("scaffold", lv.turn, close.token_ids, close.text))
+        if comp.finish_reason == "length" and lv.length >= self.budgets.max_episode_tokens:
+            self._stop(lv, "token_budget")
+        elif comp.finish_reason == "abort":
+            self._fail(lv, "model", RuntimeError(f"engine aborted the request: {comp.info}"))
+
+    def _safe_step(self, lv: LiveEpisode) -> StepResult | None:
+        assert lv.env is not None and lv.final_text is not None
+        try:
+            env, action = lv.env, lv.final_text
+            return checked_step(self._bounded(lambda: env.step(action), env, "step"))
+        except Exception as e:
+            self._fail(lv, boundary_of(e, "env"), e)
+            return None
+
+    def _bounded(self, call: Callable[[], Any], env: Environment | None, what: str) -> Any:
+        """An environment call (user code: construction, reset, step, rewards, close), waited for at
+        most ``env_timeout_s``."""
+        return self._bounded_calls.call(
+            call,
+            self.env_timeout_s,
+            f"environment {env.name!r} {what}" if env is not None else f"environment {what}",
+            f"timeouts.env_step_s={self.env_timeout_s:g}s",
+        )
+
+    def _after_step(self, lv: LiveEpisode, result: StepResult) -> None:
+        obs, reward, terminated, truncated, info = result
+        lv.step_reward += float(reward)
+        lv.info.update(info)
+        lv.episode.metrics["tool_calls"] = lv.episode.metrics.get("tool_calls", 0) + int(
+            info.get("tool_calls", 0)
+        )
+        if terminated:
+            return self._stop(lv, "void_turn" if info.get("void_turn") else "answered")
+        if truncated:
+            return self._stop(lv, "truncated")
+        if lv.turn + 1 >= min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns):
+            return self._stop(lv, "max_turns")  # the unanswered observation is not shown to anyone
+        lv.turn += 1
+        try:
+            self._append_observation(lv, obs)
+        except Exception as e:
+            return self._fail(lv, "env", e)
+        lv.final_text = None
+        if lv.length >= self.budgets.max_episode_tokens:
+            self._stop(lv, "token_budget")
+
+    def _append_observation(self, lv: LiveEpisode, obs: list[Message]) -> None:
+        """Append the observation after the policy's turn, as a delta (its tool and env contents
+        truncated to ``max_tool_output_tokens``), or, where the chat template would show the model a
+        different history and ``history`` is split, as the prompt of a new sample."""
+        assert lv.renderer is not None
+        pieces = [self._truncate(p) for p in lv.renderer.render_observation(obs)]
+        for i, msg in enumerate(obs):  # record what the model actually saw
+            text = [p.text for p in pieces if p.message_index == i]
+            lv.messages.append({**msg, "content": text[0]} if text else dict(msg))
+        if self.history.must_split(lv.renderer, lv.episode, lv.messages, pieces):
+            lv.episode.begin_sample(len(lv.messages), "history")
+            pieces = history_pieces(lv.renderer, lv.messages)
+        for piece in pieces:
+            lv.episode.add(Segment(piece.role, lv.turn, piece.token_ids, piece.text))  # type: ignore[arg-type]
+
+    def _truncate(self, piece: Piece) -> Piece:
+        """Keep the head (3/4) and tail (1/4) of a long tool/env output, with a marker between them;
+        the result, marker included, fits ``max_tool_output_tokens``."""
+        n, cap = len(piece.token_ids), self.budgets.max_tool_output_tokens
+        if piece.role not in ("tool", "env") or n <= cap:
+            return piece
+        marker = self.tokenizer(f"\n...[{n} tokens, truncated]...\n", add_special_tokens=False)["input_ids"]
+        keep = max(cap - len(marker), 0)
+        n_tail = keep // 4
+        ids = piece.token_ids[: keep - n_tail] + marker + (piece.token_ids[n - n_tail :] if n_tail else [])
+        ids = ids[:cap]
+        text = self.tokenizer.decode(ids, skip_special_tokens=False)
+        return Piece(piece.role, ids, text, piece.message_index)
+
+    def _stop(self, lv: LiveEpisode, reason: str) -> None:
+        if not lv.done:
+            lv.episode.stop_reason = reason  # type: ignore[assignment]
+            lv.done = True
+
+    def _fail(self, lv: LiveEpisode, boundary: Boundary, exc: BaseException) -> None:
+        if lv.episode.failure is None:
+            tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            cause = exc.__cause__ or exc.__context__
+            if cause is not None and boundary == "agent":  # "Connection error." needs its reason
+                tb += " (from " + "".join(traceback.format_exception_only(type(cause), cause)).strip() + ")"
+            lv.episode.failure = Failure(boundary, tb)
+        lv.episode.stop_reason = "error"
+        lv.done = True
+
+    def _finish(self, lv: LiveEpisode) -> Episode:
+        ep = lv.episode
+        ep.messages = lv.messages
+        if ep.failure is None and lv.env is not None and lv.env.task is not None:
+            self._score(lv)
+        if lv.env is not None:
+            try:
+                lv.env_closed = True
+                self._bounded(lv.env.close, lv.env, "close")
+            except Exception as e:
+                ep.metrics["close_error"] = f"{type(e).__name__}: {e}"
+                if ep.failure is None:
+                    self._fail(lv, boundary_of(e, "env"), e)
+        ep.metrics.update(
+            turns=ep.num_turns,
+            policy_tokens=ep.num_policy_tokens,
+            total_tokens=lv.length,
+            wall_s=round(time.perf_counter() - lv.t0, 4),
+        )
+        return ep
+
+    def _score(self, lv: LiveEpisode) -> None:
+        """The episode's reward: ``step``'s rewards plus the weighted reward functions, computed
+        under ``timeouts.env_step_s`` (a reward that never returns fails the episode at the
+        ``reward`` boundary, naming it, instead of holding the batch)."""
+        ep, env = lv.episode, lv.env
+        assert env is not None and env.task is not None
+        task = env.task
+        state = EpisodeState(task, lv.messages, lv.final_text, dict(lv.info, stop_reason=ep.stop_reason))
+        comps: dict[str, float] = {}
+        current = ["rewards()"]  # the reward being computed, for the message when one fails
+
+        def compute() -> float:
+            total = 0.0
+            for r in env.rewards():
+                current[0] = repr(r.name)
+                value = float(r.fn(task, state))
+                comps[r.name] = value
+                total += r.weight * value
+            return total
+
+        try:
+            total = lv.step_reward + self._bounded(compute, env, "rewards")
+        except Exception as e:
+            how = "did not return" if isinstance(e, WaitTimeout) else f"raised {type(e).__name__}"
+            ep.failure = Failure("reward", f"reward {current[0]} {how}: {e}")
+            ep.reward_components = dict(comps)
+            ep.reward = 0.0
+            return
+        if lv.step_reward:
+            comps[self.step_reward_name] = lv.step_reward
+        ep.reward_components = comps
+        ep.reward = total
+
+
+def _close_started(started: concurrent.futures.Future) -> None:
+    if not started.cancelled() and started.exception() is None:
+        close_quietly([started.result()])
+
+
+def close_quietly(lives: Sequence[LiveEpisode]) -> None:
+    """Close the environments (sandbox sessions, MCP servers' sessions) of episodes an interrupted
+    run drops; an error closing one does not keep the others open."""
+    for lv in lives:
+        if lv.env is not None and not lv.env_closed:
+            lv.env_closed = True
+            with contextlib.suppress(Exception):
+                lv.env.close()
+
+
+def jsonable(x: Any) -> Any:
+    """Task answers and metadata may hold tuples or dataclasses; store a JSON-safe copy."""
+    if isinstance(x, dict):
+        return {str(k): jsonable(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [jsonable(v) for v in x]
+    if hasattr(x, "__dataclass_fields__"):
+        return jsonable(asdict(x))
+    if isinstance(x, (str, int, float, bool)) or x is None:
+        return x
+    return repr(x)

@@ -1,0 +1,5 @@
+"""The OpenAI-compatible chat-completions protocol: ``openai_request`` validates requests,
+``openai_api`` speaks HTTP (response and error shapes). It imports nothing of agentrl's runners: the
+backend behind it (``agentrl.rollout.agent_runner.AgentRunner``) keeps one token ledger per episode and
+generates the turns; ``agentrl serve`` (``agentrl.cli.serve``) puts a config's policy behind it.
+"""

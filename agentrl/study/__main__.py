@@ -1,0 +1,7 @@
+"""``python -m agentrl.study PAYLOAD``: one study run in a child process (``agentrl.study.run_study`` starts it)."""
+
+import sys
+
+from agentrl.study import _child_main
+
+raise SystemExit(_child_main(sys.argv[1]))

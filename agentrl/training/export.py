@@ -1,0 +1,89 @@
+"""``agentrl export``: any checkpoint as a plain HF-format model, for evaluation and serving.
+
+Checkpoints come in three kinds (``agentrl.training.checkpoint``): full HF weights (``ddp``, one process), a
+LoRA adapter on a recorded base model, and DCP shards (``fsdp2``, full weights or adapters). All of
+them load here in one process, without a process group: DCP shards are read into the whole tensors
+(whatever number of ranks wrote them), and adapters are merged into the base (W + (α/r)·B A), so the
+result is one ``model.safetensors`` that transformers, vLLM or ``agentrl eval`` load directly.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from agentrl.config import ConfigError
+from agentrl.config.schema import LoraConfig
+from agentrl.models import load_policy, torch_dtype
+from agentrl.models.tokenizer import load_tokenizer
+from agentrl.parallel import sharding
+from agentrl.rollout.components import meta_model
+from agentrl.training import lora
+from agentrl.training.checkpoint import (
+    DCP_DIR,
+    latest_checkpoint,
+    list_checkpoints,
+    load_state,
+    weights_record,
+)
+
+
+def find_checkpoint(path: str | Path, step: int | None = None) -> Path:
+    """A checkpoint directory: ``path`` itself, or in the run directory ``path`` the one of ``step``
+    (default the newest)."""
+    path = Path(path)
+    if (path / "trainer_state.pt").exists():
+        return path
+    found = list_checkpoints(path)
+    if not found:
+        raise ConfigError(f"{path} is neither a checkpoint nor a run directory with checkpoints")
+    if step is None:
+        return latest_checkpoint(path)  # type: ignore[return-value]
+    for ckpt in found:
+        if ckpt.name == f"step_{step}":
+            return ckpt
+    raise ConfigError(f"{path} has no checkpoint of step {step}; it has {[c.name for c in found]}")
+
+
+def checkpoint_model(ckpt: Path, dtype: str = "float32") -> tuple[torch.nn.Module, Any]:
+    """The policy a checkpoint holds, as a plain transformers model on the CPU, and its tokenizer."""
+    record = weights_record(load_state(ckpt))
+    settings = record["lora"]
+    if record["format"] == "hf" and not settings:
+        return load_policy(ckpt, dtype=dtype)
+    tokenizer = load_tokenizer(str(ckpt))
+    if settings:
+        lora.check_identity(record["base"], record["base"]["path"], str(ckpt))
+        base, _ = load_policy(record["base"]["path"], dtype="float32")
+        model: Any = lora.apply(base, LoraConfig(**settings), seed=0)
+        if record["format"] == "hf":
+            lora.load_adapter(model, ckpt / lora.ADAPTER_DIR)
+        else:
+            trainable = {n: p.detach() for n, p in model.named_parameters() if p.requires_grad}
+            _read_dcp(ckpt, trainable)
+        return model.merge_and_unload().to(torch_dtype(dtype)), tokenizer
+    full: Any = meta_model(str(ckpt), "float32")
+    sharding.materialize(full, torch.device("cpu"), None, broadcast=False)
+    _read_dcp(ckpt, dict(full.state_dict()))
+    return full.to(torch_dtype(dtype)), tokenizer
+
+
+def _read_dcp(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Fill ``tensors`` in place with the model entries of the DCP checkpoint (resharded to whole)."""
+    import torch.distributed.checkpoint as dcp
+
+    state = {"model": tensors}
+    dcp.load(state, checkpoint_id=str(ckpt / DCP_DIR), no_dist=True)  # type: ignore[call-arg]
+
+
+def export(path: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32") -> Path:
+    """Write the checkpoint's policy (merged, whole) and its tokenizer to ``out`` in HF format."""
+    ckpt = find_checkpoint(path, step)
+    model, tokenizer = checkpoint_model(ckpt, dtype)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
+    tokenizer.save_pretrained(out)
+    return ckpt

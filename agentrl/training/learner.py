@@ -1,0 +1,465 @@
+"""The learner: one training step's update of the policy from a batch of episodes, in named phases.
+
+``Trainer`` (``trainer.py``) runs the loop: rollouts, filters, the learner's ``update``, weight sync,
+transcripts, metrics, checkpoints. The learner owns what the update needs between steps: the policy
+being trained (wrapped for DDP under torchrun), the optimizer, the frozen reference policy of the KL
+penalty, and the token weighting's state (STARE's controller). Its ``update`` reads top to bottom:
+π_old's statistics -> the reference's log-probs -> advantages -> token weights -> optimizer steps ->
+metrics and overlays.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from agentrl import algorithms as alg
+from agentrl.config import Config, weighting_name, weighting_settings
+from agentrl.episode import Episode
+from agentrl.parallel import ranks, sharding
+from agentrl.rollout import components
+from agentrl.seeds import mix_seed
+from agentrl.training import build, lora
+from agentrl.training import offpolicy as off
+from agentrl.training.batch import Batch, batch_forward, build_batch, token_metrics
+from agentrl.training.overlays import attach_overlays
+
+TRUNCATED = ("token_budget", "max_turns", "truncated")
+"""Stop reasons of episodes cut by a budget (trained unless ``rollout.train_on_truncated`` is off)."""
+
+
+@dataclass
+class PolicyStats:
+    """π_old's log-prob and entropy of every target token of a batch, [B, T] each. ``pending``: not
+    computed before the update; the gradient pass fills them (``Learner.policy_stats``)."""
+
+    logp: torch.Tensor
+    entropy: torch.Tensor
+    pending: bool = False
+
+
+class Learner:
+    """The policy's side of training. ``model`` is the policy as loaded (on this rank's device, or
+    on the meta device for a rank that receives its shards from rank 0); the learner adds LoRA
+    (``model.lora``), wraps or shards it for ``strategy`` (``agentrl.parallel.sharding``) and trains it in
+    place: ``self.model`` is the result (a peft model with LoRA, FSDP2-sharded with ``fsdp2``)."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        model: torch.nn.Module,
+        pad_id: int,
+        strategy: sharding.Strategy | None = None,
+        log: Callable[[str], None] = print,
+        reference: torch.nn.Module | None = None,
+    ) -> None:
+        self.cfg, self.pad_id = cfg, pad_id
+        self.strategy = strategy or sharding.Replicated(0, 1, next(model.parameters()).device)
+        self.rank, self.world = self.strategy.rank, self.strategy.world
+        self.device = self.strategy.device  # every batch tensor follows the policy
+        self.step = 0
+        self._broadcast = False  # set by _prepare: ranks > 0 get their shards from rank 0
+        self._rank0_state: dict[str, Any] | None = None
+        self.model = self._prepare(model, log)
+        self.train_module = self.strategy.prepare(self.model)  # DDP's wrapper, or the sharded model
+        if self._broadcast or sharding.on_meta(self.model):
+            sharding.materialize(self.model, self.device, self._rank0_state, broadcast=self._broadcast)
+        self._rank0_state = None
+        sharded = self.strategy.equal_forwards
+        # shared-prompt forward (agentrl.training.forward): a data-dependent number of forwards, so not where
+        # every forward is a collective (FSDP2); in the gradient pass, one process only (DDP expects
+        # one forward per backward) and not with gradient checkpointing (which turns the KV cache off)
+        self.share_prefix_nograd = cfg.trainer.share_prefix and not sharded
+        self.share_prefix = (
+            self.share_prefix_nograd and self.world == 1 and not cfg.model.gradient_checkpointing
+        )
+        self.fuse_old_logprobs = True  # see policy_stats(); tests turn it off to compare both paths
+        t = cfg.trainer
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            trainable,
+            lr=t.lr,
+            betas=(t.betas[0], t.betas[1]),
+            weight_decay=t.weight_decay,
+            # one fused kernel over all parameters (the same update; ~4x faster than the per-tensor
+            # loop torch picks by default on CPU)
+            fused=all(p.is_floating_point() for p in trainable) or None,
+        )
+        # the KL penalty's frozen reference: with LoRA and no model.ref_path, the base model itself
+        # (the policy with its adapters off)
+        self.ref_is_base = cfg.algorithm.kl_coef > 0 and lora.enabled(cfg) and not cfg.model.ref_path
+        self.ref_model = None
+        if cfg.algorithm.kl_coef > 0 and not self.ref_is_base:
+            self.ref_model = reference if reference is not None else self._reference_model(log)
+        self.weighting = weighting_name(cfg)
+        self.weighting_state: Any = None
+
+    def _prepare(self, model: torch.nn.Module, log: Callable[[str], None]) -> torch.nn.Module:
+        """Gradient checkpointing and LoRA on the loaded policy, before it is wrapped or sharded.
+        Rank 0's full weights are kept aside for the ranks that start on the meta device."""
+        cfg = self.cfg
+        if cfg.model.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+        if lora.enabled(cfg):
+            model = lora.apply(model, cfg.model.lora, cfg.run.seed)
+            log(lora.describe(model))
+        # ranks > 0 of a sharded run start on meta and get rank 0's weights; a run whose every rank
+        # starts on meta (a DCP checkpoint will fill it) broadcasts nothing
+        sharded = self.strategy.equal_forwards and self.world > 1
+        self._broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
+        self._rank0_state = model.state_dict() if self._broadcast and self.rank == 0 else None
+        return model
+
+    def _reference_model(self, log: Callable[[str], None]) -> torch.nn.Module:
+        """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL
+        started from (the warm start; on a resume too, never the checkpoint). It costs one more copy
+        of the weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state)
+        and one forward per step."""
+        path = self.cfg.model.ref_path or build.policy_path(self.cfg, log=log)
+        meta = self.strategy.equal_forwards and self.rank > 0
+        ref, _ = components.load_model(self.cfg, path, device="meta" if meta else self.device)
+        ref.eval()
+        for p in ref.parameters():
+            p.requires_grad_(False)
+        full = ref.state_dict() if self.strategy.equal_forwards and self.rank == 0 else None
+        ref = self.strategy.prepare_frozen(ref)
+        if self.strategy.equal_forwards and self.world > 1:
+            sharding.materialize(ref, self.device, full)
+        log(f"KL reference policy: {path}")
+        return ref
+
+    def make_batch(self, episodes: list[Episode]) -> Batch:
+        """The kept episodes as tensors; void-turn episodes (SimpleTIR) and, unless
+        ``rollout.train_on_truncated``, truncated ones get loss mask 0 but stay in their groups.
+        Advantages are set by the update (``advantages``), once the KL penalty is known."""
+        a = self.cfg.algorithm
+        void = alg.void_turn_multipliers([e.stop_reason == "void_turn" for e in episodes])
+        multipliers = [
+            (v if a.void_turn_masking else 1.0)
+            * (0.0 if not self.cfg.rollout.train_on_truncated and e.stop_reason in TRUNCATED else 1.0)
+            for v, e in zip(void, episodes)
+        ]
+        zeros = torch.zeros(len(episodes))
+        return build_batch(episodes, zeros, multipliers, pad_id=self.pad_id).to(self.device)
+
+    # -- the update, in phases ---------------------------------------------------------------
+    def update(self, batch: Batch, step: int) -> dict[str, float]:
+        """Train on one step's batch, phase by phase:
+        1. ``policy_stats``: π_old's log-probs and entropies (one no-grad pass, or none; see there);
+        2. ``reference_logprobs``: the frozen reference policy's log-probs (KL penalty only);
+        3. ``advantages``: group advantages of the rewards (minus β·KL with ``kl_in: reward``);
+        4. ``token_weights``: the method's weighting over the whole batch (STARE, ...);
+        5. ``optimise``: one optimizer step per mini-batch, gradients accumulated over micro-batches;
+        6. metrics, and the per-token overlays for the transcripts (one more no-grad pass)."""
+        self.step = step
+        plan = self._update_plan(batch.size)
+        stats = self.policy_stats(batch)
+        ref = self.reference_logprobs(batch)
+        batch.advantages, out = self.advantages(batch, stats, ref)
+        tw = self.token_weights(batch, stats, plan)
+        losses, clip_status = self.optimise(batch, stats, ref, tw, plan)
+        out.update(losses)
+        out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
+        out.update(token_metrics(stats.logp, stats.entropy, batch))
+        if self.cfg.logging.transcripts:
+            logp_new, _ = self._no_grad_pass(self.model, batch)
+            attach_overlays(batch, stats.logp, logp_new, stats.entropy, tw, clip_status)
+        return out
+
+    def policy_stats(self, batch: Batch) -> PolicyStats:
+        """π_old's log-prob and entropy at every target token, from a no-grad pass. When nothing
+        reads them before the gradient pass (one on-policy optimizer pass, no token weighting, no TIS,
+        no KL in the reward), that pass's own values are π_old's (same weights, same tokens): this
+        pass is skipped and ``optimise`` fills them, as TRL does at num_iterations=1."""
+        t, a = self.cfg.trainer, self.cfg.algorithm
+        pending = (
+            self.fuse_old_logprobs
+            and self.weighting == "none"
+            and t.epochs_per_step == 1
+            and t.mini_batches_per_step == 1
+            and a.is_correction == "none"
+            and not (self.ref_model is not None and a.kl_in == "reward")
+        )
+        if pending:
+            return PolicyStats(torch.zeros_like(batch.mask), torch.zeros_like(batch.mask), pending=True)
+        logp, entropy = self._no_grad_pass(self.model, batch)  # [B, T] each
+        return PolicyStats(logp, entropy)
+
+    def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
+        """The frozen reference policy's log-probs [B, T] (None without a KL penalty). With LoRA and
+        no ``model.ref_path`` the reference is the base model: the policy with its adapters off."""
+        if self.ref_is_base:
+            with self.model.disable_adapter():  # type: ignore[operator]
+                return self._no_grad_pass(self.model, batch)[0]
+        if self.ref_model is None:
+            return None
+        return self._no_grad_pass(self.ref_model, batch)[0]
+
+    def advantages(
+        self, batch: Batch, stats: PolicyStats, ref: torch.Tensor | None
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        """Group advantages [B] of the episodes' rewards. With ``kl_in: reward`` each reward first
+        loses β·Σ_t KL_t over the episode's trained tokens (π_old against the reference)."""
+        a = self.cfg.algorithm
+        assert a.advantage is not None  # presets are resolved by load_config
+        episodes, row_of = batch.parent_rows()  # a split episode is one member of its group
+        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
+        out: dict[str, float] = {}
+        if ref is not None and a.kl_in == "reward":
+            kl = alg.kl_penalty(stats.logp, ref, a.kl_estimator)  # [B, T]
+            per_row = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double().cpu()  # [B]
+            per_episode = torch.zeros(len(episodes), dtype=torch.float64).index_add_(0, row_of, per_row)
+            rewards = rewards - a.kl_coef * per_episode
+            out["kl/reward_penalty_mean"] = float(a.kl_coef * per_episode.mean())
+        groups = [e.group for e in episodes]
+        advantages = alg.compute_advantages(a.advantage, rewards, groups)[row_of].to(batch.device)
+        out["advantages/nonzero_frac"] = float((advantages != 0).float().mean())  # 0: nothing to learn
+        return advantages, out
+
+    def token_weights(
+        self, batch: Batch, stats: PolicyStats, plan: list[list[torch.Tensor]]
+    ) -> alg.TokenWeights:
+        """The method's token weights over the whole batch, from its record: its settings and this
+        step's context (seed, the micro-batches the update runs, last step's state)."""
+        record = alg.WEIGHTINGS[self.weighting]
+        step = alg.StepContext(
+            seed=mix_seed(self.cfg.run.seed, self.step, 29),  # a fresh draw every step, the same on resume
+            row_groups=[
+                g.tolist()
+                for g in ranks.micro_batches(plan[0], self.cfg.trainer.micro_batch_size, self.world)
+            ],
+            state=self.weighting_state,
+        )
+        inputs = alg.WeightingInputs.build(stats.logp, stats.entropy, batch.advantages, batch.mask)
+        tw = alg.compute_weights(record.name, inputs, **record.kwargs(weighting_settings(self.cfg), step))
+        if tw.state is not None:
+            self.weighting_state = tw.state
+        return tw
+
+    def optimise(
+        self,
+        batch: Batch,
+        stats: PolicyStats,
+        ref: torch.Tensor | None,
+        tw: alg.TokenWeights,
+        plan: list[list[torch.Tensor]],
+    ) -> tuple[dict[str, float], torch.Tensor]:
+        """One optimizer step per mini-batch of ``plan``: each rank runs its rows in micro-batches and
+        the gradients are all-reduced once, on the last one. Returns the loss metrics and the clip
+        status of every token."""
+        a, t = self.cfg.algorithm, self.cfg.trainer
+        assert a.loss_agg is not None  # presets are resolved by load_config
+        tis = None  # truncated IS weights for the rollout/trainer mismatch, [B, T] (offpolicy.py)
+        if a.is_correction == "tis":
+            tis = off.tis_weights(stats.logp, batch.engine_logp, batch.has_engine_logp, a.is_cap)
+        max_len = a.overlong.max_length or batch.ids.shape[1]
+        clip_status = torch.zeros_like(batch.mask)
+        parts: dict[str, list[tuple[float, float]]] = defaultdict(list)
+        pg_losses = []  # per mini-batch: micro-batches' (and ranks') shares add up to its loss
+        grad_norms = []
+        for minis in plan:
+            clip_status.zero_()  # the last epoch's status is the one shown
+            for mini in minis:
+                norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
+                self.optimizer.zero_grad(set_to_none=True)
+                micros = self._micro_batches(mini)  # this rank's rows, loss × W (the reductions average)
+                pg_losses.append(0.0)
+                for i, m in enumerate(micros):
+                    self.strategy.set_sync(self.train_module, last=i == len(micros) - 1)  # reduce once
+                    result = self.micro_step(batch, m.rows, stats, ref, tw, tis, norm, dummy=m.dummy)
+                    (result.loss * m.scale).backward()
+                    if m.dummy:
+                        continue
+                    clip_status[m.rows, : result.clip_status.shape[1]] = result.clip_status
+                    pg_losses[-1] += result.stats["pg_loss"]  # a share: over the mini-batch's normaliser
+                    for k, v in result.stats.items():
+                        if k != "pg_loss":  # the rest are means over the micro-batch's tokens
+                            parts[k].append((v, result.stats["n_tokens"]))
+                if t.grad_clip:
+                    grad_norms.append(self.strategy.clip_grad_norm(self.model, t.grad_clip))
+                self._set_lr()
+                self.optimizer.step()
+        if self.world > 1:  # every rank trained its own rows: share what the metrics and overlays read
+            clip_status = ranks.sum_over_ranks(clip_status)  # each row written by one rank
+            parts = ranks.merge_lists(parts)
+            pg_losses = ranks.sum_over_ranks(torch.tensor(pg_losses, dtype=torch.float64)).tolist()
+            if stats.pending:  # one mini-batch of all rows: each rank filled its own shard
+                stats.logp, stats.entropy = self._gather_own(stats.logp, stats.entropy)
+        out = {f"loss/{k}": _weighted(v) for k, v in parts.items() if k != "n_tokens"}
+        out["loss/pg_loss"] = float(np.mean(pg_losses))  # the mean mini-batch loss
+        if tis is not None and (has := (batch.mask > 0) & batch.has_engine_logp).any():
+            out["offpolicy/tis_mean"] = float(tis[has].mean())
+            out["offpolicy/tis_capped_frac"] = float((tis[has] >= a.is_cap).float().mean())
+        if grad_norms:
+            out["grad/norm"] = float(np.mean(grad_norms))
+        return out, clip_status
+
+    def micro_step(
+        self,
+        batch: Batch,
+        micro: torch.Tensor,
+        stats: PolicyStats,
+        ref: torch.Tensor | None,
+        tw: alg.TokenWeights,
+        tis: torch.Tensor | None,
+        normaliser: float,
+        dummy: bool = False,
+    ) -> alg.PolicyLoss:
+        """The loss of rows ``micro`` (their forward with gradient; the caller runs the backward).
+        ``dummy``: a micro-batch that only keeps the ranks' collectives in step (scale 0): nothing is
+        recorded and no statistic is computed."""
+        a = self.cfg.algorithm
+        assert a.loss_agg is not None and a.clip_low is not None and a.clip_high is not None
+        sub, part = batch.rows(micro), tw.rows(micro)  # trimmed to the micro-batch's longest episode
+        w = sub.mask.shape[1]
+        logp, ent = self._forward(self.train_module, sub, grad=True)
+        if stats.pending and not dummy:  # one on-policy pass: these are π_old's values (see policy_stats)
+            stats.logp[micro, :w], stats.entropy[micro, :w] = logp.detach(), ent.detach()
+        weights = part.weights[:, :w] if tis is None else part.weights[:, :w] * tis[micro, :w]
+        return alg.policy_loss(
+            logp,
+            stats.logp[micro, :w],
+            sub.advantages,
+            part.mask[:, :w],
+            normaliser=normaliser,
+            agg_mode=a.loss_agg,
+            weights=weights,
+            clip=part.clip and bool(a.ratio_clip),
+            abs_kl_weights=None if part.abs_kl_weights is None else part.abs_kl_weights[:, :w],
+            clip_low=a.clip_low,
+            clip_high=a.clip_high,
+            dual_clip=a.dual_clip,
+            logp_ref=ref[micro, :w] if ref is not None and a.kl_in == "loss" else None,
+            kl_coef=a.kl_coef,
+            kl_estimator=a.kl_estimator,
+            entropy=ent if a.entropy_coef else None,
+            entropy_coef=a.entropy_coef,
+            stats=not dummy,
+        )
+
+    def _forward(
+        self, model: torch.nn.Module, batch: Batch, grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [B, T] of ``batch`` under ``model`` (micro-batched when no grad)."""
+        t = self.cfg.trainer
+        size = batch.size if grad else t.micro_batch_size
+        return batch_forward(
+            model,
+            batch,
+            size,
+            self.cfg.rollout.temperature,
+            grad=grad,
+            bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
+            share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
+        )
+
+    def _no_grad_pass(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [B, T] of the whole batch with no gradient. Under W ranks each
+        computes only its own rows (``ranks.shard_rows``), in micro-batches (as many on every rank
+        under FSDP2), and every rank gets the whole batch's values."""
+        if self.world == 1:
+            with torch.no_grad():
+                out = self._forward(model, batch)
+            self.strategy.release(model)
+            return out
+        own = ranks.shard_rows(batch.size, self.rank, self.world)
+        logp = torch.zeros((max(len(own), 1), batch.mask.shape[1]), device=batch.device)
+        ent = torch.zeros_like(logp)
+        with torch.no_grad():
+            for m in self._micro_batches(own, n_rows=batch.size):
+                lp, h = self._forward(model, batch.rows(m.rows))  # [b, w] each
+                if not m.dummy:
+                    at = m.rows - own[0]  # positions within this rank's contiguous share
+                    logp[at, : lp.shape[1]], ent[at, : h.shape[1]] = lp, h
+        self.strategy.release(model)
+        return ranks.gather_rows(torch.stack([logp, ent], 1), batch.size, self.rank, self.world).unbind(1)  # type: ignore[return-value]
+
+    def _gather_own(self, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole batch's [B, T] values from each rank's own rows of ``logp`` and ``ent``."""
+        own = ranks.shard_rows(logp.shape[0], self.rank, self.world)
+        both = torch.stack([logp[own], ent[own]], 1)  # [b, 2, T]
+        return ranks.gather_rows(both, logp.shape[0], self.rank, self.world).unbind(1)  # type: ignore[return-value]
+
+    def _micro_batches(self, rows: torch.Tensor, n_rows: int | None = None) -> list[sharding.Micro]:
+        """This rank's micro-batches of ``rows``: its share (``ranks.local_rows``; all of them on one
+        process) split by ``micro_batch_size``, each with its loss scale. Where every forward is a
+        collective (FSDP2), padded with dummies to the count of the rank with the most rows.
+        ``n_rows``: ``rows`` is already this rank's share of that many rows."""
+        mb = self.cfg.trainer.micro_batch_size
+        if n_rows is None:
+            mine, scale = ranks.local_rows(rows, self.rank, self.world)
+            total = len(rows)
+        else:
+            mine, scale, total = rows, float(self.world), n_rows
+        if not len(mine):
+            mine, scale = torch.zeros(1, dtype=torch.long), 0.0
+        micros = [sharding.Micro(part, scale) for part in mine.split(mb)]
+        if self.strategy.equal_forwards:
+            pad = ranks.micro_counts(total, mb, self.world) - len(micros)
+            micros += [sharding.Micro(mine[:1], 0.0)] * pad
+        return micros
+
+    def _update_plan(self, batch_size: int) -> list[list[torch.Tensor]]:
+        """The rows of each optimizer step, per epoch: one mini-batch of all rows, or
+        ``mini_batches_per_step`` mini-batches of a fresh seeded shuffle every epoch."""
+        t = self.cfg.trainer
+        rng = torch.Generator().manual_seed(mix_seed(self.cfg.run.seed, self.step, 17))
+        plan = []
+        for _epoch in range(t.epochs_per_step):
+            order = (
+                torch.randperm(batch_size, generator=rng)
+                if t.mini_batches_per_step > 1
+                else torch.arange(batch_size)
+            )
+            plan.append(list(order.chunk(t.mini_batches_per_step)))
+        return plan
+
+    def _set_lr(self) -> None:
+        t, step = self.cfg.trainer, self.step
+        scale = min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else 1.0
+        if t.lr_schedule == "cosine":
+            scale *= 0.5 * (1 + math.cos(math.pi * min(step, t.total_steps) / t.total_steps))
+        for g in self.optimizer.param_groups:
+            g["lr"] = t.lr * scale
+
+    # -- weights for the engine, state for checkpoints ----------------------------------------
+    def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """What the engine needs after an update, one whole tensor at a time (under FSDP2 each is
+        all-gathered when the engine asks for it, a collective every rank must take in step, so
+        consume the stream to its end on every rank): with LoRA the merged weights of the adapted
+        layers (nothing else changed), else every parameter."""
+        if lora.enabled(self.cfg):
+            return lora.merged_weights(self.model)
+        return self.strategy.full_parameters(self.model)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The weighting's state and, when the model is not sharded, the optimizer's (a sharded
+        optimizer is saved with the model's shards: ``checkpoint.save_weights``)."""
+        state = self.weighting_state
+        out = {
+            "weighting": self.weighting,
+            "weighting_state": state.to_dict() if hasattr(state, "to_dict") else state,
+        }
+        if not self.strategy.equal_forwards:
+            out["optimizer"] = self.optimizer.state_dict()
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore ``state_dict``'s output; the weighting's state through its record's state class."""
+        if "optimizer" in state:
+            self.optimizer.load_state_dict(state["optimizer"])
+        record = alg.WEIGHTINGS[self.weighting]
+        saved = state.get("weighting_state")
+        if saved is not None and record.state is not None and state.get("weighting") == self.weighting:
+            self.weighting_state = record.state.from_dict(saved)  # type: ignore[attr-defined]
+
+
+def _weighted(pairs: list[tuple[float, float]]) -> float:
+    total = sum(n for _, n in pairs)
+    return sum(v * n for v, n in pairs) / total if total else float("nan")

@@ -1,0 +1,166 @@
+"""LoRA: low-rank adapters on the policy's linear layers instead of full fine-tuning (``model.lora``).
+
+With ``model.lora.rank`` r > 0 the learner wraps the policy with peft before sharding it: every target
+linear layer y = W x gets y = W x + (α/r)·B A dropout(x), with A [r, in] random and B [out, r] zero at
+the start (so step 0's policy is the base model). W stays frozen; only A and B train and enter the
+optimizer, so gradients and AdamW states cost r·(in + out) per layer instead of in·out.
+
+The engine samples with the merged weights W + (α/r)·B A (``merged_weights``): only the adapted layers
+change, so only they are synced. Checkpoints hold the adapter in peft's format (``adapter/``) and the
+base model's identity (``identity``: its path and a fingerprint of its files); a resume or an
+export with another base is refused. With no ``model.ref_path`` the KL reference is the base model
+itself: the policy's forward with the adapters disabled, with no second copy of the weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from agentrl.config import Config, ConfigError
+from agentrl.config.schema import LoraConfig
+from agentrl.seeds import mix_seed
+
+ADAPTER_DIR = "adapter"
+ADAPTER = "default"  # peft's adapter name
+
+
+def enabled(cfg: Config) -> bool:
+    return cfg.model.lora.rank > 0
+
+
+def linear_names(model: nn.Module) -> list[str]:
+    """The last part of every linear layer's module name (``q_proj``, ``down_proj``, ``lm_head``...)."""
+    return sorted({name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)})
+
+
+def check_targets(model: nn.Module, settings: LoraConfig) -> None:
+    """Each of ``target_modules`` must name a linear layer of ``model`` (which may be on the meta
+    device): a clear error before any work, with the names that would match."""
+    valid = linear_names(model)
+    missing = [t for t in settings.target_modules if t not in valid]
+    if missing or not settings.target_modules:
+        raise ConfigError(
+            f"model.lora.target_modules: {missing or '[]'} match no linear layer of "
+            f"{type(model).__name__}; its linear layers are {valid}"
+        )
+
+
+def apply(model: nn.Module, settings: LoraConfig, seed: int) -> nn.Module:
+    """``model`` with adapters on ``settings.target_modules`` (a peft model; ``model`` is changed in
+    place). A is drawn from a generator seeded with ``seed``, so every run and every rank starts from
+    the same adapters whatever was drawn before."""
+    from peft import LoraConfig as PeftLoraConfig
+    from peft import get_peft_model
+
+    check_targets(model, settings)
+    peft_config = PeftLoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,  # type: ignore[arg-type]
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(mix_seed(seed, 0, 41))
+        return get_peft_model(model, peft_config)  # type: ignore[arg-type]
+
+
+def adapted_layers(model: nn.Module) -> Iterator[tuple[str, Any]]:
+    """(base model's module name, LoRA layer) for every adapted linear layer of a peft model."""
+    from peft.tuners.lora import LoraLayer
+
+    inner: Any = model
+    for name, module in inner.base_model.model.named_modules():
+        if isinstance(module, LoraLayer) and ADAPTER in module.lora_A:
+            yield name, module
+
+
+def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
+    """(name in the base model, W + (α/r)·B A) for every adapted layer, computed in fp32 and returned
+    in W's dtype; sharded (FSDP2) tensors are gathered first (collective: every rank calls this)."""
+    from agentrl.parallel.sharding import full_tensor
+
+    for name, layer in adapted_layers(model):
+        lay: Any = layer
+        w = full_tensor(lay.base_layer.weight)
+        a = full_tensor(lay.lora_A[ADAPTER].weight).float()
+        b = full_tensor(lay.lora_B[ADAPTER].weight).float()
+        scale = float(lay.scaling[ADAPTER])
+        yield f"{name}.weight", (w.float() + scale * (b @ a)).to(w.dtype)
+
+
+def base_model(model: nn.Module) -> nn.Module:
+    """The transformers model inside a peft model (the model itself without LoRA)."""
+    inner: Any = model
+    return inner.base_model.model if hasattr(model, "peft_config") else model  # type: ignore[no-any-return]
+
+
+def save_adapter(model: nn.Module, out: Path, base_path: str) -> None:
+    """The adapter in peft's format (``PeftModel.from_pretrained(base, out)`` loads it)."""
+    model.peft_config[ADAPTER].base_model_name_or_path = base_path  # type: ignore[index, union-attr]
+    model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
+
+
+def load_adapter(model: nn.Module, adapter_dir: Path) -> None:
+    """Load saved adapter tensors into a peft model built with the same settings."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    state = load_file(str(adapter_dir / "adapter_model.safetensors"))
+    result: Any = set_peft_model_state_dict(model, state)  # type: ignore[arg-type]
+    missing = [k for k in result.missing_keys if "lora_" in k]
+    if result.unexpected_keys or missing:
+        raise ValueError(
+            f"{adapter_dir}: the adapter does not fit this model (unexpected {result.unexpected_keys[:3]}, "
+            f"missing {missing[:3]}); was it trained with other model.lora settings?"
+        )
+
+
+def identity(path: str) -> dict[str, Any]:
+    """What identifies a base model: its path and a fingerprint of its config and weight files (the
+    safetensors headers: names, shapes, dtypes and offsets, cheap to read for any size)."""
+    root = Path(path)
+    h = hashlib.sha256()
+    if (root / "config.json").exists():
+        h.update((root / "config.json").read_bytes())
+    for f in sorted(root.glob("*.safetensors")):
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            h.update(f.name.encode() + fh.read(n) + str(f.stat().st_size).encode())
+    return {"path": str(path), "fingerprint": h.hexdigest()[:16]}
+
+
+def check_identity(saved: dict[str, Any], path: str, what: str) -> None:
+    """A clear error when the adapter in ``what`` was trained on another base than ``path``."""
+    now = identity(path)
+    if saved["fingerprint"] != now["fingerprint"]:
+        raise ConfigError(
+            f"{what} holds a LoRA adapter trained on the base model {saved['path']} (fingerprint "
+            f"{saved['fingerprint']}), but this run's base model is {path} (fingerprint "
+            f"{now['fingerprint']}): point model.path (and sft) at the original base"
+        )
+
+
+def describe(model: nn.Module) -> str:
+    """``LoRA: 1.1 M trainable of 7.6 B parameters (0.01%)``."""
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    total = sum(p.numel() for p in model.parameters())
+    return f"LoRA: {trainable:,} trainable of {total:,} parameters ({trainable / max(total, 1):.2%})"
+
+
+def settings_dict(settings: LoraConfig) -> dict[str, Any]:
+    """The adapter's settings as checkpoints record them."""
+    return {
+        "rank": settings.rank,
+        "alpha": float(settings.alpha),
+        "dropout": float(settings.dropout),
+        "target_modules": sorted(settings.target_modules),
+    }

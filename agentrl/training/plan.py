@@ -1,0 +1,651 @@
+"""``agentrl plan``: the memory one GPU needs for a config, term by term, in the budget each term
+must fit, and whether every budget holds.
+
+The model's size comes from its config.json (a local directory, a ``tiny:`` preset, or one of the
+architectures bundled in ``agentrl/assets/architectures`` for the hub models configs/gpu uses); the
+model is built on the meta device and its parameters counted exactly. Nothing is downloaded.
+
+Budgets. A GPU is shared by components that do not borrow from each other, so a plan checks each
+against its own share instead of one total against the whole GPU:
+
+- a colocated vLLM engine (``rollout.engine: vllm``, ``rollout.workers: 0``) reserves
+  ``rollout.vllm.gpu_memory_utilization`` × GPU at start (its KV cache then fills what its weights
+  leave of that share), so two budgets: the engine's, u·GPU, holding its weights and its minimum KV
+  cache; and the trainer's, (1 − u)·GPU, holding every other term. A trainer with room to spare
+  cannot lend it to an engine whose weights overflow its share, and the other way round;
+- the HF engine runs in the trainer's process and reserves nothing: one budget, the whole GPU;
+- with ``rollout.workers`` > 0 the engines run in Ray workers on other GPUs: one budget, the whole
+  GPU, for the trainer alone.
+
+The plan fits when every budget holds. It does not credit ``rollout.colocate.sleep`` (the update
+could then use the engine's freed share): the budgets are those of the generate phase, which the
+sleep cycle does not change.
+
+Every term is per GPU (one rank), in GiB (2^30 bytes), with the formula it came from. With N
+parameters, P trainable (N, or LoRA's adapters), S ranks sharing a shard (``fsdp2``: W/replicas;
+``ddp``: 1), b bytes per parameter (``model.dtype``; LoRA's adapters are fp32, as peft keeps them),
+c bytes per activation (2 with ``trainer.bf16`` or bf16 weights, else 4), t =
+``micro_batch_size`` × ``max_episode_tokens`` tokens per micro-batch, e bytes per engine value
+(``rollout.dtype``, else ``model.dtype``):
+
+The trainer's budget (or the whole GPU's):
+
+- weights N·b/S; gradients P·b/S; AdamW's two moments 2·P·b/S (on the host with ``cpu_offload``);
+- FSDP2: the gathered parameters of two layers (the one computing and the one prefetched) and of
+  the root (embeddings, head), in c bytes; with ``grad_reduce: step`` and more than one micro-batch
+  per optimizer step, the unsharded fp32 gradients accumulated between reductions, 4·P;
+- DDP over several ranks: its gradient buckets, P·b; autocast (``trainer.bf16`` with fp32 weights
+  outside FSDP2): the bf16 copies of the weights the backward keeps, 2·N;
+- activations per micro-batch, per token and layer: 16h + c·(k·h + 2·kv + 4·i) + 4·heads bytes, the
+  tensors autograd saves in a Qwen2/Llama layer: each RMSNorm's fp32 input and normalised output
+  (16h), the projections' inputs (k = 4: q/k/v share one, attention output, MLP input; autocast
+  casts per projection, so k = 7), rotated q and k, v, the attention output, and the MLP's gate,
+  up, SiLU and product (4i), plus the attention's log-sum-exp. With gradient checkpointing only each
+  layer's input stays, r·h (r = 4 for an fp32 residual stream, 2 for bf16), plus one layer
+  recomputed in the backward. The logits and their gradient: t·V·2c (the log-softmax runs in
+  checkpointed chunks);
+- the KL reference (``kl_coef`` > 0; not with LoRA, whose reference is the base itself): N·b/S;
+- the colocated HF engine (same budget): its copy of the weights, N·e, and the KV cache of its
+  running sequences, q·ctx·L·2·kv·e with q = min(64, ``max_concurrent_episodes``, episodes per
+  rank); the weight sync streams one tensor at a time into it, so its transient is the largest
+  tensor in e bytes;
+- a fixed 2 GiB for the CUDA context, NCCL buffers and the allocator's slack.
+
+The colocated vLLM engine's budget, u·GPU, with tp = ``rollout.vllm.tensor_parallel_size`` GPUs
+per engine (tp must divide a node's GPUs: an engine's GPUs are on one node):
+
+- its weights, N·e/tp (tensor parallelism splits every projection, the embeddings and the head);
+- its minimum KV cache: one sequence of ctx = ``max_episode_tokens`` tokens, ctx·L·2·⌈kv_heads/tp⌉·
+  head_dim·e. vLLM refuses to start unless its KV cache holds one sequence of its ``max_model_len``,
+  which the engine sets to ctx, the longest sequence a rollout makes; a GPU holds ⌈kv_heads/tp⌉ KV heads (vLLM
+  replicates them when tp exceeds them). Whatever the share has beyond these two becomes more KV
+  cache, i.e. more sequences decoded at once, which is throughput, not a condition to start;
+- not counted: vLLM's own working memory (the activations of its profiling forward pass and CUDA
+  graphs), which depend on its version, ``max_num_batched_tokens`` and ``enforce_eager``; no one
+  number holds for them, so the engine's check is a lower bound and a share that only just holds
+  may still be too small.
+
+Activations are an estimate (tests/test_plan.py checks the formula against the tensors autograd
+actually saves, on the CPU); the rest is counted. docs/scaling.md shows the terms for configs/gpu.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from agentrl.config import Config, ConfigError
+from agentrl.parallel.sharding import check_mesh
+
+GIB = 2**30
+OVERHEAD_GIB = 2.0
+ENGINE_BATCH = 64  # HFEngine's default max_batch_size: sequences decoded together
+BUNDLED = Path(__file__).parent / "assets" / "architectures"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What the planner needs of a model, counted on the meta device."""
+
+    name: str
+    params: int
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    layer_params: int  # one decoder layer
+    root_params: int  # everything outside the decoder layers (embeddings, final norm, head)
+    largest_tensor: int
+    lora_params: int = 0  # adapters for the configured LoRA settings (0 without LoRA)
+    max_positions: int = 0  # config.json's max_position_embeddings (0 when it names none)
+
+    @property
+    def kv_dim(self) -> int:
+        return self.kv_heads * self.head_dim
+
+
+@dataclass
+class Term:
+    name: str
+    bytes: float
+    how: str
+
+    @property
+    def gib(self) -> float:
+        return self.bytes / GIB
+
+
+@dataclass
+class Budget:
+    """One share of a GPU and the terms that must fit in it. ``reserved``: its owner takes the
+    whole share whatever its terms add up to (vLLM's KV cache fills what its weights leave)."""
+
+    name: str
+    capacity_gib: float
+    how: str
+    terms: list[Term]
+    reserved: bool = False
+
+    @property
+    def total_gib(self) -> float:
+        return sum(t.gib for t in self.terms)
+
+    @property
+    def free_gib(self) -> float:
+        return self.capacity_gib - self.total_gib
+
+    @property
+    def fits(self) -> bool:
+        return self.total_gib <= self.capacity_gib
+
+    @property
+    def held_gib(self) -> float:
+        """What this component occupies on the GPU."""
+        return self.capacity_gib if self.reserved else self.total_gib
+
+
+@dataclass
+class Plan:
+    arch: Architecture
+    layout: str
+    budgets: list[Budget]
+    capacity_gib: float  # one GPU
+    host: list[Term] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    hints: list[str] = field(default_factory=list)  # settings that would make it fit, when it does not
+
+    @property
+    def terms(self) -> list[Term]:
+        return [t for b in self.budgets for t in b.terms]
+
+    @property
+    def total_gib(self) -> float:
+        """What the GPU holds: the reserved shares in full, the other budgets' terms."""
+        return sum(b.held_gib for b in self.budgets)
+
+    @property
+    def fits(self) -> bool:
+        return all(b.fits for b in self.budgets)
+
+    def budget(self, name: str) -> Budget:
+        return next(b for b in self.budgets if b.name == name)
+
+
+def config_json(path: str) -> dict[str, Any]:
+    """The config.json of ``model.path``: a local directory, a ``tiny:`` preset, or a bundled
+    architecture (``Qwen/Qwen2.5-7B`` -> assets/architectures/Qwen--Qwen2.5-7B.json)."""
+    from agentrl.models import PRESETS
+
+    if path.startswith("tiny:"):
+        preset = path.removeprefix("tiny:")
+        if preset not in PRESETS:
+            raise ConfigError(f"unknown tiny preset {preset!r}; valid: {sorted(PRESETS)}")
+        s = PRESETS[preset]
+        return {
+            "model_type": "qwen2",
+            "architectures": ["Qwen2ForCausalLM"],
+            "hidden_size": s.hidden_size,
+            "intermediate_size": s.intermediate_size,
+            "num_hidden_layers": s.num_layers,
+            "num_attention_heads": s.num_heads,
+            "num_key_value_heads": s.num_kv_heads,
+            "vocab_size": 1024,
+            "tie_word_embeddings": False,
+        }
+    from agentrl.models import cache_root, gguf
+
+    if gguf.is_gguf(path) or gguf.is_packaged(path):  # the cached conversion (converted on first use)
+        path = str(gguf.converted_dir(path, cache_root()))
+    local = Path(path) / "config.json"
+    if local.exists():
+        return json.loads(local.read_text())  # type: ignore[no-any-return]
+    bundled = BUNDLED / (path.replace("/", "--") + ".json")
+    if bundled.exists():
+        return json.loads(bundled.read_text())  # type: ignore[no-any-return]
+    known = sorted(p.stem.replace("--", "/") for p in BUNDLED.glob("*.json"))
+    raise ConfigError(
+        f"no config.json for model.path={path!r} (no download): pass a local model directory, a tiny: "
+        f"preset, or one of the bundled architectures {known}"
+    )
+
+
+def architecture(cfg: Config) -> Architecture:
+    """Count the configured model's parameters on the meta device (and its LoRA adapters)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from agentrl.parallel import sharding
+    from agentrl.training import lora
+
+    raw = config_json(cfg.model.path)
+    hf_config = AutoConfig.for_model(**raw)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(hf_config)
+    layers = sharding.decoder_layers(model)
+    params = sum(p.numel() for p in model.parameters())
+    layer_params = sum(p.numel() for p in layers[0].parameters())
+    lora_params = 0
+    if lora.enabled(cfg):
+        lora.check_targets(model, cfg.model.lora)
+        r, targets = cfg.model.lora.rank, set(cfg.model.lora.target_modules)
+        lora_params = sum(
+            r * (m.in_features + m.out_features)
+            for name, m in model.named_modules()
+            if isinstance(m, nn.Linear) and name.rsplit(".", 1)[-1] in targets
+        )
+    c = hf_config
+    heads = c.num_attention_heads
+    return Architecture(
+        name=type(model).__name__,
+        params=params,
+        layers=len(layers),
+        hidden=c.hidden_size,
+        intermediate=c.intermediate_size,
+        heads=heads,
+        kv_heads=getattr(c, "num_key_value_heads", None) or heads,
+        head_dim=getattr(c, "head_dim", None) or c.hidden_size // heads,
+        vocab=c.vocab_size,
+        layer_params=layer_params,
+        root_params=params - layer_params * len(layers),
+        largest_tensor=max(p.numel() for p in model.parameters()),
+        lora_params=lora_params,
+        max_positions=int(raw.get("max_position_embeddings") or 0),
+    )
+
+
+def _bytes(dtype: str | None) -> int:
+    return 2 if dtype in ("bfloat16", "float16") else 4
+
+
+def activation_bytes(a: Architecture, c: int, k: int) -> int:
+    """Bytes autograd keeps per token in one decoder layer (module docstring): c bytes per
+    activation, k projection inputs of width h (4, or 7 under autocast)."""
+    return 16 * a.hidden + c * (k * a.hidden + 2 * a.kv_dim + 4 * a.intermediate) + 4 * a.heads
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """The quantities the terms' formulas use (the module docstring names them)."""
+
+    N: int  # parameters
+    P: int  # trainable parameters
+    S: int  # ranks sharing a shard
+    b: int  # bytes per parameter
+    pb: int  # bytes per trainable parameter
+    c: int  # bytes per activation
+    e: int  # bytes per engine value
+    ctx: int  # rollout.max_episode_tokens
+    tokens: int  # per micro-batch
+    episodes: int  # per step
+    micros: int  # micro-batches per optimizer step per rank
+    world: int
+    fsdp: bool
+    offload: bool
+    autocast: bool
+    residual: int  # bytes per value of the residual stream
+
+
+def sizes(cfg: Config, a: Architecture, gpus: int, nodes: int) -> Sizes:
+    """The quantities of ``cfg`` on ``nodes`` × ``gpus`` ranks; refuses a mesh HSDP cannot build."""
+    from agentrl.training import lora
+
+    t, r = cfg.trainer, cfg.rollout
+    world = gpus * nodes
+    fsdp = t.strategy == "fsdp2"
+    if fsdp:
+        check_mesh(world, t.fsdp.replicas)
+    b = _bytes(cfg.model.dtype)
+    episodes = r.prompts_per_step * r.group_size
+    rows = math.ceil(episodes / t.mini_batches_per_step / world)  # per rank per optimizer step
+    return Sizes(
+        N=a.params,
+        P=a.lora_params if lora.enabled(cfg) else a.params,
+        S=world // t.fsdp.replicas if fsdp else 1,
+        b=b,
+        pb=4 if lora.enabled(cfg) else b,
+        c=2 if t.bf16 or b == 2 else 4,
+        e=_bytes(r.dtype or cfg.model.dtype),
+        ctx=r.max_episode_tokens,
+        tokens=t.micro_batch_size * r.max_episode_tokens,
+        episodes=episodes,
+        micros=math.ceil(rows / t.micro_batch_size),
+        world=world,
+        fsdp=fsdp,
+        offload=fsdp and t.fsdp.cpu_offload,
+        autocast=t.bf16 and b == 4 and not fsdp,  # FSDP2 computes in bf16 through its mixed precision
+        residual=2 if b == 2 or (fsdp and t.bf16) else 4,
+    )
+
+
+def _state_terms(cfg: Config, s: Sizes) -> list[Term]:
+    """The policy's weights, gradients and AdamW moments, each sharded 1/S."""
+    N, P, S, b, pb = s.N, s.P, s.S, s.b, s.pb
+    shard = f"/{S}" if S > 1 else ""
+    return [
+        Term(
+            f"policy weights ({cfg.model.dtype}{', 1' + shard if shard else ''})",
+            N * b / S,
+            f"N·b/S = {N:,}·{b}/{S}",
+        ),
+        Term("gradients" + (f" (1{shard})" if shard else ""), P * pb / S, f"P·b/S = {P:,}·{pb}/{S}"),
+        Term(
+            "AdamW moments" + (f" (1{shard})" if shard else ""),
+            2 * P * pb / S,
+            f"2·P·b/S = 2·{P:,}·{pb}/{S}",
+        ),
+    ]
+
+
+def _strategy_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
+    """What FSDP2 gathers and accumulates, or what DDP and autocast add."""
+    t, N, P, c = cfg.trainer, s.N, s.P, s.c
+    if not s.fsdp:
+        terms = [Term("DDP gradient buckets", P * s.pb, f"P·b = {P:,}·{s.pb}")] if s.world > 1 else []
+        if s.autocast:
+            terms.append(Term("bf16 weight copies (autocast)", 2 * N, f"2·N = 2·{N:,}"))
+        return terms
+    if t.fsdp.reshard_after_forward:
+        terms = [
+            Term(
+                "gathered parameters (FSDP2)",
+                (2 * a.layer_params + a.root_params) * c,
+                f"(2 layers + root)·c = (2·{a.layer_params:,} + {a.root_params:,})·{c}",
+            )
+        ]
+    else:  # every layer stays gathered from its forward to its backward
+        terms = [Term("gathered parameters (FSDP2, no reshard)", N * c, f"N·c = {N:,}·{c}")]
+    if t.fsdp.grad_reduce == "step" and s.micros > 1:
+        terms.append(
+            Term(
+                "unsharded gradient accumulation",
+                4 * P,
+                f"4·P, {s.micros} micro-batches per reduction (trainer.fsdp.grad_reduce=micro_batch avoids it)",
+            )
+        )
+    return terms
+
+
+def _compute_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
+    """One micro-batch's activations, and its logits with their gradient."""
+    tokens, c = s.tokens, s.c
+    k = 7 if s.autocast else 4
+    per_token_layer = activation_bytes(a, c, k)
+    if cfg.model.gradient_checkpointing:
+        act = tokens * (a.layers * s.residual * a.hidden + per_token_layer)
+        how = f"t·(L·r·h + one layer) = {tokens:,}·({a.layers}·{s.residual}·{a.hidden} + {per_token_layer:,})"
+    else:
+        act = tokens * a.layers * per_token_layer
+        how = f"t·L·(16h + c·({k}h+2kv+4i) + 4·heads) = {tokens:,}·{a.layers}·{per_token_layer:,}"
+    return [
+        Term("activations (one micro-batch)", act, how),
+        Term(
+            "logits and their gradient", tokens * a.vocab * 2 * c, f"t·V·2c = {tokens:,}·{a.vocab:,}·{2 * c}"
+        ),
+    ]
+
+
+def _hf_engine_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
+    """The in-process HF engine: its weights, its running sequences' KV cache, the sync's transient."""
+    r, e, ctx = cfg.rollout, s.e, s.ctx
+    seqs = min(ENGINE_BATCH, r.max_concurrent_episodes, math.ceil(s.episodes / s.world))
+    kv = seqs * ctx * a.layers * 2 * a.kv_dim * e
+    return [
+        Term(f"HF engine weights ({r.dtype or cfg.model.dtype})", s.N * e, f"N·e = {s.N:,}·{e}"),
+        Term("HF engine KV cache", kv, f"q·ctx·L·2·kv·e = {seqs}·{ctx}·{a.layers}·2·{a.kv_dim}·{e}"),
+        Term("weight sync (streamed)", a.largest_tensor * e, f"largest tensor·e = {a.largest_tensor:,}·{e}"),
+    ]
+
+
+def vllm_engine_terms(a: Architecture, e: int, ctx: int, tp: int, dtype: str) -> list[Term]:
+    """A colocated vLLM engine's per-GPU needs before it starts: its weights split over tp GPUs,
+    and a KV cache for one sequence of ctx tokens (module docstring: why this minimum)."""
+    heads = math.ceil(a.kv_heads / tp)  # vLLM replicates the KV heads when tp exceeds them
+    return [
+        Term(f"vLLM weights ({dtype}, 1/{tp})", a.params * e / tp, f"N·e/tp = {a.params:,}·{e}/{tp}"),
+        Term(
+            f"vLLM KV cache (one {ctx:,}-token sequence)",
+            ctx * a.layers * 2 * heads * a.head_dim * e,
+            f"ctx·L·2·⌈kv_heads/tp⌉·head_dim·e = {ctx:,}·{a.layers}·2·{heads}·{a.head_dim}·{e}",
+        ),
+    ]
+
+
+def check_tensor_parallel(tp: int, gpus: int) -> None:
+    """A colocated engine spans tp GPUs of one node, so tp must divide the node's GPUs."""
+    if gpus % tp:
+        why = f"is larger than the {gpus} GPU(s) of a node" if tp > gpus else f"does not divide {gpus}"
+        raise ConfigError(
+            f"rollout.vllm.tensor_parallel_size={tp} {why}: a colocated vLLM engine spans tp GPUs of "
+            f"one node, so tp must divide the GPUs per node (--gpus). Valid for {gpus} GPU(s): "
+            f"{[d for d in range(1, gpus + 1) if gpus % d == 0]}; or rollout.workers > 0 to run the "
+            "engines on their own GPUs"
+        )
+
+
+def _trainer_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
+    """Every term the trainer's process holds on its GPU (the HF engine's included: it lives there)."""
+    from agentrl.training import lora
+
+    terms = [] if s.offload else _state_terms(cfg, s)
+    terms += _strategy_terms(cfg, a, s) + _compute_terms(cfg, a, s)
+    if cfg.algorithm.kl_coef > 0 and not (lora.enabled(cfg) and not cfg.model.ref_path):
+        terms.append(Term("KL reference weights", s.N * s.b / s.S, f"N·b/S = {s.N:,}·{s.b}/{s.S}"))
+    if cfg.rollout.engine == "hf" and cfg.rollout.workers == 0:
+        terms += _hf_engine_terms(cfg, a, s)
+    terms.append(Term("CUDA context, NCCL, allocator slack", OVERHEAD_GIB * GIB, "fixed"))
+    return terms
+
+
+def _host_terms(cfg: Config, s: Sizes, gpus: int) -> list[Term]:
+    """Host memory per node: offloaded states of the node's ranks, and rank 0's read of the weights."""
+    host = []
+    if s.offload:
+        host += [
+            Term(t.name + " [offloaded]", t.bytes * gpus, f"({t.how})·{gpus} ranks")
+            for t in _state_terms(cfg, s)
+        ]
+    if s.fsdp or s.world == 1:
+        host.append(Term("rank 0 reads the weights once", s.N * s.b, f"N·b = {s.N:,}·{s.b} (node 0 only)"))
+    return host
+
+
+def _vllm_budgets(cfg: Config, a: Architecture, s: Sizes, trainer: list[Term], gpu: float) -> list[Budget]:
+    """The colocated vLLM engine's share of the GPU, and the trainer's: the rest."""
+    v = cfg.rollout.vllm
+    u = v.gpu_memory_utilization
+    dtype = cfg.rollout.dtype or cfg.model.dtype
+    engine = Budget(
+        "vLLM engine",
+        u * gpu,
+        f"gpu_memory_utilization·GPU = {u:g}·{gpu:g}",
+        vllm_engine_terms(a, s.e, s.ctx, v.tensor_parallel_size, dtype),
+        reserved=True,
+    )
+    rest = Budget(
+        "trainer", gpu - engine.capacity_gib, f"(1 − gpu_memory_utilization)·GPU = {1 - u:g}·{gpu:g}", trainer
+    )
+    return [engine, rest]
+
+
+def _utilization_hint(engine_gib: float, trainer_gib: float, gpu: float) -> str:
+    """The range of gpu_memory_utilization that holds both budgets, or why none does."""
+    low, high = engine_gib / gpu, 1 - trainer_gib / gpu
+    low_2, high_2 = math.ceil(round(low * 100, 6)) / 100, math.floor(round(high * 100, 6)) / 100
+    needs = (
+        f"the engine needs at least {engine_gib:.2f} GiB ({low:.3f} of the GPU), the trainer "
+        f"{trainer_gib:.2f} GiB (leaving the engine at most {max(high, 0):.3f})"
+    )
+    if low_2 <= high_2 and low_2 <= 1:
+        return f"rollout.vllm.gpu_memory_utilization between {low_2:.2f} and {high_2:.2f}: {needs}"
+    return f"no rollout.vllm.gpu_memory_utilization holds both budgets: {needs}"
+
+
+def _tensor_parallel_hint(cfg: Config, a: Architecture, s: Sizes, engine: Budget, gpus: int) -> str:
+    """The smallest larger tensor_parallel_size whose engine terms fit the engine's share."""
+    tp = cfg.rollout.vllm.tensor_parallel_size
+    dtype = cfg.rollout.dtype or cfg.model.dtype
+    for d in (d for d in range(tp + 1, gpus + 1) if gpus % d == 0):
+        need = sum(t.gib for t in vllm_engine_terms(a, s.e, s.ctx, d, dtype))
+        if need <= engine.capacity_gib:
+            return (
+                f"rollout.vllm.tensor_parallel_size={d}: the engine's terms then take {need:.2f} GiB of "
+                f"its {engine.capacity_gib:.2f} (a memory count: a colocated engine with "
+                "tensor_parallel_size > 1 has not run yet, docs/scaling.md)"
+            )
+    return f"no rollout.vllm.tensor_parallel_size up to the node's {gpus} GPU(s) fits the engine's {engine.capacity_gib:.2f} GiB"
+
+
+def _vllm_hints(
+    cfg: Config, a: Architecture, s: Sizes, budgets: list[Budget], gpu: float, gpus: int
+) -> list[str]:
+    """Settings that would make a colocated vLLM plan fit (none when it fits)."""
+    engine, trainer = budgets
+    if engine.fits and trainer.fits:
+        return []
+    hints = [_utilization_hint(engine.total_gib, trainer.total_gib, gpu)]
+    if not engine.fits:
+        hints.append(_tensor_parallel_hint(cfg, a, s, engine, gpus))
+    return hints
+
+
+def _layout(cfg: Config, s: Sizes, gpus: int, nodes: int) -> str:
+    from agentrl.training import lora
+
+    t, fsdp, S = cfg.trainer, s.fsdp, s.S
+    return (
+        f"{nodes} node(s) × {gpus} GPU(s), trainer.strategy={t.strategy}"
+        + (
+            f", HSDP {t.fsdp.replicas} × {S}"
+            if fsdp and t.fsdp.replicas > 1
+            else (f", shards of 1/{S}" if fsdp else "")
+        )
+        + (", CPU offload" if s.offload else "")
+        + (", LoRA" if lora.enabled(cfg) else ", full fine-tuning")
+        + (", bf16 compute" if s.c == 2 else ", fp32 compute")
+        + (", gradient checkpointing" if cfg.model.gradient_checkpointing else "")
+        + f"; micro-batch {t.micro_batch_size} × {s.ctx} tokens, {s.micros} per optimizer step per rank"
+    )
+
+
+def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 1) -> Plan:
+    """Per-GPU memory of ``cfg`` on ``nodes`` × ``gpus`` GPUs of ``gpu_memory_gib`` each, in the
+    budget each term must fit (module docstring)."""
+    r = cfg.rollout
+    colocated_vllm = r.engine == "vllm" and r.workers == 0
+    if colocated_vllm:
+        check_tensor_parallel(r.vllm.tensor_parallel_size, gpus)
+    a = architecture(cfg)
+    s = sizes(cfg, a, gpus, nodes)
+    trainer = _trainer_terms(cfg, a, s)
+    notes, hints = [], []
+    if colocated_vllm:
+        budgets = _vllm_budgets(cfg, a, s, trainer, gpu_memory_gib)
+        hints = _vllm_hints(cfg, a, s, budgets, gpu_memory_gib, gpus)
+    elif r.workers > 0:
+        budgets = [Budget("trainer", gpu_memory_gib, "the whole GPU", trainer)]
+        notes.append(
+            "rollout.workers > 0: the engines run in Ray workers, off the trainer's GPUs (not counted)"
+        )
+    else:
+        budgets = [Budget("trainer and HF engine", gpu_memory_gib, "the whole GPU", trainer)]
+        notes.append("the HF engine runs in the trainer's process and reserves nothing: one budget")
+    return Plan(
+        a, _layout(cfg, s, gpus, nodes), budgets, gpu_memory_gib, _host_terms(cfg, s, gpus), notes, hints
+    )
+
+
+ADVICE = {
+    "activations": "model.gradient_checkpointing=true or a smaller trainer.micro_batch_size",
+    "logits": "a smaller trainer.micro_batch_size (or shorter rollout.max_episode_tokens)",
+    "HF engine KV": "fewer rollout.max_concurrent_episodes or shorter rollout.max_episode_tokens",
+    "HF engine weights": "rollout.dtype=bfloat16, or rollout.workers > 0 to put the engines on other GPUs",
+    "AdamW": "trainer.strategy=fsdp2 over more GPUs, trainer.fsdp.cpu_offload=true, or model.lora.rank > 0",
+    "gradients": "trainer.strategy=fsdp2 over more GPUs, or model.lora.rank > 0",
+    "policy weights": "trainer.strategy=fsdp2 over more GPUs (fewer trainer.fsdp.replicas), or cpu_offload",
+    "unsharded gradient": "trainer.fsdp.grad_reduce=micro_batch",
+    "KL reference": "algorithm.kl_coef=0, or LoRA (the reference is then the base model itself)",
+    "vLLM weights": (
+        "a larger rollout.vllm.tensor_parallel_size, a higher rollout.vllm.gpu_memory_utilization if "
+        "the trainer has room, rollout.dtype=bfloat16 (if fp32), or rollout.workers > 0 to put the "
+        "engines on other GPUs"
+    ),
+    "vLLM KV cache": (
+        "shorter rollout.max_episode_tokens, a larger rollout.vllm.tensor_parallel_size, or a higher "
+        "rollout.vllm.gpu_memory_utilization if the trainer has room"
+    ),
+    "bf16 weight copies": "trainer.strategy=fsdp2 (its mixed precision shards them)",
+    "gathered parameters": "trainer.fsdp.reshard_after_forward=true",
+    "DDP gradient": "trainer.strategy=fsdp2",
+    "CUDA context": "fixed; a lower rollout.vllm.gpu_memory_utilization leaves the trainer more (colocated vLLM)",
+}
+
+
+def _term_line(t: Term) -> str:
+    return f"  {t.name:42s} {t.gib:7.2f}   {t.how}"
+
+
+def _budget_lines(b: Budget) -> list[str]:
+    """A budget's terms, their total against its capacity, and its own verdict."""
+    verdict = "fits" if b.fits else "DOES NOT FIT"
+    return [
+        f"{b.name} budget: {b.how} = {b.capacity_gib:.2f} GiB",
+        *(_term_line(t) for t in b.terms),
+        f"  {'total':42s} {b.total_gib:7.2f}   of {b.capacity_gib:.2f} GiB: {verdict} ({b.free_gib:+.2f} GiB)",
+    ]
+
+
+def verdict(p: Plan) -> str:
+    """The overall verdict, naming each budget that is exceeded and by how much."""
+    if p.fits:
+        each = ", ".join(f"{b.name} {b.total_gib:.2f} of {b.capacity_gib:.2f} GiB" for b in p.budgets)
+        return f"verdict: fits, every budget holds ({each})"
+    over = [
+        f"the {b.name}'s budget is exceeded: {b.total_gib:.2f} GiB > {b.capacity_gib:.2f} GiB ({b.how})"
+        for b in p.budgets
+        if not b.fits
+    ]
+    held = [
+        f"the {b.name}'s fits ({b.total_gib:.2f} of {b.capacity_gib:.2f} GiB)" for b in p.budgets if b.fits
+    ]
+    return "verdict: DOES NOT FIT: " + "; ".join(over + held)
+
+
+def _advice_lines(p: Plan) -> list[str]:
+    """For each exceeded budget its largest terms and what shrinks them, then the settings that
+    would make the plan fit."""
+    lines = []
+    for b in (b for b in p.budgets if not b.fits):
+        lines += ["", f"largest terms, and what shrinks them ({b.name}'s budget):"]
+        for t in sorted(b.terms, key=lambda t: -t.bytes)[:3]:
+            advice = next((v for k, v in ADVICE.items() if t.name.startswith(k)), "")
+            lines.append(f"  {t.name} ({t.gib:.1f} GiB): {advice}")
+    if p.hints:
+        lines += ["", "settings that would make it fit (the engine's own working memory not counted):"]
+        lines += [f"  {h}" for h in p.hints]
+    return lines
+
+
+def render(p: Plan) -> str:
+    a = p.arch
+    lines = [
+        f"model: {a.name}, {a.params / 1e9:.2f} B parameters ({a.layers} layers, hidden {a.hidden}, "
+        f"vocab {a.vocab:,})" + (f"; LoRA adapters {a.lora_params / 1e6:.1f} M" if a.lora_params else ""),
+        f"layout: {p.layout}",
+        "",
+        f"{'per GPU, ' + str(len(p.budgets)) + ' budget(s)':44s} {'GiB':>7s}   how",
+    ]
+    for b in p.budgets:
+        lines += _budget_lines(b)
+    if p.host:
+        lines += ["", "host memory per node", *(_term_line(t) for t in p.host)]
+    lines += [""] + [f"note: {n}" for n in p.notes]
+    lines.append(verdict(p))
+    return "\n".join(lines + (_advice_lines(p) if not p.fits else []))

@@ -1,0 +1,330 @@
+"""Supervised warm start on demonstrations, loss on assistant tokens only.
+
+Conversations are tokenized exactly the way the EpisodeRunner lays out an episode (prompt rendered
+with the chat template, each assistant turn as its own tokens followed by the end-of-turn token,
+observations as template deltas), so what SFT teaches is what RL later samples and trains on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from agentrl.config import Config
+from agentrl.env import Task
+from agentrl.env.demos import load_demonstrations
+from agentrl.models.chat import ChatRenderer
+from agentrl.rollout import components
+from agentrl.training.forward import first_loss_column, prefix_plan, suffix_logits
+
+Message = dict[str, Any]
+
+
+def tokenize_conversation(renderer: ChatRenderer, messages: Sequence[Message]) -> tuple[list[int], list[int]]:
+    """Token ids and loss mask (1 on assistant tokens, including each turn's end-of-turn token). The
+    tools section goes into the system message as the runner puts it there (``prompt_messages``)."""
+    messages = renderer.prompt_messages(messages)
+    first = next((i for i, m in enumerate(messages) if m["role"] == "assistant"), None)
+    if first is None:
+        raise ValueError("a demonstration needs at least one assistant message")
+    prompt = renderer.render_prompt(list(messages[:first]))
+    ids, mask = list(prompt.token_ids), [0] * len(prompt.token_ids)
+    i = first
+    while i < len(messages):
+        msg = messages[i]
+        if msg["role"] != "assistant":
+            raise ValueError(f"expected an assistant message at position {i}, got {msg['role']!r}")
+        turn = renderer.encode(msg["content"], split_special=False)
+        if renderer.eos_token_id is not None:
+            turn.append(renderer.eos_token_id)
+        ids += turn
+        mask += [1] * len(turn)
+        text = renderer.tokenizer.decode(turn, skip_special_tokens=False)
+        close = renderer.close_turn(text, ended_with_eos=renderer.eos_token_id is not None)
+        ids += close.token_ids
+        mask += [0] * len(close.token_ids)
+        j = i + 1
+        while j < len(messages) and messages[j]["role"] != "assistant":
+            j += 1
+        if j > i + 1 and j < len(messages):  # observations followed by another assistant turn
+            for piece in renderer.render_observation(list(messages[i + 1 : j])):
+                ids += piece.token_ids
+                mask += [0] * len(piece.token_ids)
+        i = j
+    return ids, mask
+
+
+@dataclass
+class SFTResult:
+    steps: int
+    final_loss: float
+    losses: list[float]
+    tokens: int
+    seconds: float
+    holdout_losses: list[tuple[int, float]] = field(default_factory=list)
+    """(steps done, mean held-out loss) at every evaluation; empty without a held-out set."""
+    best_step: int | None = None
+    """Steps done when the held-out loss was lowest: the weights kept (None: the last ones)."""
+
+
+def sft_train(
+    model: torch.nn.Module,
+    examples: Sequence[tuple[list[int], list[int]]],
+    steps: int,
+    lr: float,
+    batch_size: int,
+    seed: int = 0,
+    warmup: int = 10,
+    grad_clip: float = 1.0,
+    pad_id: int = 0,
+    on_step: Callable[[int, float], None] | None = None,
+    share_prefix: bool = True,
+    holdout: Sequence[tuple[list[int], list[int]]] = (),
+    eval_every: int = 50,
+    patience: int = 0,
+) -> SFTResult:
+    """AdamW with linear warm-up and cosine decay; each step draws a shuffled batch. Loss is the mean
+    over assistant tokens of the batch. ``share_prefix`` runs the prompt prefix common to the batch
+    once (``agentrl.training.forward``; same loss and gradients, several times faster on tool prompts).
+
+    With ``holdout`` examples, their mean loss is measured before training, every ``eval_every`` steps
+    and at the end; the weights with the lowest held-out loss are the ones kept, and with
+    ``patience`` > 0 training stops after that many evaluations without a new lowest (early
+    stopping: the warm start keeps the demonstrations' diversity instead of memorising prompts)."""
+    if not examples:
+        raise ValueError("no SFT examples")
+    rng = random.Random(seed)
+    device = next(model.parameters()).device  # the batches follow the model
+    params = [p for p in model.parameters() if p.requires_grad]
+    fused = all(p.is_floating_point() for p in params) or None  # one kernel for all parameters
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=fused)
+    order: list[int] = []
+    losses, tokens, t0 = [], 0, time.perf_counter()
+    held: list[tuple[int, float]] = []
+    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+
+    def check(done: int) -> bool:
+        """Measure the held-out loss after ``done`` steps; True when patience has run out."""
+        nonlocal best
+        loss = holdout_loss(model, holdout, batch_size, pad_id)
+        held.append((done, loss))
+        if best is None or loss < best[0]:
+            best = (loss, done, {k: v.detach().clone() for k, v in model.state_dict().items()})
+        return patience > 0 and done - best[1] >= patience * eval_every
+
+    if holdout:
+        check(0)  # the starting point: if training only hurts the held-out loss, it is kept
+    model.train()
+    for step in range(steps):
+        scale = min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
+        for g in opt.param_groups:
+            g["lr"] = lr * max(scale, 0.05)
+        if len(order) < batch_size:
+            order += rng.sample(range(len(examples)), len(examples))
+        batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
+        ids, mask = (t.to(device) for t in _pad(batch, pad_id))
+        share, owners = 0, None
+        if share_prefix:  # the system prompt every demonstration starts with is run once
+            lengths = torch.tensor([len(x) for x, _ in batch])
+            plan = prefix_plan(ids, lengths, limit=first_loss_column(mask[:, 1:]))
+            share, owners = plan.share, plan.owners
+        logits = suffix_logits(model, ids, share, owners)  # [B, T - share, V], positions share..T-1
+        target, tmask = ids[:, share + 1 :], mask[:, share + 1 :]
+        loss_tok = F.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), target.clamp(min=0).flatten(), reduction="none"
+        )
+        loss = (loss_tok * tmask.flatten()).sum() / tmask.sum().clamp(min=1)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        opt.step()
+        losses.append(loss.item())
+        tokens += int(tmask.sum())
+        if on_step:
+            on_step(step, losses[-1])
+        if holdout and (step + 1) % eval_every == 0 and step + 1 < steps and check(step + 1):
+            break
+    best_step = None
+    if holdout:
+        if not held or held[-1][0] != len(losses):
+            check(len(losses))
+        assert best is not None
+        model.load_state_dict(best[2])
+        best_step = best[1]
+    model.eval()
+    return SFTResult(len(losses), losses[-1], losses, tokens, time.perf_counter() - t0, held, best_step)
+
+
+@torch.no_grad()
+def holdout_loss(
+    model: torch.nn.Module, examples: Sequence[tuple[list[int], list[int]]], batch_size: int, pad_id: int
+) -> float:
+    """Mean loss per assistant token over ``examples`` (eval mode, no gradients)."""
+    device = next(model.parameters()).device
+    was_training = model.training
+    model.eval()
+    total, count = 0.0, 0.0
+    for i in range(0, len(examples), batch_size):
+        ids, mask = (t.to(device) for t in _pad(examples[i : i + batch_size], pad_id))
+        logits = model(input_ids=ids).logits[:, :-1]
+        tok = F.cross_entropy(logits.flatten(0, 1).float(), ids[:, 1:].flatten(), reduction="none")
+        total += float((tok * mask[:, 1:].flatten()).sum())
+        count += float(mask[:, 1:].sum())
+    model.train(was_training)
+    return total / max(count, 1.0)
+
+
+def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-pad; returns ids [B, T] and mask [B, T] (padding has mask 0)."""
+    T = max(len(ids) for ids, _ in batch)
+    ids = torch.full((len(batch), T), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(batch), T), dtype=torch.float32)
+    for i, (x, m) in enumerate(batch):
+        ids[i, : len(x)] = torch.tensor(x)
+        mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
+    return ids, mask
+
+
+def sft_seed(cfg: Config) -> int:
+    """The warm start's seed: ``sft.seed``, else ``run.seed``."""
+    return cfg.run.seed if cfg.sft.seed is None else cfg.sft.seed
+
+
+def build_examples(
+    cfg: Config, tokenizer: Any, log: Callable[[str], None] = print
+) -> list[tuple[list[int], list[int]]]:
+    """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks.
+    When there are fewer tasks than ``sft.num_demos``, tasks repeat, and the log says so."""
+    env = components.env_factory(cfg)()
+    try:
+        renderer = ChatRenderer(
+            tokenizer, env.tool_schemas() or None, cfg.rollout.tools_prompt, env.tool_format
+        )
+    finally:
+        env.close()
+    if cfg.sft.demos:
+        demos = load_demonstrations(cfg.sft.demos)
+    else:
+        tasks = demo_tasks(cfg)
+        if len(tasks) < cfg.sft.num_demos:
+            log(
+                f"SFT warm start: sft.num_demos={cfg.sft.num_demos} but only {len(tasks)} training tasks, so "
+                f"each task is demonstrated ~{cfg.sft.num_demos / len(tasks):.1f} times (solvers sample among "
+                "the solutions where several exist). Raise data.num_train for more distinct tasks, or lower "
+                "sft.num_demos."
+            )
+        rng = random.Random(sft_seed(cfg))
+        tasks = [
+            tasks[i % len(tasks)]
+            for i in rng.sample(range(max(len(tasks), cfg.sft.num_demos)), cfg.sft.num_demos)
+        ]
+        demos = type(env).demonstrations(tasks, seed=sft_seed(cfg))
+    return [tokenize_conversation(renderer, d) for d in demos]
+
+
+# A separate task stream for demonstrations kept off RL's tasks (an offset far from any run seed).
+_DEMO_STREAM = 1_000_003
+
+
+def demo_tasks(cfg: Config) -> list[Task]:
+    """The tasks demonstrations are made from: the SFT seed's training tasks, or, with
+    ``sft.exclude_train_seeds``, tasks from a separate stream minus every task whose prompt RL
+    trains on under those run seeds. Raises when the exclusion leaves nothing."""
+    seeds = list(cfg.sft.exclude_train_seeds)
+    sized = cfg
+    if cfg.sft.num_tasks is not None:  # the pool's size, not RL's
+        sized = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, num_train=cfg.sft.num_tasks))
+    if not seeds:
+        return components.load_tasks(sized, "train", seed=sft_seed(cfg))
+    taken = {t.prompt for s in seeds for t in components.load_tasks(cfg, "train", seed=s)}
+    pool = components.load_tasks(sized, "train", seed=sft_seed(cfg) + _DEMO_STREAM)
+    kept = [t for t in pool if t.prompt not in taken]
+    if not kept:
+        raise ValueError(
+            f"sft.exclude_train_seeds={seeds}: all {len(pool)} candidate tasks are among RL's training "
+            "tasks (the environment's problem space is too small to keep them apart)"
+        )
+    return kept
+
+
+def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], None] = print) -> SFTResult:
+    """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
+    torch.manual_seed(sft_seed(cfg))
+    model, tokenizer = components.load_model(cfg, base_path)
+    examples = build_examples(cfg, tokenizer, log)
+    holdout: list[tuple[list[int], list[int]]] = []
+    if cfg.sft.holdout > 0:  # a seeded split: the held-out demonstrations are never trained on
+        random.Random(sft_seed(cfg) + 1).shuffle(examples)
+        n_held = max(1, round(cfg.sft.holdout * len(examples)))
+        if n_held >= len(examples):
+            raise ValueError(f"sft.holdout={cfg.sft.holdout} leaves no demonstration to train on")
+        holdout, examples = examples[:n_held], examples[n_held:]
+    steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
+    n_tok = sum(sum(m) for _, m in examples)
+    log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps"
+        + (f", {len(holdout)} held out (loss every {cfg.sft.eval_every} steps, best weights kept)"
+           if holdout else ""))  # fmt: skip
+    with Progress(
+        TextColumn("[bold]SFT warm start"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeRemainingColumn(),
+        transient=False,
+    ) as progress:
+        task = progress.add_task("sft", total=steps, loss=float("nan"))
+        every = max(1, steps // 10)
+
+        def on_step(i: int, loss: float) -> None:
+            progress.update(task, completed=i + 1, loss=loss)
+            if not progress.console.is_terminal and (i + 1) % every == 0:
+                log(f"SFT step {i + 1}/{steps}  loss {loss:.3f}")  # plain lines for logs and CI
+
+        result = sft_train(
+            model,
+            examples,
+            steps=steps,
+            lr=cfg.sft.lr,
+            batch_size=cfg.sft.batch_size,
+            seed=sft_seed(cfg),
+            pad_id=tokenizer.pad_token_id or 0,
+            on_step=on_step,
+            holdout=holdout,
+            eval_every=cfg.sft.eval_every,
+            patience=cfg.sft.patience,
+        )
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)  # type: ignore[operator]
+    tokenizer.save_pretrained(out_dir)
+    (out_dir / "sft_result.json").write_text(
+        json.dumps(
+            {
+                "steps": result.steps,
+                "final_loss": result.final_loss,
+                "tokens": result.tokens,
+                "seconds": result.seconds,
+                "examples": len(examples),
+                "holdout_examples": len(holdout),
+                "holdout_losses": result.holdout_losses,
+                "best_step": result.best_step,
+            }
+        )
+    )
+    if result.holdout_losses:
+        best = min(loss for _, loss in result.holdout_losses)
+        log(f"SFT held-out loss: {' '.join(f'{n}:{v:.3f}' for n, v in result.holdout_losses)}; kept step "
+            f"{result.best_step} (held-out loss {best:.3f})")  # fmt: skip
+    log(f"SFT done in {result.seconds:.1f}s, {result.steps} steps, final loss {result.final_loss:.3f}")
+    return result
