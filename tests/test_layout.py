@@ -1,43 +1,111 @@
-"""The package's shape: no import cycles between agentrl's modules (imports inside functions count:
-a cycle hidden in a function is still a cycle; imports under ``if TYPE_CHECKING:``, for annotations
-only, never run and do not)."""
+"""The package's shape (docs/architecture.md): agentrl's subpackages and core modules, the built-in
+environments and the sandboxes sit on floors, and a module imports only from its own floor's unit or
+from floors below. Every import counts: inside functions (a cycle hidden in a function is still a
+cycle) and under ``if TYPE_CHECKING:`` (an annotation that names a higher layer is a climb too). No
+private name (``_x``) is imported from another unit, and no module cycle exists."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
+TREES = ("agentrl", "environments", "sandboxes")
+
+FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core module or a package
+    ("agentrl",),  # the package's own __init__
+    ("agentrl.errors",),
+    ("agentrl.seeds",),
+    ("agentrl.timeouts",),
+    ("agentrl.dataclass_tree",),
+    ("agentrl.episode",),
+    ("agentrl.transcripts",),
+    ("agentrl.tools",),
+    ("sandboxes",),
+    ("agentrl.serve",),
+    ("agentrl.algorithms",),
+    ("agentrl.models",),
+    ("agentrl.env", "agentrl.agents"),  # agents.py: the documented ``agentrl.agents`` import
+    ("environments",),
+    ("agentrl.config",),
+    ("agentrl.engines",),
+    ("agentrl.parallel",),
+    ("agentrl.sync",),
+    ("agentrl.rollout",),
+    ("agentrl.training",),
+    ("agentrl.views",),
+    ("agentrl.study",),
+    ("agentrl.cli",),
+]
+RANK = {unit: i for i, units in enumerate(FLOORS) for unit in units}
 
 
-def import_graph(package: str = "agentrl") -> dict[str, set[str]]:
-    """Module -> the package's modules it imports anywhere in its source."""
+def unit_of(module: str) -> str:
+    """The floor unit a module belongs to: its longest prefix that names a unit."""
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        if ".".join(parts[:n]) in RANK:
+            return ".".join(parts[:n])
+    raise KeyError(f"{module} is on no floor: add it (or its package) to FLOORS in tests/test_layout.py")
+
+
+def _where(p: Path) -> str:
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
+
+
+def modules(trees: tuple[str, ...] = TREES) -> dict[str, Path]:
     files = {}
-    for p in (ROOT / package).rglob("*.py"):
-        parts = p.relative_to(ROOT).with_suffix("").parts
-        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-        files[name] = p
-    graph: dict[str, set[str]] = {m: set() for m in files}
+    for tree in trees:
+        for p in (ROOT / tree).rglob("*.py"):
+            parts = p.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    return files
+
+
+def imports(files: dict[str, Path]) -> list[tuple[str, str, str, int]]:
+    """(importer, imported module, imported name or "", line) for every import of a known module,
+    anywhere in the source, ``TYPE_CHECKING`` blocks included."""
+    out = []
     for m, p in files.items():
-        for node in _runtime_nodes(ast.parse(p.read_text())):
+        for node in ast.walk(ast.parse(p.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                targets = [node.module, *(f"{node.module}.{a.name}" for a in node.names)]
+                for a in node.names:
+                    sub = f"{node.module}.{a.name}"
+                    if sub in files:  # ``from agentrl.env import data``: the submodule
+                        out.append((m, sub, "", node.lineno))
+                    elif node.module in files:
+                        out.append((m, node.module, a.name, node.lineno))
             elif isinstance(node, ast.Import):
-                targets = [a.name for a in node.names]
-            else:
-                continue
-            graph[m] |= {t for t in targets if t in files and t != m}
+                out += [(m, a.name, "", node.lineno) for a in node.names if a.name in files]
+    return [(m, t, name, line) for m, t, name, line in out if t != m]
+
+
+def climbs(files: dict[str, Path]) -> list[str]:
+    """Each import of a higher floor, named with file and line."""
+    bad = []
+    for m, t, _, line in imports(files):
+        um, ut = unit_of(m), unit_of(t)
+        if um != ut and RANK[ut] > RANK[um]:
+            bad.append(f"{_where(files[m])}:{line}: {m} ({um}) imports {t} ({ut}), a higher floor")
+    return bad
+
+
+def private_crossings(files: dict[str, Path]) -> list[str]:
+    bad = []
+    for m, t, name, line in imports(files):
+        private = name.startswith("_") and not name.startswith("__")
+        if private and unit_of(m) != unit_of(t):
+            bad.append(f"{_where(files[m])}:{line}: {m} imports the private {t}.{name}")
+    return bad
+
+
+def import_graph(files: dict[str, Path]) -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in files}
+    for m, t, _, _ in imports(files):
+        graph[m].add(t)
     return graph
-
-
-def _runtime_nodes(tree: ast.AST):
-    """Every node except those under ``if TYPE_CHECKING:``."""
-    for node in ast.iter_child_nodes(tree):
-        if isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING"):
-            yield from (n for child in node.orelse for n in [child, *_runtime_nodes(child)])
-            continue
-        yield node
-        yield from _runtime_nodes(node)
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -76,5 +144,43 @@ def test_cycle_finder_finds_a_cycle():
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
+def test_every_module_is_on_a_floor():
+    for m in modules():
+        unit_of(m)
+
+
+def test_no_module_imports_a_higher_floor():
+    assert climbs(modules()) == []
+
+
+def test_no_private_name_crosses_a_unit():
+    assert private_crossings(modules()) == []
+
+
 def test_no_import_cycles():
-    assert cycles(import_graph()) == []
+    assert cycles(import_graph(modules())) == []
+
+
+def test_at_most_eight_core_modules():
+    core = [p.name for p in (ROOT / "agentrl").glob("*.py") if p.name != "__init__.py"]
+    assert len(core) <= 8, sorted(core)
+
+
+@pytest.mark.parametrize(
+    "source, finding",
+    [
+        # a climb under TYPE_CHECKING, and one inside a function
+        ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from agentrl.training.trainer import Trainer\n",
+         "imports agentrl.training.trainer (agentrl.training), a higher floor"),
+        ("def f():\n    from agentrl.cli import main\n", "imports agentrl.cli (agentrl.cli), a higher floor"),
+        ("from agentrl.models.chat import _internal\n", "imports the private agentrl.models.chat._internal"),
+    ],
+)  # fmt: skip
+def test_the_checks_catch_a_planted_violation(tmp_path, source, finding):
+    """A module planted in the engines floor that climbs, or takes a private name from another unit."""
+    files = modules()
+    planted = tmp_path / "planted.py"
+    planted.write_text(source)
+    files["agentrl.engines.planted"] = planted
+    found = [line for line in climbs(files) + private_crossings(files) if "planted" in line]
+    assert len(found) == 1 and finding in found[0], found
