@@ -66,7 +66,7 @@ class Method:
 
 
 def methods() -> list[Method]:
-    """The compared methods, all STARE variant C2 (ALGORITHMS.md §9 lists the same rows)."""
+    """The compared methods, all STARE variant C2 (docs/algorithms.md, "The entropy lab" lists the same rows)."""
     return [
         Method("GRPO-ds"),
         Method("STARE paper gate (W1.1 M0.9)", "stare", {"controller": StareController()}),

@@ -21,7 +21,9 @@ def test_first_order_sign_agrees_with_exact_change():
     pred = first_order_entropy_change(logits, action, adv, lr=0.01)
     exact = exact_entropy_change(logits, action, adv, lr=0.01)
     agree = torch.sign(pred) == torch.sign(exact)
-    assert agree.double().mean() >= 0.99  # ALGORITHMS.md §9 measured 99.4–100 % at η = 0.01
+    assert (
+        agree.double().mean() >= 0.99
+    )  # docs/algorithms.md, "The entropy lab" measured 99.4–100 % at η = 0.01
     big = pred.abs() > 1e-3
     assert big.sum() > 100 and agree[big].all()  # 100 % where the predicted change is not tiny
     rel = ((pred - exact).abs() / exact.abs())[big]

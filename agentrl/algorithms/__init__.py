@@ -1,4 +1,4 @@
-"""Policy-loss algorithms: small pure functions over padded [B, T] tensors (ALGORITHMS.md).
+"""Policy-loss algorithms: small pure functions over padded [B, T] tensors (docs/algorithms.md).
 
 How the trainer uses this package, one training step (B episodes padded to T tokens; ``mask`` [B, T]
 is 1 only on policy tokens; rewards [B]; group ids [B] as a list or LongTensor):

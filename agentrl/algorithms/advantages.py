@@ -1,4 +1,4 @@
-"""Sequence advantages from per-episode rewards and group ids (ALGORITHMS.md §1).
+"""Sequence advantages from per-episode rewards and group ids (docs/algorithms.md, "Advantages").
 
 A group is the set of responses to one prompt. Each function takes rewards [B] and group ids [B]
 and returns advantages [B]; the trainer broadcasts them over the policy tokens of each episode.

@@ -1,6 +1,6 @@
 """Clip-Cov and KL-Cov: act on the tokens with the largest advantage/log-prob covariance.
 
-Cui et al., "The Entropy Mechanism of RL for Reasoning LMs" (arXiv 2505.22617; ALGORITHMS.md §5).
+Cui et al., "The Entropy Mechanism of RL for Reasoning LMs" (arXiv 2505.22617; docs/algorithms.md, "Token weightings").
 c_t = (A_t - mean A)(logp_t - mean logp), means over the policy tokens of the whole batch.
 - Clip-Cov: among tokens with lb < c_t < ub, pick max(1, ⌊r_c·N⌋) at random and zero their loss
   (weight 0; the denominator keeps them, as the released code does).

@@ -1,4 +1,4 @@
-"""The first-order entropy change of a softmax under a policy-gradient step (ALGORITHMS.md §3).
+"""The first-order entropy change of a softmax under a policy-gradient step (docs/algorithms.md, "First-order entropy change").
 
 For logits z, π = softmax(z), H = -Σ π log π: ∂H/∂z_j = -π_j (log π_j + H). A step on the sampled
 token a, Δz = η·A·(e_a - π), changes the entropy to first order by

@@ -1,4 +1,4 @@
-"""Episode filters on plain per-episode lists (ALGORITHMS.md §2, §6).
+"""Episode filters on plain per-episode lists (docs/algorithms.md, "Episode filters").
 
 - ``dynamic_sampling_keep`` (DAPO, arXiv 2503.14476): drop every group whose rewards are all equal
   (it has zero advantage everywhere and only dilutes the batch); returns the kept indices.

@@ -1,4 +1,4 @@
-"""High-entropy minority tokens ("80/20", arXiv 2506.01939; ALGORITHMS.md §5).
+"""High-entropy minority tokens ("80/20", arXiv 2506.01939; docs/algorithms.md, "Token weightings").
 
 Keep the gradient only where H_t ≥ the (1-ρ) quantile of H over the batch's policy tokens (linear
 interpolation, as the released code's torch.quantile; computed here with kthvalue). The

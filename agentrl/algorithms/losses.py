@@ -1,6 +1,6 @@
 """The clipped policy-gradient surrogate, KL to a reference, entropy bonus and loss aggregation.
 
-ALGORITHMS.md §0–§2. Every function is pure: tensors and numbers in, a tensor (and detached float
+docs/algorithms.md, "Policy loss". Every function is pure: tensors and numbers in, a tensor (and detached float
 stats) out. Shapes: per-token tensors are [B, T]; ``mask`` is 1 only on policy tokens.
 
 Gradient accumulation: the aggregation divides a per-micro-batch *numerator* by a ``normaliser``

@@ -1,6 +1,6 @@
 """Statistics over the loss mask only.
 
-Every quantity in ``agentrl.algorithms`` is computed over tokens with ``mask == 1`` (ALGORITHMS.md §0:
+Every quantity in ``agentrl.algorithms`` is computed over tokens with ``mask == 1`` (docs/algorithms.md, "Policy loss":
 the mask is the single source of truth). These helpers gather the valid tokens first, so values at
 masked positions (prompt, tool output, padding) can never reach a mean, quantile or top-k.
 ``torch.quantile`` is never used: it refuses inputs above 2^24 elements; ``kthvalue``/``topk`` do not.

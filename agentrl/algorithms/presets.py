@@ -1,4 +1,4 @@
-"""The methods without a token weighting: GRPO, Dr. GRPO, RLOO and DAPO (ALGORITHMS.md §1-§2), and
+"""The methods without a token weighting: GRPO, Dr. GRPO, RLOO and DAPO (docs/algorithms.md, "Advantages", "Policy loss"), and
 the plain weighting ``none`` (ω ≡ 1) they train with. Each token weighting registers its own method
 in its module (``stare``, ``steer``, ``stapo``, ``clip_cov``, ``kl_cov``, ``high_entropy``)."""
 

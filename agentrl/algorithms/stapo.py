@@ -1,4 +1,4 @@
-"""STAPO: silence spurious tokens (arXiv 2602.15620; ALGORITHMS.md §5).
+"""STAPO: silence spurious tokens (arXiv 2602.15620; docs/algorithms.md, "Token weightings").
 
 A policy token is dropped when A > 0, π(y_t) < τ_p and H_t < the q-quantile of H over the batch's
 policy tokens. Dropped tokens leave the denominator too (Σ I·m·L / Σ I·m), so STAPO returns a

@@ -1,4 +1,4 @@
-"""STARE: surprisal-guided token-level advantage reweighting (arXiv 2606.19236; ALGORITHMS.md §4).
+"""STARE: surprisal-guided token-level advantage reweighting (arXiv 2606.19236; docs/algorithms.md, "Token weightings").
 
 Per step: H̄ = token-mean entropy over m = 1 of the whole batch; the controller (``stare_control``)
 turns H̄ into a gate and W/M/P; T± = {m = 1, A ≷ 0}; L± = the k± = min(|T±|, max(1, ⌈P·|T±|⌉))
@@ -172,7 +172,7 @@ class StareConfig:
     P: float = knob(0.1, gt=0, le=1)
     """Fraction of positive (and negative) tokens selected, by highest surprisal."""
     W: float = knob(1.1, ge=1)
-    """Weight of selected positive tokens (paper: 1.1 for 7B; tiny models need ~2-3, ALGORITHMS.md §9)."""
+    """Weight of selected positive tokens (paper: 1.1 for 7B; tiny models need ~2-3, docs/algorithms.md, "The entropy lab")."""
     M: float = knob(0.9, ge=0, le=1)
     """Weight of selected negative tokens (C2 only)."""
     scope: Literal["batch", "micro"] = "batch"

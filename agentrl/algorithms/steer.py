@@ -9,7 +9,7 @@ non-finite Ω → 0, a = |Ω|; weights over the policy tokens (a_min/a_max over 
 This is the released code's form (zz-haooo/STEER, ``compute_token_weights``). Compared with the
 first-order own-logit entropy change of a step on -A·π/π_old, which is
 -η·(A/π_old)·x²(1-x)(log x + H) (∂π_a/∂z_a = x(1-x), ∂H/∂z_a = -x(log x + H)), the code's Ω has
-one power of x fewer; ALGORITHMS.md §5 describes the same mismatch as "one factor of x more" in
+one power of x fewer; docs/algorithms.md, "Token weightings" describes the same mismatch as "one factor of x more" in
 its own convention. We implement the code's form either way, so weights match the released method.
 
 Departures: x is the pre-update π_old (see ``token_weights``: identical to the released code's

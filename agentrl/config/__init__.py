@@ -9,7 +9,7 @@ expected, and (for typos) the closest valid name. All problems are reported at o
 
 ``algorithm.name`` is a preset: fields that default to ``None`` with "from the preset" in their
 docstring take the preset's value (the method's record in ``agentrl.algorithms.registry.METHODS``,
-from ALGORITHMS.md §1, §2, §5), unless the user set them. Each token weighting's settings are a
+from docs/algorithms.md, "Advantages", "Policy loss", "Token weightings"), unless the user set them. Each token weighting's settings are a
 registered section, ``algorithm.<name>``, checked by the rules in its record when it is selected. Derived values (``run.output_dir``, ``model.tokenizer``, the overlong lengths) are filled in
 too, so the resolved config saved in the run directory holds concrete values only. Interpolation
 (``${...}``) is refused: what can be derived is derived here, in one place.
@@ -499,4 +499,3 @@ def write_doc(path: str | Path) -> None:
     text = p.read_text()
     start, end = text.index(DOC_BEGIN), text.index(DOC_END) + len(DOC_END)
     p.write_text(text[:start] + _generated_block() + text[end:])
-

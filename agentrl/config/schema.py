@@ -192,7 +192,7 @@ class RolloutConfig:
 @dataclass
 class OverlongConfig:
     enabled: bool | None = None
-    """DAPO's soft overlong punishment added to the reward (ALGORITHMS.md §2). None = from the preset."""
+    """DAPO's soft overlong punishment added to the reward (docs/algorithms.md, "Policy loss"). None = from the preset."""
     max_length: int | None = knob(None, ge=1)
     """L_max in policy tokens per episode. None = min(max_turns × max_tokens_per_turn, max_episode_tokens)."""
     cache_length: int | None = knob(None, ge=1)
@@ -206,7 +206,7 @@ class AlgorithmConfig(HasSections):
     advantage: str | None = knob(None, choices=lambda: list(registry.ADVANTAGES))
     """Group advantage estimator. None = from the preset."""
     loss_agg: str | None = knob(None, choices=lambda: list(registry.AGGREGATIONS))
-    """How per-token losses are averaged (ALGORITHMS.md §0). None = from the preset."""
+    """How per-token losses are averaged (docs/algorithms.md, "Policy loss"). None = from the preset."""
     clip_low: float | None = knob(None, ge=0, lt=1)
     """ε_low: the ratio is clipped below at 1 − ε_low. None = from the preset."""
     clip_high: float | None = knob(None, ge=0)

@@ -6,7 +6,7 @@ out, dynamic sampling on the outcome) -> DAPO overlong shaping -> the learner's 
 whole batch, mini/micro-batched optimizer steps) -> push weights to the engine -> transcripts,
 metrics, checkpoint.
 
-Departures from plain GRPO, each a config switch (ALGORITHMS.md): clip-higher, dual clip,
+Departures from plain GRPO, each a config switch (docs/algorithms.md): clip-higher, dual clip,
 token-mean over the whole batch, dynamic sampling, token weightings. Only policy tokens (mask 1)
 enter any loss or statistic; tool output, prompts, scaffolding and padding never do.
 Episodes that failed (an exception at the model, env, tool, sandbox or reward boundary) are kept in
@@ -15,7 +15,7 @@ policy.
 
 Scale (docs/scaling.md): the engine may be vLLM or a pool of Ray workers (``build.build_engine``);
 under torchrun each rank runs its share of the rollouts and of every mini-batch's rows, and DDP sums
-the gradients (``ddp.py``). Off-policy guards (``offpolicy.py``): episodes lagging more than
+the gradients (``agentrl.parallel.sharding``). Off-policy guards (``offpolicy.py``): episodes lagging more than
 ``rollout.max_staleness`` weight versions are not trained on; ``algorithm.is_correction=tis``
 weights each token by the truncated ratio π_old/π_rollout; a jump in the mismatch is warned about.
 """
