@@ -11,7 +11,7 @@ CONFIG=${1:-configs/real/short_cot_smollm2.yaml}
 shift || true
 bash scripts/setup.sh
 .venv/bin/agentrl models install smollm2-135m-instruct
-RUN=$(.venv/bin/python -c "import sys; from agentrl.config import load_config; c = load_config(sys.argv[1], sys.argv[2:]); print(c.run.output_dir or f'runs/{c.run.name}')" "$CONFIG" "$@")
+RUN=$(.venv/bin/python -c "import sys; from agentrl.config import load_config, output_dir; print(output_dir(load_config(sys.argv[1], sys.argv[2:])))" "$CONFIG" "$@")
 BEFORE="$RUN.before.json"
 .venv/bin/agentrl eval "$CONFIG" "$@" -o "$BEFORE"   # the warm start (the SFT runs here, once, and is cached)
 .venv/bin/agentrl train "$CONFIG" "$@" --overwrite   # an earlier run there is moved aside, not deleted

@@ -248,7 +248,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
         episodes = runner.run(reqs)
     finally:
         runner.close()
-    out = Path(args.output or Path(cfg.run.output_dir or f"runs/{cfg.run.name}") / "rollouts.jsonl")
+    from agentrl.config import output_dir
+
+    out = Path(args.output or output_dir(cfg) / "rollouts.jsonl")
     out.parent.mkdir(parents=True, exist_ok=True)
     with TranscriptWriter(out) as w:
         w.write(episodes)

@@ -14,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 import signal
 import threading
-from pathlib import Path
 from typing import Any
 
 from agentrl.agents import AgentEnvironment
-from agentrl.config import Config
+from agentrl.config import Config, output_dir
 from agentrl.rollout.runner import Budgets
 
 
@@ -39,7 +38,7 @@ def serve_command(cfg: Config, host: str | None = None, port: int | None = None)
     path = build.policy_path(cfg)
     model, tokenizer = components.load_model(cfg, path)
     engine = build.build_engine(cfg, model, tokenizer, path)
-    out = Path(cfg.run.output_dir or f"runs/{cfg.run.name}") / "serve" / TRANSCRIPTS_FILE
+    out = output_dir(cfg) / "serve" / TRANSCRIPTS_FILE
     writer = TranscriptWriter(out)
     # the served policy's config next to the transcript: inspect, replay and doctor find the tokenizer
     served = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, path=path))

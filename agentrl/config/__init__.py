@@ -73,6 +73,11 @@ class ConfigError(ValueError):
 
 
 # ------------------------------------------------------------------------------------ public API
+def output_dir(cfg: Config) -> Path:
+    """The run's directory: ``run.output_dir``, or ``runs/<run.name>`` when that is unset."""
+    return Path(cfg.run.output_dir or f"runs/{cfg.run.name}")
+
+
 def weighting_name(cfg: Config) -> str:
     """The token weighting ``algorithm.name`` trains with (``none`` for the plain surrogate)."""
     return registry.METHODS[cfg.algorithm.name].weighting

@@ -23,7 +23,15 @@ from typing import Any
 
 import yaml
 
-from agentrl.config import CONFIG_FILE, Config, ConfigError, config_from_dict, config_to_dict, run_history
+from agentrl.config import (
+    CONFIG_FILE,
+    Config,
+    ConfigError,
+    config_from_dict,
+    config_to_dict,
+    output_dir,
+    run_history,
+)
 from agentrl.env import Environment, Task, option_problem
 from agentrl.models import gguf
 from agentrl.rollout import components
@@ -289,7 +297,7 @@ def _hub_problems(key: str, name: str) -> Iterator[str]:
 def output_problems(cfg: Config) -> Iterator[str]:
     """``run.output_dir`` is a directory, or can become one: its nearest existing ancestor is a
     writable directory (probed with a temporary directory, removed at once)."""
-    out = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")
+    out = output_dir(cfg)
     if out.exists() and not out.is_dir():
         yield f"run.output_dir={str(out)!r} is a file, not a directory"
         return
@@ -455,7 +463,7 @@ def _holdout_problems(cfg: Config, n: int) -> Iterator[str]:
 def _resume_changes(cfg: Config, force: bool, problems: list[str]) -> ResumeChanges | None:
     """The keys this resume changes against the run's ``config.yaml``; the ones a run cannot take
     mid-way are problems unless ``force``."""
-    run_dir = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")
+    run_dir = output_dir(cfg)
     saved = run_dir / CONFIG_FILE
     if not saved.is_file():
         return None

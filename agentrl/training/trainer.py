@@ -37,7 +37,7 @@ from typing import Any
 import torch
 
 from agentrl import algorithms as alg
-from agentrl.config import Config, config_to_dict, run_history, save_config
+from agentrl.config import Config, config_to_dict, output_dir, run_history, save_config
 from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.models import resolve_model_path
@@ -123,7 +123,7 @@ class Trainer:
         self.strategy = sharding.make_strategy(cfg, self.rank, self.world, self.device)
         if lora.enabled(cfg):  # target modules that match nothing fail before any work, too
             lora.check_targets(components.meta_model(cfg.model.path, cfg.model.dtype), cfg.model.lora)
-        self.root_dir = Path(cfg.run.output_dir or f"runs/{cfg.run.name}")  # rank 0's; checkpoints
+        self.root_dir = output_dir(cfg)  # rank 0's; checkpoints
         self._claim_run_dir(overwrite)
         # other ranks keep their own copy of the run's files
         self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
