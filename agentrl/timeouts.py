@@ -6,11 +6,17 @@ colocated engine) therefore runs in a daemon thread, and its caller waits for it
 waited and the setting that bounds the wait. The stuck call is *abandoned*, not stopped: its thread
 keeps running until the call returns (if ever; it does not keep the process alive at exit), and
 whatever the call holds (an engine's lock, GPU memory) stays held meanwhile.
+
+The thread helpers live here too, all on daemon threads: ``DaemonThreadPool`` (tools, environment
+steps), ``BoundedCalls`` (one reusable thread per caller), ``DaemonThreads`` (one thread per call) and
+``LoopThread`` (a cancellable coroutine on its own event loop).
 """
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
+import contextlib
 import queue
 import threading
 import time
@@ -195,3 +201,72 @@ class BoundedCalls:
             if not worker.abandoned:
                 worker.abandoned = True
                 worker.calls.put(None)
+
+
+class DaemonThreads(concurrent.futures.Executor):
+    """One daemon thread per call (plain-function agents): a stuck call is abandoned, and never holds
+    the process at exit (CPython joins a ``ThreadPoolExecutor``'s threads there)."""
+
+    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+
+        def work() -> None:
+            if fut.set_running_or_notify_cancel():
+                try:
+                    fut.set_result(fn(*args, **kwargs))
+                except BaseException as e:
+                    fut.set_exception(e)
+
+        threading.Thread(target=work, name="agentrl-agent", daemon=True).start()
+        return fut
+
+
+class LoopThread:
+    """A coroutine on an event loop of its own, on a daemon thread, with a task the driving thread can
+    cancel (``asyncio.run`` gives no handle to do that from another thread): the agents' loop of
+    ``rollout.agent_runner``."""
+
+    def __init__(self, coro: Any, name: str = "agentrl-agents") -> None:
+        self.loop = asyncio.new_event_loop()
+        self.task = self.loop.create_task(coro)
+        self.done: concurrent.futures.Future = concurrent.futures.Future()
+        """The agents' outcomes, set when the task ends."""
+        self.started = False
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+
+    def start(self) -> None:
+        self.started = True
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.done.set_result(self.loop.run_until_complete(self.task))
+        except BaseException as e:
+            self.done.set_exception(e)
+        finally:
+            try:  # what asyncio.run does, but for the default executor (never waited for)
+                rest = asyncio.all_tasks(self.loop)
+                for t in rest:
+                    t.cancel()
+                if rest:
+                    self.loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
+                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            finally:
+                self.loop.close()
+
+    def cancel(self, grace_s: float) -> bool:
+        """Cancel the agents; True if they returned within ``grace_s``."""
+        if not self.started:  # close the coroutine that never ran
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                self.loop.run_until_complete(self.task)
+            self.loop.close()
+            return True
+        with contextlib.suppress(RuntimeError):  # the loop has already closed
+            self.loop.call_soon_threadsafe(self.task.cancel)
+        try:
+            self.done.exception(timeout=grace_s)
+            return True
+        except concurrent.futures.TimeoutError:
+            return False

@@ -5,7 +5,7 @@
 Builds a ``Trainer`` from the overrides (FSDP2: each rank has its own HF engine, read from the model
 path), moves the policy with one learner update on seeded synthetic episodes, then sends the same
 weights to two copies of the rank's engine: the whole stream in one ``load_weights`` call, and in
-buckets of 0.05 MiB through the trainer's own ``_push_weights`` (verified: the probe forward is a
+buckets of 0.05 MiB through the trainer's own ``weights.push`` (verified: the probe forward is a
 collective). Rank 0 writes every rank's findings.
 """
 
@@ -37,7 +37,7 @@ def main() -> None:
     whole = copy.deepcopy(trainer.engine)
     before = {n: t.clone() for n, t in whole.model.state_dict().items()}  # type: ignore[attr-defined]
     whole.load_weights(learner.engine_weights())  # collective: every rank gathers every tensor
-    metrics = trainer._push_weights()  # collective: buckets, then the probe forward
+    metrics = trainer.weights.push()  # collective: buckets, then the probe forward
     got, want = trainer.engine.model.state_dict(), whole.model.state_dict()  # type: ignore[attr-defined]
     found = {
         "rank": trainer.rank,

@@ -2,6 +2,7 @@
 
     python -m torch.distributed.run --nproc_per_node 2 tests/sharded_update.py OUT.pt key=value ...
     python tests/sharded_update.py OUT.pt key=value ...        # the single-process reference
+    ... OUT.pt key=value --variants '{"a": [...], "b": [...]}'    # several runs in one launch
 
 Builds a ``Trainer`` from the overrides (so loading, LoRA, sharding and materialisation take the
 training path), runs ``--steps`` updates of the learner on the same seeded episodes (no rollouts),
@@ -13,6 +14,8 @@ the engine received, and (``--checkpoint``) the checkpoint's path.
 from __future__ import annotations
 
 import argparse
+import gc
+import json
 import os
 import sys
 from pathlib import Path
@@ -40,8 +43,27 @@ def main() -> None:
     ap.add_argument("overrides", nargs="*")
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--checkpoint", action="store_true", help="write a checkpoint after the updates")
+    ap.add_argument(
+        "--variants",
+        help='JSON {"name": [override, ...]}: one run per variant in this process group (one launch), each '
+        "with the common overrides, its own, and run.output_dir OUT_DIR/name; results in OUT.name.pt",
+    )
     args = ap.parse_intermixed_args()
-    cfg = load_config(None, args.overrides)
+    if not args.variants:
+        run(args.out, args.overrides, args.steps, args.checkpoint)
+    else:
+        out = Path(args.out)
+        for name, extra in json.loads(args.variants).items():
+            own = [*args.overrides, *extra, f"run.output_dir={out.parent / name}"]
+            run(str(out.with_name(f"{out.stem}.{name}.pt")), own, args.steps, args.checkpoint)
+            gc.collect()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()
+
+
+def run(out: str, overrides: list[str], steps: int, checkpoint: bool) -> None:
+    cfg = load_config(None, overrides)
     trainer = Trainer(cfg, log=lambda *_: None)
     learner = trainer.learner
     weights, metrics = [], []
@@ -54,17 +76,17 @@ def main() -> None:
 
     learner.token_weights = recording  # type: ignore[method-assign]
     vocab = int(learner.model.config.vocab_size)  # type: ignore[union-attr, arg-type]
-    for step in range(args.steps):
+    for step in range(steps):
         batch = learner.make_batch(episodes(vocab))
         metrics.append(learner.update(batch, step))
     engine = {k: v.cpu().clone() for k, v in learner.engine_weights()}  # collective
     params = {n: t.cpu().clone() for n, t in learner.strategy.full_parameters(learner.model)}  # collective
     final = learner.make_batch(episodes(vocab))
-    logp = learner._no_grad_pass(learner.model, final)[0].cpu()
+    logp = learner.passes.no_grad(learner.model, final)[0].cpu()
     logp = logp * (final.mask.cpu() > 0)  # positions past a row's end are left as the pass found them
     # after a no-grad pass nothing stays gathered (FSDP2 registers sharded parameters as DTensors)
     sharded = all(type(p).__name__ == "DTensor" for p in learner.model.parameters())
-    ckpt = str(trainer.checkpoint(args.steps)) if args.checkpoint else None
+    ckpt = str(trainer.checkpoint(steps)) if checkpoint else None
     if trainer.rank == 0:
         torch.save(
             {
@@ -77,11 +99,10 @@ def main() -> None:
                 "checkpoint": ckpt,
                 "sharded": sharded,
             },
-            args.out,
+            out,
         )
-    if trainer.world > 1 or torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    if torch.distributed.is_initialized():
+        torch.distributed.barrier()  # rank 0 has written before any rank starts the next variant
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@ import sys
 import threading
 import time
 import types
-from types import SimpleNamespace
+from functools import partial
 
 import pytest
 import torch
@@ -19,7 +19,7 @@ from agentrl.engines.base import Completion, SamplingParams
 from agentrl.sync import colocate, weight_sync
 from agentrl.sync.colocate import SleepWakeCycle
 from agentrl.timeouts import WaitTimeout
-from agentrl.training.trainer import Trainer
+from agentrl.training.weight_push import WeightPush
 
 MARGIN_S = 2.0
 STUCK_S = 60.0
@@ -73,7 +73,7 @@ def colocated_config(level: int = 2, timeout_s: float = 2.0) -> Config:
 
 
 def test_two_steps_run_the_phases_in_order_without_overlap(monkeypatch):
-    """``Trainer._update`` (the real body) for two steps, with rollouts before each: the engine sees
+    """The trainer's weight push around an update (``WeightPush.around``, the real body) for two steps, with rollouts before each: the engine sees
     generate, sleep, (update), wake weights, load weights, wake KV cache, then the sync's
     verification (its probe generates, so it waits for the KV cache), twice, one at a time."""
     engine = RecordingEngine()
@@ -94,13 +94,11 @@ def test_two_steps_run_the_phases_in_order_without_overlap(monkeypatch):
         return report
 
     monkeypatch.setattr(weight_sync, "verify_synced", verify)
-    trainer = SimpleNamespace(
-        cfg=colocated_config(level=2), engine=engine, learner=SimpleNamespace(update=learner_update)
-    )
-    trainer._sync, trainer._sync_args = sync, lambda: (None, None)
+    push = WeightPush(colocated_config(level=2), learner=None, engine=engine)
+    push.sync, push.settings = sync, lambda: (None, None)  # type: ignore[method-assign, assignment]
     for step in range(2):
         engine.generate([[1, 2]], SamplingParams())  # the step's rollouts
-        metrics = Trainer._update(trainer, batch=None, step=step)  # type: ignore[arg-type]
+        metrics = push.around(partial(learner_update, None, step))
         assert metrics["loss"] == step and metrics["sync/buckets"] == 1.0 and metrics["sync/verified"] == 1.0
         assert {"time/engine_sleep_s", "time/engine_wake_weights_s", "time/engine_wake_kv_cache_s"} <= set(
             metrics
@@ -119,7 +117,7 @@ def test_two_steps_run_the_phases_in_order_without_overlap(monkeypatch):
     assert names == [n.format(0) for n in one] + [n.format(1) for n in one]
     for (a, _, end), (b, start, _) in zip(engine.calls, engine.calls[1:]):
         assert end <= start, f"{a} overlaps {b}"
-    cycle = colocate.cycle_for(engine, trainer.cfg)
+    cycle = colocate.cycle_for(engine, push.cfg)
     assert cycle.phase == "generate" and len(cycle.history) == 10  # the same cycle carried both steps
 
 

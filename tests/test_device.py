@@ -47,7 +47,7 @@ def test_the_learner_computes_on_the_policy_device(tmp_path, tiny_model_dir):
     rows = torch.arange(batch.size)
     sub = batch.rows(rows)
     w = sub.mask.shape[1]
-    logp, ent = learner._forward(learner.train_module, sub, grad=True)  # the gradient pass
+    logp, ent = learner.passes.forward(learner.train_module, sub, grad=True)  # the gradient pass
     loss = alg.policy_loss(
         logp, stats.logp[:, :w], sub.advantages, sub.mask, normaliser=1.0, logp_ref=ref[:, :w],
         kl_coef=0.1, entropy=ent, entropy_coef=0.01, stats=False,
@@ -64,7 +64,7 @@ def test_a_stray_cpu_tensor_fails_on_meta(tmp_path, tiny_model_dir):
     learner = _meta_learner(tmp_path, tiny_model_dir)
     episodes = synthetic_batch(learner.model.config.vocab_size).episodes  # type: ignore[union-attr]
     batch = learner.make_batch(episodes)
-    logp, _ = learner._forward(learner.model, batch, grad=True)
+    logp, _ = learner.passes.forward(learner.model, batch, grad=True)
     with pytest.raises(RuntimeError, match="device"):
         alg.policy_loss(logp, logp.detach(), torch.zeros(batch.size), batch.mask, normaliser=1.0, stats=False)
     alg.policy_loss(

@@ -174,3 +174,32 @@ def test_a_resume_from_full_weights_does_not_warm_start_again(tmp_path, tiny_mod
     assert main(["train", "--resume", str(run_dir), "trainer.total_steps=2"]) in (0, 3)
     out = capsys.readouterr()
     assert "SFT warm start" not in out.out + out.err and not (run_dir / "warm_start").exists()
+
+
+def pickled_classes(path: Path) -> set[str]:
+    """Every ``module.name`` a torch checkpoint's pickle refers to (GLOBAL and STACK_GLOBAL)."""
+    import io
+    import pickletools
+    import zipfile
+
+    with zipfile.ZipFile(path) as z:
+        data = z.read(next(n for n in z.namelist() if n.endswith("data.pkl")))
+    out, strings = set(), []
+    for op, arg, _ in pickletools.genops(io.BytesIO(data)):
+        if op.name == "GLOBAL":
+            out.add(str(arg).replace(" ", "."))
+        elif op.name == "STACK_GLOBAL":
+            out.add(".".join(strings[-2:]))
+        elif isinstance(arg, str):
+            strings.append(arg)
+    return out
+
+
+def test_a_checkpoint_names_no_agentrl_class_so_moving_modules_cannot_break_a_resume(run):
+    """trainer_state.pt is pickled: a class of ours in it would be looked up by its module path on
+    resume, and a checkpoint written before a module moved (issue 30's layout) would no longer load.
+    It holds only torch, numpy and builtin types; the weights are safetensors."""
+    run_dir, _ = run
+    names = pickled_classes(run_dir / "checkpoints" / "step_2" / "trainer_state.pt")
+    assert names and not [n for n in names if n.startswith(("agentrl", "environments", "sandboxes"))], names
+    assert {n.split(".")[0] for n in names} <= {"torch", "numpy", "collections", "_codecs", "builtins"}, names

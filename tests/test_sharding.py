@@ -71,6 +71,20 @@ def update(tmp: Path, model_dir: Path, name: str, procs: int, *overrides: str, s
     return torch.load(out, weights_only=False)
 
 
+def update_variants(
+    tmp: Path, model_dir: Path, procs: int, variants: dict[str, list[str]], *common: str
+) -> dict:
+    """Several ``update`` runs in one launch (one torchrun start-up): name -> what rank 0 saved."""
+    out = tmp / "variants.pt"
+    args = [str(DRIVER), str(out), "--steps=2", *_base(model_dir, tmp / "variants"), *common]
+    cmd = [*_torchrun(procs), *args] if procs else [sys.executable, *args]
+    proc = subprocess.run(
+        [*cmd, "--variants", json.dumps(variants)], env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {name: torch.load(tmp / f"variants.{name}.pt", weights_only=False) for name in variants}
+
+
 def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     assert a.keys() == b.keys()
     return max(float((a[n] - b[n]).abs().max()) for n in a)
@@ -134,26 +148,15 @@ def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(tmp_path, tin
     """Per rank: 1 micro-batch of 4 rows against 4 micro-batches of 1 row, with one
     reduce-scatter per optimizer step (``grad_reduce=step``) and one per micro-batch."""
     fsdp = ["trainer.strategy=fsdp2", "trainer.mini_batches_per_step=1", *STARE]
-    whole = update(tmp_path, tiny_model_dir, "mb4", 2, *fsdp, "trainer.micro_batch_size=4")
-    accum = update(tmp_path, tiny_model_dir, "mb1", 2, *fsdp, "trainer.micro_batch_size=1")
-    eager = update(
-        tmp_path,
-        tiny_model_dir,
-        "mb1_eager",
-        2,
-        *fsdp,
-        "trainer.micro_batch_size=1",
-        "trainer.fsdp.grad_reduce=micro_batch",
-    )
-    keep = update(  # ZeRO-2: layers stay gathered from forward to backward, freed after no-grad passes
-        tmp_path,
-        tiny_model_dir,
-        "mb1_keep",
-        2,
-        *fsdp,
-        "trainer.micro_batch_size=1",
-        "trainer.fsdp.reshard_after_forward=false",
-    )
+    mb1 = "trainer.micro_batch_size=1"
+    got = update_variants(tmp_path, tiny_model_dir, 2, {
+        "mb4": ["trainer.micro_batch_size=4"],
+        "mb1": [mb1],
+        "mb1_eager": [mb1, "trainer.fsdp.grad_reduce=micro_batch"],
+        # ZeRO-2: layers stay gathered from forward to backward, freed after no-grad passes
+        "mb1_keep": [mb1, "trainer.fsdp.reshard_after_forward=false"],
+    }, *fsdp)  # fmt: skip
+    whole, accum, eager, keep = got["mb4"], got["mb1"], got["mb1_eager"], got["mb1_keep"]
     assert_same_update(accum, whole, initial)
     assert_same_update(eager, whole, initial)
     assert_same_update(keep, whole, initial)
@@ -185,8 +188,10 @@ LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
 @pytest.mark.slow
 def test_lora_trains_only_adapters_and_fsdp2_equals_single_process(tmp_path, tiny_model_dir, initial):
     want = update(tmp_path, tiny_model_dir, "lora", 0, *LORA, *STARE_KL)
-    got = update(tmp_path, tiny_model_dir, "lora_fsdp2", 2, *LORA, *STARE_KL, "trainer.strategy=fsdp2")
-    ddp = update(tmp_path, tiny_model_dir, "lora_ddp", 2, *LORA, *STARE_KL)
+    ranked = update_variants(
+        tmp_path, tiny_model_dir, 2, {"fsdp2": ["trainer.strategy=fsdp2"], "ddp": []}, *LORA, *STARE_KL
+    )
+    got, ddp = ranked["fsdp2"], ranked["ddp"]
     assert max_diff(ddp["params"], want["params"]) <= 1e-5
     adapters = [n for n in want["params"] if "lora_" in n]
     assert adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters)

@@ -315,7 +315,7 @@ def test_lora_trainer_names_merged_tensors_dropped_on_the_way(tmp_path, tiny_mod
             if "lora_B" in n:
                 p.add_(0.01)
     with pytest.raises(WeightSyncError) as err:
-        trainer._push_weights()
+        trainer.weights.push()
     assert f"2 of 14 tensors differ from the trainer's ({dropped[0]}, {dropped[1]})" in str(err.value)
 
 

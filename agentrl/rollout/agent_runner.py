@@ -27,10 +27,8 @@ by the request's episode key). A request is served in four moves:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import dataclasses
-import difflib
 import inspect
 import json
 import logging
@@ -49,7 +47,7 @@ from agentrl.episode import Episode, Segment
 from agentrl.models.chat_templates import tool_call_format
 from agentrl.models.history import history_pieces
 from agentrl.rollout.async_runner import RequestBatcher
-from agentrl.rollout.drift import classify, regions, render_ids
+from agentrl.rollout.drift import drift_kind, retokenize
 from agentrl.rollout.runner import (
     ENGINE_REQUEST_S,
     Budgets,
@@ -61,7 +59,7 @@ from agentrl.rollout.runner import (
 )
 from agentrl.serve.openai_api import OpenAIServer
 from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult
-from agentrl.timeouts import wait_for
+from agentrl.timeouts import DaemonThreads, LoopThread, wait_for
 from agentrl.tools import parse_tool_calls, strip_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -88,74 +86,6 @@ class _Ledger(LiveEpisode):
     last_turn: bool = False
     """The turn budget is spent: a further request ends the episode (``max_turns``)."""
     calls: int = 0
-
-
-class _DaemonThreads(concurrent.futures.Executor):
-    """One daemon thread per call, for plain-function agents: a stuck agent is abandoned, and never
-    holds the process at exit (CPython joins a ``ThreadPoolExecutor``'s threads there)."""
-
-    def submit(self, fn: Callable, /, *args: Any, **kwargs: Any) -> concurrent.futures.Future:
-        fut: concurrent.futures.Future = concurrent.futures.Future()
-
-        def work() -> None:
-            if fut.set_running_or_notify_cancel():
-                try:
-                    fut.set_result(fn(*args, **kwargs))
-                except BaseException as e:
-                    fut.set_exception(e)
-
-        threading.Thread(target=work, name="agentrl-agent", daemon=True).start()
-        return fut
-
-
-class _AgentsThread:
-    """The agents' event loop on a daemon thread of its own, with a task the driving thread can
-    cancel (``asyncio.run`` gives no handle to do that from another thread)."""
-
-    def __init__(self, coro: Any) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.task = self.loop.create_task(coro)
-        self.done: concurrent.futures.Future = concurrent.futures.Future()
-        """The agents' outcomes, set when the task ends."""
-        self.started = False
-        self._thread = threading.Thread(target=self._run, name="agentrl-agents", daemon=True)
-
-    def start(self) -> None:
-        self.started = True
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.done.set_result(self.loop.run_until_complete(self.task))
-        except BaseException as e:
-            self.done.set_exception(e)
-        finally:
-            try:  # what asyncio.run does, but for the default executor (never waited for)
-                rest = asyncio.all_tasks(self.loop)
-                for t in rest:
-                    t.cancel()
-                if rest:
-                    self.loop.run_until_complete(asyncio.gather(*rest, return_exceptions=True))
-                self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            finally:
-                self.loop.close()
-
-    def cancel(self, grace_s: float) -> bool:
-        """Cancel the agents; True if they returned within ``grace_s``."""
-        if not self.started:  # close the coroutine that never ran
-            self.task.cancel()
-            with contextlib.suppress(BaseException):
-                self.loop.run_until_complete(self.task)
-            self.loop.close()
-            return True
-        with contextlib.suppress(RuntimeError):  # the loop has already closed
-            self.loop.call_soon_threadsafe(self.task.cancel)
-        try:
-            self.done.exception(timeout=grace_s)
-            return True
-        except concurrent.futures.TimeoutError:
-            return False
 
 
 def for_template(msg: dict[str, Any]) -> dict[str, Any]:
@@ -315,7 +245,7 @@ class AgentRunner(EpisodeRunner):
         except BaseException:
             self._discard(lives)
             raise
-        agents = _AgentsThread(self._run_agents(lives))
+        agents = LoopThread(self._run_agents(lives))
         try:
             if self._batcher is not None and hasattr(self.engine, "bounded"):
                 # each call bounded by the request timeout; other engines are served by the
@@ -333,7 +263,7 @@ class AgentRunner(EpisodeRunner):
             episodes.append(self.finish_episode(lv, outcome))
         return episodes
 
-    def _abort(self, lives: list[_Ledger], agents: _AgentsThread, grace_s: float = 5.0) -> None:
+    def _abort(self, lives: list[_Ledger], agents: LoopThread, grace_s: float = 5.0) -> None:
         """Stop a run whose driving thread was interrupted: its episodes take no more turns (their
         requests get ``agentrl_episode_ended``), queued and later generations fail, the agents are
         cancelled and get up to ``grace_s`` to return, and the environments are closed. The
@@ -363,7 +293,7 @@ class AgentRunner(EpisodeRunner):
 
         limit = asyncio.Semaphore(self.max_concurrent_episodes)
         timeout = self.request_timeout_s + 30.0  # the endpoint answers within its own engine timeout
-        threads = _DaemonThreads()  # plain-function agents; a stuck one is abandoned, never joined
+        threads = DaemonThreads()  # plain-function agents; a stuck one is abandoned, never joined
 
         def run_sync(env: AgentEnvironment, key: str, task: Any) -> Any:
             with openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=timeout) as client:
@@ -585,7 +515,7 @@ class AgentRunner(EpisodeRunner):
             (i for i, (a, b) in enumerate(zip(lv.seen, map(canonical, messages))) if a != b),
             min(len(lv.seen), len(messages)),
         )
-        kind = self._drift_kind(lv, messages, tools)
+        kind = drift_kind(self.tokenizer, lv.messages, lv.episode.metrics.get("tools"), messages, tools)
         record = {"turn": lv.turn, "message": at, "kind": kind, "action": self.on_drift}
         ep.metrics.setdefault("drift", []).append(record)
         if self.on_drift == "fail":
@@ -606,74 +536,10 @@ class AgentRunner(EpisodeRunner):
             for p in history_pieces(renderer, messages):
                 ep.add(Segment(p.role, lv.turn, p.token_ids, p.text))  # type: ignore[arg-type]
         else:
-            record.update(self._retokenize(lv, renderer, messages))
+            record.update(retokenize(self.tokenizer, lv.episode, renderer, messages))
         lv.renderer, lv.tools_key = renderer, tools_key
         lv.messages, lv.seen = messages, [canonical(m) for m in messages]
         ep.metrics["tools"] = tools
-
-    def _drift_kind(self, lv: _Ledger, messages: list[dict], tools: list[dict] | None) -> str:
-        """The doctor's class of the first region where the two histories render differently."""
-        n = min(len(lv.messages), len(messages))
-        try:
-            ours = render_ids(self.tokenizer, lv.messages[:n] if n else lv.messages, lv.episode.metrics.get("tools"))  # fmt: skip
-            theirs = render_ids(self.tokenizer, messages[:n] if n else messages, tools)
-        except Exception as e:  # a history the template rejects is still a drift
-            return f"other ({type(e).__name__})"
-        differ = regions(ours, theirs)
-        if not differ:  # the common messages render alike: the client dropped or added turns
-            return "other"
-        i1, i2, j1, j2 = differ[0]
-        dec = lambda ids: self.tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
-        specials = list(getattr(self.tokenizer, "all_special_tokens", []))
-        return classify(dec(ours[i1:i2]), dec(theirs[j1:j2]), dec(ours[max(0, i1 - 6) : i1]), dec(ours[i2 : i2 + 6]), specials)  # fmt: skip
-
-    def _retokenize(self, lv: _Ledger, renderer: Any, messages: list[dict]) -> dict[str, int]:
-        """Replace the current sample with the template's render of ``messages``, keeping the policy's
-        tokens (role, log-prob, version, turn) wherever they survive unchanged (aligned by
-        ``difflib``); every other token becomes prompt (or tool, for tool outputs)."""
-        ep = lv.episode
-        start = ep.sample_breaks[-1]["segment"] if ep.sample_breaks else 0
-        old: list[tuple[int, Segment, int]] = [(t, s, k) for s in ep.segments[start:] for k, t in enumerate(s.token_ids)]  # fmt: skip
-        new: list[tuple[int, str]] = [
-            (t, p.role) for p in history_pieces(renderer, messages) for t in p.token_ids
-        ]
-        kept: dict[int, tuple[Segment, int]] = {}
-        sm = difflib.SequenceMatcher(None, [t for t, _, _ in old], [t for t, _ in new], autojunk=False)
-        for block in sm.get_matching_blocks():
-            if block.size < 4:  # a stray one-token match could put a policy label on a tool's token
-                continue
-            for d in range(block.size):
-                _, seg, k = old[block.a + d]
-                if seg.role == "policy":
-                    kept[block.b + d] = (seg, k)
-        segments: list[Segment] = []
-        turn = 0
-        for j, (tok, role) in enumerate(new):
-            seg_k = kept.get(j)
-            if seg_k is not None:
-                seg, k = seg_k
-                turn = seg.turn
-                assert seg.logprobs is not None
-                piece = Segment("policy", turn, [tok], "", [seg.logprobs[k]], seg.weight_version)
-            else:
-                piece = Segment(role, turn, [tok], "")  # type: ignore[arg-type]
-            last = segments[-1] if segments else None
-            if last and (last.role, last.turn, last.weight_version) == (
-                piece.role,
-                piece.turn,
-                piece.weight_version,
-            ):
-                last.token_ids += piece.token_ids
-                if last.logprobs is not None and piece.logprobs is not None:
-                    last.logprobs += piece.logprobs
-            else:
-                segments.append(piece)
-        for s in segments:
-            s.text = self.tokenizer.decode(s.token_ids, skip_special_tokens=False)
-        before = sum(len(s.token_ids) for s in ep.segments[start:] if s.role == "policy")
-        ep.segments[start:] = segments
-        after = len(kept)
-        return {"policy_tokens_kept": after, "policy_tokens_dropped": before - after}
 
     # -- agentrl serve -------------------------------------------------------------------------
     def episode(self, key: str) -> dict[str, Any]:

@@ -32,7 +32,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agentrl.episode import Episode
+from agentrl.episode import Episode, Segment
+from agentrl.models.history import history_pieces
 
 DRIFT_KINDS = ("retokenized", "reasoning", "eot_whitespace", "whitespace", "tool_grouping", "other")
 _EOT_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "</s>", "<|endoftext|>", "<end_of_turn>")
@@ -182,3 +183,71 @@ def _drifts(
             Drift(kind, (i1, i2), (j1, j2), s_text, r_text, sorted(set(region_roles)), touches, sample)
         )
     return drifts
+
+
+def drift_kind(
+    tokenizer: Any, ours: list[dict[str, Any]], our_tools: Any, theirs: list[dict[str, Any]], tools: Any
+) -> str:
+    """The class of the first region where two histories (the agent runner's ledger and a client's
+    request) render differently; ``other`` when their common messages render alike (the client
+    dropped or added turns)."""
+    n = min(len(ours), len(theirs))
+    try:
+        a = render_ids(tokenizer, ours[:n] if n else ours, our_tools)
+        b = render_ids(tokenizer, theirs[:n] if n else theirs, tools)
+    except Exception as e:  # a history the template rejects is still a drift
+        return f"other ({type(e).__name__})"
+    differ = regions(a, b)
+    if not differ:
+        return "other"
+    i1, i2, j1, j2 = differ[0]
+    dec = lambda ids: tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
+    specials = list(getattr(tokenizer, "all_special_tokens", []))
+    return classify(dec(a[i1:i2]), dec(b[j1:j2]), dec(a[max(0, i1 - 6) : i1]), dec(a[i2 : i2 + 6]), specials)
+
+
+def retokenize(tokenizer: Any, ep: Episode, renderer: Any, messages: list[dict[str, Any]]) -> dict[str, int]:
+    """Replace the episode's current sample with the template's render of ``messages``, keeping the
+    policy's tokens (role, log-prob, version, turn) wherever they survive unchanged (aligned by
+    ``difflib``); every other token becomes prompt (or tool, for tool outputs)."""
+    start = ep.sample_breaks[-1]["segment"] if ep.sample_breaks else 0
+    old: list[tuple[int, Segment, int]] = [(t, s, k) for s in ep.segments[start:] for k, t in enumerate(s.token_ids)]  # fmt: skip
+    new: list[tuple[int, str]] = [
+        (t, p.role) for p in history_pieces(renderer, messages) for t in p.token_ids
+    ]
+    kept: dict[int, tuple[Segment, int]] = {}
+    sm = difflib.SequenceMatcher(None, [t for t, _, _ in old], [t for t, _ in new], autojunk=False)
+    for block in sm.get_matching_blocks():
+        if block.size < 4:  # a stray one-token match could put a policy label on a tool's token
+            continue
+        for d in range(block.size):
+            _, seg, k = old[block.a + d]
+            if seg.role == "policy":
+                kept[block.b + d] = (seg, k)
+    segments: list[Segment] = []
+    turn = 0
+    for j, (tok, role) in enumerate(new):
+        seg_k = kept.get(j)
+        if seg_k is not None:
+            seg, k = seg_k
+            turn = seg.turn
+            assert seg.logprobs is not None
+            piece = Segment("policy", turn, [tok], "", [seg.logprobs[k]], seg.weight_version)
+        else:
+            piece = Segment(role, turn, [tok], "")  # type: ignore[arg-type]
+        last = segments[-1] if segments else None
+        if last and (last.role, last.turn, last.weight_version) == (
+            piece.role,
+            piece.turn,
+            piece.weight_version,
+        ):
+            last.token_ids += piece.token_ids
+            if last.logprobs is not None and piece.logprobs is not None:
+                last.logprobs += piece.logprobs
+        else:
+            segments.append(piece)
+    for s in segments:
+        s.text = tokenizer.decode(s.token_ids, skip_special_tokens=False)
+    before = sum(len(s.token_ids) for s in ep.segments[start:] if s.role == "policy")
+    ep.segments[start:] = segments
+    return {"policy_tokens_kept": len(kept), "policy_tokens_dropped": before - len(kept)}

@@ -10,7 +10,6 @@ metrics and overlays.
 
 from __future__ import annotations
 
-import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -23,12 +22,13 @@ from agentrl import algorithms as alg
 from agentrl.config import Config, weighting_name, weighting_settings
 from agentrl.episode import Episode
 from agentrl.parallel import ranks, sharding
-from agentrl.rollout import components
 from agentrl.seeds import mix_seed
-from agentrl.training import build, lora
+from agentrl.training import lora
 from agentrl.training import offpolicy as off
-from agentrl.training.batch import Batch, batch_forward, build_batch, token_metrics
+from agentrl.training.batch import Batch, build_batch, token_metrics
 from agentrl.training.overlays import attach_overlays
+from agentrl.training.passes import Passes
+from agentrl.training.policy_setup import make_optimizer, prepare_policy, reference_model, set_lr, update_plan
 
 TRUNCATED = ("token_budget", "max_turns", "truncated")
 """Stop reasons of episodes cut by a budget (trained unless ``rollout.train_on_truncated`` is off)."""
@@ -64,13 +64,12 @@ class Learner:
         self.rank, self.world = self.strategy.rank, self.strategy.world
         self.device = self.strategy.device  # every batch tensor follows the policy
         self.step = 0
-        self._broadcast = False  # set by _prepare: ranks > 0 get their shards from rank 0
-        self._rank0_state: dict[str, Any] | None = None
-        self.model = self._prepare(model, log)
+        # ranks > 0 of a sharded run get their shards from rank 0's weights
+        self.model, broadcast, rank0_state = prepare_policy(cfg, model, self.strategy, log)
         self.train_module = self.strategy.prepare(self.model)  # DDP's wrapper, or the sharded model
-        if self._broadcast or sharding.on_meta(self.model):
-            sharding.materialize(self.model, self.device, self._rank0_state, broadcast=self._broadcast)
-        self._rank0_state = None
+        if broadcast or sharding.on_meta(self.model):
+            sharding.materialize(self.model, self.device, rank0_state, broadcast=broadcast)
+        del rank0_state
         sharded = self.strategy.equal_forwards
         # shared-prompt forward (agentrl.training.forward): a data-dependent number of forwards, so not where
         # every forward is a collective (FSDP2); in the gradient pass, one process only (DDP expects
@@ -79,60 +78,19 @@ class Learner:
         self.share_prefix = (
             self.share_prefix_nograd and self.world == 1 and not cfg.model.gradient_checkpointing
         )
+        self.passes = Passes(cfg, self.strategy, self.share_prefix_nograd, self.share_prefix)
         self.fuse_old_logprobs = True  # see policy_stats(); tests turn it off to compare both paths
-        t = cfg.trainer
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(
-            trainable,
-            lr=t.lr,
-            betas=(t.betas[0], t.betas[1]),
-            weight_decay=t.weight_decay,
-            # one fused kernel over all parameters (the same update; ~4x faster than the per-tensor
-            # loop torch picks by default on CPU)
-            fused=all(p.is_floating_point() for p in trainable) or None,
-        )
+        self.optimizer = make_optimizer(cfg, self.model)
         # the KL penalty's frozen reference: with LoRA and no model.ref_path, the base model itself
         # (the policy with its adapters off)
         self.ref_is_base = cfg.algorithm.kl_coef > 0 and lora.enabled(cfg) and not cfg.model.ref_path
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0 and not self.ref_is_base:
-            self.ref_model = reference if reference is not None else self._reference_model(log)
+            self.ref_model = (
+                reference if reference is not None else reference_model(cfg, self.strategy, self.device, log)
+            )
         self.weighting = weighting_name(cfg)
         self.weighting_state: Any = None
-
-    def _prepare(self, model: torch.nn.Module, log: Callable[[str], None]) -> torch.nn.Module:
-        """Gradient checkpointing and LoRA on the loaded policy, before it is wrapped or sharded.
-        Rank 0's full weights are kept aside for the ranks that start on the meta device."""
-        cfg = self.cfg
-        if cfg.model.gradient_checkpointing:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
-        if lora.enabled(cfg):
-            model = lora.apply(model, cfg.model.lora, cfg.run.seed)
-            log(lora.describe(model))
-        # ranks > 0 of a sharded run start on meta and get rank 0's weights; a run whose every rank
-        # starts on meta (a DCP checkpoint will fill it) broadcasts nothing
-        sharded = self.strategy.equal_forwards and self.world > 1
-        self._broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
-        self._rank0_state = model.state_dict() if self._broadcast and self.rank == 0 else None
-        return model
-
-    def _reference_model(self, log: Callable[[str], None]) -> torch.nn.Module:
-        """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL
-        started from (the warm start; on a resume too, never the checkpoint). It costs one more copy
-        of the weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state)
-        and one forward per step."""
-        path = self.cfg.model.ref_path or build.policy_path(self.cfg, log=log)
-        meta = self.strategy.equal_forwards and self.rank > 0
-        ref, _ = components.load_model(self.cfg, path, device="meta" if meta else self.device)
-        ref.eval()
-        for p in ref.parameters():
-            p.requires_grad_(False)
-        full = ref.state_dict() if self.strategy.equal_forwards and self.rank == 0 else None
-        ref = self.strategy.prepare_frozen(ref)
-        if self.strategy.equal_forwards and self.world > 1:
-            sharding.materialize(ref, self.device, full)
-        log(f"KL reference policy: {path}")
-        return ref
 
     def make_batch(self, episodes: list[Episode]) -> Batch:
         """The kept episodes as tensors; void-turn episodes (SimpleTIR) and, unless
@@ -158,7 +116,7 @@ class Learner:
         5. ``optimise``: one optimizer step per mini-batch, gradients accumulated over micro-batches;
         6. metrics, and the per-token overlays for the transcripts (one more no-grad pass)."""
         self.step = step
-        plan = self._update_plan(batch.size)
+        plan = update_plan(self.cfg, step, batch.size)
         stats = self.policy_stats(batch)
         ref = self.reference_logprobs(batch)
         batch.advantages, out = self.advantages(batch, stats, ref)
@@ -168,7 +126,7 @@ class Learner:
         out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
         out.update(token_metrics(stats.logp, stats.entropy, batch))
         if self.cfg.logging.transcripts:
-            logp_new, _ = self._no_grad_pass(self.model, batch)
+            logp_new, _ = self.passes.no_grad(self.model, batch)
             attach_overlays(batch, stats.logp, logp_new, stats.entropy, tw, clip_status)
         return out
 
@@ -188,7 +146,7 @@ class Learner:
         )
         if pending:
             return PolicyStats(torch.zeros_like(batch.mask), torch.zeros_like(batch.mask), pending=True)
-        logp, entropy = self._no_grad_pass(self.model, batch)  # [B, T] each
+        logp, entropy = self.passes.no_grad(self.model, batch)  # [B, T] each
         return PolicyStats(logp, entropy)
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
@@ -196,10 +154,10 @@ class Learner:
         no ``model.ref_path`` the reference is the base model: the policy with its adapters off."""
         if self.ref_is_base:
             with self.model.disable_adapter():  # type: ignore[operator]
-                return self._no_grad_pass(self.model, batch)[0]
+                return self.passes.no_grad(self.model, batch)[0]
         if self.ref_model is None:
             return None
-        return self._no_grad_pass(self.ref_model, batch)[0]
+        return self.passes.no_grad(self.ref_model, batch)[0]
 
     def advantages(
         self, batch: Batch, stats: PolicyStats, ref: torch.Tensor | None
@@ -268,7 +226,9 @@ class Learner:
             for mini in minis:
                 norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
                 self.optimizer.zero_grad(set_to_none=True)
-                micros = self._micro_batches(mini)  # this rank's rows, loss × W (the reductions average)
+                micros = self.passes.micro_batches(
+                    mini
+                )  # this rank's rows, loss × W (the reductions average)
                 pg_losses.append(0.0)
                 for i, m in enumerate(micros):
                     self.strategy.set_sync(self.train_module, last=i == len(micros) - 1)  # reduce once
@@ -283,14 +243,14 @@ class Learner:
                             parts[k].append((v, result.stats["n_tokens"]))
                 if t.grad_clip:
                     grad_norms.append(self.strategy.clip_grad_norm(self.model, t.grad_clip))
-                self._set_lr()
+                set_lr(self.cfg, self.optimizer, self.step)
                 self.optimizer.step()
         if self.world > 1:  # every rank trained its own rows: share what the metrics and overlays read
             clip_status = ranks.sum_over_ranks(clip_status)  # each row written by one rank
             parts = ranks.merge_lists(parts)
             pg_losses = ranks.sum_over_ranks(torch.tensor(pg_losses, dtype=torch.float64)).tolist()
             if stats.pending:  # one mini-batch of all rows: each rank filled its own shard
-                stats.logp, stats.entropy = self._gather_own(stats.logp, stats.entropy)
+                stats.logp, stats.entropy = self.passes.gather_own(stats.logp, stats.entropy)
         out = {f"loss/{k}": _weighted(v) for k, v in parts.items() if k != "n_tokens"}
         out["loss/pg_loss"] = float(np.mean(pg_losses))  # the mean mini-batch loss
         if tis is not None and (has := (batch.mask > 0) & batch.has_engine_logp).any():
@@ -318,7 +278,7 @@ class Learner:
         assert a.loss_agg is not None and a.clip_low is not None and a.clip_high is not None
         sub, part = batch.rows(micro), tw.rows(micro)  # trimmed to the micro-batch's longest episode
         w = sub.mask.shape[1]
-        logp, ent = self._forward(self.train_module, sub, grad=True)
+        logp, ent = self.passes.forward(self.train_module, sub, grad=True)
         if stats.pending and not dummy:  # one on-policy pass: these are π_old's values (see policy_stats)
             stats.logp[micro, :w], stats.entropy[micro, :w] = logp.detach(), ent.detach()
         weights = part.weights[:, :w] if tis is None else part.weights[:, :w] * tis[micro, :w]
@@ -342,91 +302,6 @@ class Learner:
             entropy_coef=a.entropy_coef,
             stats=not dummy,
         )
-
-    def _forward(
-        self, model: torch.nn.Module, batch: Batch, grad: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropies [B, T] of ``batch`` under ``model`` (micro-batched when no grad)."""
-        t = self.cfg.trainer
-        size = batch.size if grad else t.micro_batch_size
-        return batch_forward(
-            model,
-            batch,
-            size,
-            self.cfg.rollout.temperature,
-            grad=grad,
-            bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
-            share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
-        )
-
-    def _no_grad_pass(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropies [B, T] of the whole batch with no gradient. Under W ranks each
-        computes only its own rows (``ranks.shard_rows``), in micro-batches (as many on every rank
-        under FSDP2), and every rank gets the whole batch's values."""
-        if self.world == 1:
-            with torch.no_grad():
-                out = self._forward(model, batch)
-            self.strategy.release(model)
-            return out
-        own = ranks.shard_rows(batch.size, self.rank, self.world)
-        logp = torch.zeros((max(len(own), 1), batch.mask.shape[1]), device=batch.device)
-        ent = torch.zeros_like(logp)
-        with torch.no_grad():
-            for m in self._micro_batches(own, n_rows=batch.size):
-                lp, h = self._forward(model, batch.rows(m.rows))  # [b, w] each
-                if not m.dummy:
-                    at = m.rows - own[0]  # positions within this rank's contiguous share
-                    logp[at, : lp.shape[1]], ent[at, : h.shape[1]] = lp, h
-        self.strategy.release(model)
-        return ranks.gather_rows(torch.stack([logp, ent], 1), batch.size, self.rank, self.world).unbind(1)  # type: ignore[return-value]
-
-    def _gather_own(self, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The whole batch's [B, T] values from each rank's own rows of ``logp`` and ``ent``."""
-        own = ranks.shard_rows(logp.shape[0], self.rank, self.world)
-        both = torch.stack([logp[own], ent[own]], 1)  # [b, 2, T]
-        return ranks.gather_rows(both, logp.shape[0], self.rank, self.world).unbind(1)  # type: ignore[return-value]
-
-    def _micro_batches(self, rows: torch.Tensor, n_rows: int | None = None) -> list[sharding.Micro]:
-        """This rank's micro-batches of ``rows``: its share (``ranks.local_rows``; all of them on one
-        process) split by ``micro_batch_size``, each with its loss scale. Where every forward is a
-        collective (FSDP2), padded with dummies to the count of the rank with the most rows.
-        ``n_rows``: ``rows`` is already this rank's share of that many rows."""
-        mb = self.cfg.trainer.micro_batch_size
-        if n_rows is None:
-            mine, scale = ranks.local_rows(rows, self.rank, self.world)
-            total = len(rows)
-        else:
-            mine, scale, total = rows, float(self.world), n_rows
-        if not len(mine):
-            mine, scale = torch.zeros(1, dtype=torch.long), 0.0
-        micros = [sharding.Micro(part, scale) for part in mine.split(mb)]
-        if self.strategy.equal_forwards:
-            pad = ranks.micro_counts(total, mb, self.world) - len(micros)
-            micros += [sharding.Micro(mine[:1], 0.0)] * pad
-        return micros
-
-    def _update_plan(self, batch_size: int) -> list[list[torch.Tensor]]:
-        """The rows of each optimizer step, per epoch: one mini-batch of all rows, or
-        ``mini_batches_per_step`` mini-batches of a fresh seeded shuffle every epoch."""
-        t = self.cfg.trainer
-        rng = torch.Generator().manual_seed(mix_seed(self.cfg.run.seed, self.step, 17))
-        plan = []
-        for _epoch in range(t.epochs_per_step):
-            order = (
-                torch.randperm(batch_size, generator=rng)
-                if t.mini_batches_per_step > 1
-                else torch.arange(batch_size)
-            )
-            plan.append(list(order.chunk(t.mini_batches_per_step)))
-        return plan
-
-    def _set_lr(self) -> None:
-        t, step = self.cfg.trainer, self.step
-        scale = min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else 1.0
-        if t.lr_schedule == "cosine":
-            scale *= 0.5 * (1 + math.cos(math.pi * min(step, t.total_steps) / t.total_steps))
-        for g in self.optimizer.param_groups:
-            g["lr"] = t.lr * scale
 
     # -- weights for the engine, state for checkpoints ----------------------------------------
     def engine_weights(self) -> Iterator[tuple[str, torch.Tensor]]:

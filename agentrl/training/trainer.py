@@ -27,49 +27,38 @@ import signal
 import sys
 import threading
 import time
-from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentrl import algorithms as alg
 from agentrl.config import Config, config_to_dict, output_dir, run_history, save_config
+from agentrl.engines.base import Engine
 from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.models import resolve_model_path
 from agentrl.parallel import ranks, sharding
 from agentrl.rollout import components
-from agentrl.rollout.pipeline import EngineGate, RolloutPipeline, batch_requests
-from agentrl.rollout.runner import EpisodeRequest
-from agentrl.seeds import mix_seed, seed_everything
-from agentrl.sync import weight_sync
+from agentrl.rollout.pipeline import EngineGate, RolloutPipeline
+from agentrl.seeds import seed_everything
 from agentrl.training import build, lora, preflight
 from agentrl.training import offpolicy as off
 from agentrl.training.checkpoint import (
-    begin,
     check_resumable,
-    commit,
     existing_run,
-    latest_checkpoint,
-    load_state,
-    load_weights,
     move_aside,
-    rank_state,
     refuse_existing_run,
-    save_weights,
-    saved_rank_state,
-    set_rng_state,
-    truncate_to,
     weights_record,
 )
+from agentrl.training.collect import Collector
 from agentrl.training.evaluation import evaluate
 from agentrl.training.learner import Learner
 from agentrl.training.metrics import FailureSummary, MetricsLogger, episode_metrics, failure_summary, plot_run
 from agentrl.training.progress import TrainProgress
+from agentrl.training.run_state import RunState
+from agentrl.training.weight_push import WeightPush
 from agentrl.transcripts import TranscriptWriter, read_metrics
 
 TRUNCATED = ("token_budget", "max_turns", "truncated")
@@ -131,7 +120,37 @@ class Trainer:
         if cfg.run.deterministic:
             torch.use_deterministic_algorithms(True)
         self.start_step = self.step = 0
-        ckpt, state = self._resume_point() if cfg.run.resume else (None, None)
+        self.state = RunState(cfg, self.root_dir, self.run_dir, self.rank, self.world, log)
+        ckpt, state = self.state.resume_point() if cfg.run.resume else (None, None)
+        model, engine = self._policy_and_engine(ckpt, state)
+        self.learner = Learner(cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log)
+        self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
+        assert checked.train_tasks is not None
+        self.train_tasks, self.test_tasks = checked.train_tasks, checked.test_tasks
+        self.rollouts = Collector(cfg, engine, self.tokenizer, TaskSampler(self.train_tasks, cfg.run.seed))
+        self.weights = WeightPush(cfg, self.learner, engine)
+        self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
+        self.stop_requested = False  # set by a first SIGTERM/SIGINT (``train``): stop after this step
+        if ckpt and state:  # cuts metrics/transcripts back to the checkpoint before we append
+            self.start_step = self.state.restore(ckpt, state, self.learner, self.rollouts, self.weights)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, self.run_dir, keep_previous=True)  # every input checked, the checkpoint loaded
+        if self.rank == 0:
+            preflight.record_session(
+                self.root_dir, self.start_step, ckpt.name if ckpt else None, checked.resume
+            )
+        self.transcripts = TranscriptWriter(self.run_dir / "transcripts.jsonl")
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            tensorboard=cfg.logging.tensorboard,
+            wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
+            config=config_to_dict(cfg),
+            every=cfg.logging.log_every,
+        )
+
+    def _policy_and_engine(self, ckpt: Path | None, state: dict[str, Any] | None) -> tuple[Any, Engine]:
+        """The model RL starts from (sets ``base_path`` and ``tokenizer``) and the rollout engine."""
+        cfg, log = self.cfg, self.log
         record = weights_record(state) if state else None
         # the model RL starts from: the SFT warm start. A checkpoint of full weights replaces it, so a
         # resume does not warm-start again (another machine, another cache); LoRA adapters need it
@@ -149,10 +168,9 @@ class Trainer:
         model, self.tokenizer = components.load_model(cfg, path, device=device)
         model.train()
         # the engine's copy of the weights, before LoRA and sharding change the model
-        self.engine = build.build_engine(cfg, None if sharded else model, self.tokenizer, path)
-        if cfg.trainer.mode == "async" and not isinstance(self.engine, build.RolloutPool):
-            self.engine = EngineGate(self.engine)  # rollouts and weight pushes take turns (pipeline.py)
-        self.pipeline: RolloutPipeline | None = None  # async mode: started by the first collect
+        engine = build.build_engine(cfg, None if sharded else model, self.tokenizer, path)
+        if cfg.trainer.mode == "async" and not isinstance(engine, build.RolloutPool):
+            engine = EngineGate(engine)  # rollouts and weight pushes take turns (pipeline.py)
         if (
             cfg.trainer.mode == "async"
             and cfg.rollout.max_staleness > 0
@@ -163,31 +181,21 @@ class Trainer:
                 "sampled by older weights without an importance correction; algorithm.is_correction=tis corrects "
                 "each token from its own behaviour log-prob"
             )
-        self._pipeline_state: dict[str, Any] | None = None  # a resumed async run's pending batches
-        self._async_marks = (0.0, 0.0)  # the engine's idle and blocked seconds at the last step
-        self.learner = Learner(cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log)
-        self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
-        assert checked.train_tasks is not None
-        self.train_tasks, self.test_tasks = checked.train_tasks, checked.test_tasks
-        self.sampler = TaskSampler(self.train_tasks, cfg.run.seed)
-        self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
-        self.stop_requested = False  # set by a first SIGTERM/SIGINT (``train``): stop after this step
-        if ckpt and state:
-            self._resume(ckpt, state)  # cuts metrics/transcripts back to the checkpoint before we append
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir, keep_previous=True)  # every input checked, the checkpoint loaded
-        if self.rank == 0:
-            preflight.record_session(
-                self.root_dir, self.start_step, ckpt.name if ckpt else None, checked.resume
-            )
-        self.transcripts = TranscriptWriter(self.run_dir / "transcripts.jsonl")
-        self.metrics = MetricsLogger(
-            self.run_dir,
-            tensorboard=cfg.logging.tensorboard,
-            wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
-            config=config_to_dict(cfg),
-            every=cfg.logging.log_every,
-        )
+        return model, engine
+
+    @property
+    def engine(self) -> Engine:
+        """The rollout engine the step samples with and pushes weights to."""
+        return self.rollouts.engine
+
+    @engine.setter
+    def engine(self, engine: Engine) -> None:
+        self.rollouts.engine = self.weights.engine = engine
+
+    @property
+    def pipeline(self) -> RolloutPipeline | None:
+        """Async mode's rollout pipeline (``rollout/pipeline.py``), once the first step started it."""
+        return self.rollouts.pipeline
 
     def _claim_run_dir(self, overwrite: bool) -> None:
         """Before any work: a new run never writes into a directory that holds another one."""
@@ -224,36 +232,10 @@ class Trainer:
         ):
             for step in range(self.start_step, cfg.trainer.total_steps):
                 out = self.train_step(step)
-                if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
-                    out.metrics.update(self.evaluate())
-                self.metrics.log(step, out.metrics)
-                if _prompt_too_long(out.metrics):
-                    self.log(
-                        f"warning (step {step}): every episode stopped before the model wrote a token: the prompt "
-                        f"is longer than rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}"
-                    )
-                failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
-                tripped = failing >= cfg.trainer.max_failed_steps
-                if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
-                    self.transcripts.write(out.episodes)
-                if tripped:
-                    raise TrainingFailed(self._breaker_message(step, failing, out.failure))
-                if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
-                    self.checkpoint(step + 1)
+                failing = self._record(step, out, failing)
                 history.append(out.metrics)
                 progress.update(step, out.metrics, failure=str(out.failure) if out.failure else None)
-                elapsed = (time.perf_counter() - t_start) / 60
-                # rank 0's clock decides, so every rank stops after the same step
-                if cfg.trainer.max_wall_minutes and ranks.broadcast_from_rank0(
-                    elapsed > cfg.trainer.max_wall_minutes
-                ):
-                    self.log(
-                        f"stopping: trainer.max_wall_minutes={cfg.trainer.max_wall_minutes} reached after step {step}"
-                    )
-                    break
-                if ranks.any_rank(self.stop_requested):  # a signal on any rank stops every rank here
-                    self.stop_requested = True
-                    self.log(f"stopping on a signal after step {step}, with a checkpoint")
+                if self._should_stop(step, t_start):
                     break
         done, every = self.start_step + len(history), cfg.trainer.checkpoint_every
         if history and not (every and done % every == 0):  # no periodic checkpoint at the last step
@@ -265,15 +247,48 @@ class Trainer:
             raise TrainingFailed(self._nothing_trained_message(history))
         return history
 
+    def _record(self, step: int, out: StepOutput, failing: int) -> int:
+        """Evaluate, log and checkpoint after a step as configured; returns the count of consecutive
+        steps with too many failed episodes, raising ``TrainingFailed`` when the breaker trips."""
+        cfg = self.cfg
+        if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
+            out.metrics.update(self.evaluate())
+        self.metrics.log(step, out.metrics)
+        if _prompt_too_long(out.metrics):
+            self.log(
+                f"warning (step {step}): every episode stopped before the model wrote a token: the prompt "
+                f"is longer than rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}"
+            )
+        failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
+        tripped = failing >= cfg.trainer.max_failed_steps
+        if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
+            self.transcripts.write(out.episodes)
+        if tripped:
+            raise TrainingFailed(self._breaker_message(step, failing, out.failure))
+        if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
+            self.checkpoint(step + 1)
+        return failing
+
+    def _should_stop(self, step: int, t_start: float) -> bool:
+        """``trainer.max_wall_minutes`` reached (rank 0's clock decides, so every rank stops after the
+        same step), or a signal on any rank."""
+        limit = self.cfg.trainer.max_wall_minutes
+        if limit and ranks.broadcast_from_rank0((time.perf_counter() - t_start) / 60 > limit):
+            self.log(f"stopping: trainer.max_wall_minutes={limit} reached after step {step}")
+            return True
+        if ranks.any_rank(self.stop_requested):  # a signal on any rank stops every rank here
+            self.stop_requested = True
+            self.log(f"stopping on a signal after step {step}, with a checkpoint")
+            return True
+        return False
+
     @contextlib.contextmanager
     def _closing_pipeline(self) -> Iterator[None]:
         """Async mode: the rollouts still running when training stops are waited for, not leaked."""
         try:
             yield
         finally:
-            if self.pipeline is not None:
-                self.pipeline.close(timeout=self.cfg.timeouts.data_wait_s)
-                self.pipeline = None
+            self.rollouts.close()
 
     def _breaker_message(self, step: int, failing: int, failure: FailureSummary | None) -> str:
         assert failure is not None
@@ -329,7 +344,7 @@ class Trainer:
             metrics["time/step_s"], 1e-9
         )
         if self.pipeline is not None:
-            metrics.update(self._async_metrics(metrics))
+            metrics.update(self.rollouts.async_metrics(metrics))
         if "mismatch/abs_logp_mean" in metrics and (
             w := self.mismatch.update(metrics["mismatch/abs_logp_mean"])
         ):
@@ -341,167 +356,14 @@ class Trainer:
         return StepOutput(metrics, episodes, failure_summary(episodes))
 
     def _update(self, batch: Any, step: int) -> dict[str, float]:
-        """The learner's update, then the new weights pushed to the engine. With
-        ``rollout.colocate.sleep`` the engine sleeps through the update and wakes its weights for the
-        push, then its KV cache (colocate.py)."""
-
-        def update() -> dict[str, float]:
-            return self.learner.update(batch, step)  # π_old, advantages, weights, optimizer steps
-
-        if self.cfg.rollout.colocate.sleep:
-            from agentrl.sync import colocate
-
-            reports: list[weight_sync.SyncReport] = []
-
-            def push() -> dict[str, float]:  # verified once the KV cache is awake (the probe generates)
-                reports.append(self._sync(defer_verify=True))
-                return {}
-
-            metrics = colocate.cycle_for(self.engine, self.cfg).around_update(update, push)
-            report = weight_sync.verify_synced(self.engine, reports[0], *self._sync_args())
-            metrics.update(report.metrics())
-            return metrics
-        metrics = update()
-        metrics.update(self._push_weights())
-        return metrics
-
-    def _push_weights(self) -> dict[str, float]:
-        """Send the learner's current weights to the engine in buckets and, as ``rollout.sync.verify``
-        says, check that it serves them (``weight_sync.py``; every rank, in step); returns the sync's
-        metrics. Raises ``WeightSyncError`` when the engine serves other weights."""
-        return self._sync().metrics()
-
-    def _sync_args(self) -> tuple[weight_sync.SyncSettings, weight_sync.PolicyProbe]:
-        return weight_sync.SyncSettings.from_config(self.cfg), weight_sync.PolicyProbe.of(self.learner)
-
-    def _sync(self, defer_verify: bool = False) -> weight_sync.SyncReport:
-        return weight_sync.sync_weights(
-            self.engine, self.learner.engine_weights(), *self._sync_args(), defer_verify=defer_verify
-        )
+        """The learner's update (π_old, advantages, weights, optimizer steps), then the new weights
+        pushed to the engine (``weight_push.py``)."""
+        return self.weights.around(lambda: self.learner.update(batch, step))
 
     # -- rollouts and filters ----------------------------------------------------------------
     def collect(self, step: int) -> tuple[list[Episode], list[Episode], dict[str, float]]:
-        """Episodes of this step (all, for transcripts) and the ones to train on. With dynamic
-        sampling, keeps sampling rounds until ``prompts_per_step`` informative groups are found or
-        ``max_sampling_rounds`` is spent."""
-        cfg, a = self.cfg, self.cfg.algorithm
-        rounds = a.max_sampling_rounds if a.dynamic_sampling else 1
-        info: dict[str, float] = {}
-        all_eps: list[Episode] = []
-        kept_groups: list[list[Episode]] = []
-        n_groups_seen = n_stale = 0
-        waited = 0.0
-        for r in range(rounds):
-            if cfg.trainer.mode == "async":  # finished episodes from the rollout pipeline
-                pipeline = self._pipeline(step)
-                if r > 0:
-                    pipeline.grant_round(step, r)
-                eps, _, took = pipeline.take()
-                waited += took.waited_s
-                if r == 0:
-                    info["async/queued_batches"] = float(took.queued)
-                    info["async/running_batches"] = float(took.running)
-            else:
-                tasks = self.sampler.next(cfg.rollout.prompts_per_step)
-                label = (
-                    step,
-                    r,
-                )  # distinct seeds for every episode of the step: no two share a sample stream
-                requests = batch_requests(label, tasks, cfg.rollout.group_size)
-                eps = ranks.gather_episodes(partial(self._run_batch, label), requests)  # each rank its share
-            all_eps += eps
-            # off-policy guard: episodes sampled more than max_staleness versions ago are not trained on
-            stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_staleness)
-            n_stale += sum(stale)
-            usable = [ep for ep, too_old in zip(eps, stale) if not ep.failed and not too_old]
-            n_groups_seen += len({ep.group for ep in usable})
-            # Dynamic sampling keys on the task outcome, the reward *before* DAPO's overlong shaping
-            # (DAPO and verl filter on accuracy): an all-correct group whose members differ only in
-            # their length penalty carries no outcome signal and is dropped.
-            keep = (
-                alg.dynamic_sampling_keep([ep.reward for ep in usable], [ep.group for ep in usable])
-                if a.dynamic_sampling
-                else range(len(usable))
-            )
-            self.shape_rewards(eps)
-            groups = defaultdict(list)
-            for i in keep:
-                groups[usable[i].group].append(usable[i])
-            kept_groups += [g for g in groups.values() if len(g) >= 2]  # a group of one has no baseline
-            if len(kept_groups) >= cfg.rollout.prompts_per_step:
-                break
-        kept_groups = kept_groups[: cfg.rollout.prompts_per_step]
-        info.update(
-            {
-                "groups/informative": float(len(kept_groups)),
-                "groups/seen": float(n_groups_seen),
-                "groups/sampling_rounds": float(r + 1),
-                "offpolicy/stale_dropped": float(n_stale),
-                **off.staleness_metrics(all_eps, self.engine.version),
-            }
-        )
-        if cfg.trainer.mode == "async":
-            info["async/trainer_wait_s"] = waited
-        return all_eps, [e for g in kept_groups for e in g], info
-
-    def _run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
-        """One batch's episodes on this rank's engine, with the runner seed of its (step, round)."""
-        runner = build.build_runner(
-            cfg := self.cfg, self.engine, self.tokenizer, seed=mix_seed(cfg.run.seed, *label)
-        )
-        try:
-            return runner.run(requests)
-        finally:
-            runner.close()
-
-    def _pipeline(self, step: int) -> RolloutPipeline:
-        """Async mode's rollout pipeline, started at the first step this process runs."""
-        if self.pipeline is None:
-            cfg = self.cfg
-            self.pipeline = RolloutPipeline(
-                self.sampler,
-                cfg.rollout.prompts_per_step,
-                cfg.trainer.total_steps,
-                cfg.rollout.max_staleness,
-                cfg.rollout.on_stale,
-                lambda label, tasks: self._run_batch(
-                    label, ranks.local_share(batch_requests(label, tasks, cfg.rollout.group_size))
-                ),
-                cfg.timeouts.data_wait_s,
-                start_step=step,
-                state=self._pipeline_state,
-            )
-            self._async_marks = (0.0, self._blocked_s())
-        return self.pipeline
-
-    def _blocked_s(self) -> float:
-        return self.engine.blocked_s if isinstance(self.engine, EngineGate) else 0.0
-
-    def _async_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
-        """Where async mode's time went this step: the trainer waiting for data, the engine idle (no
-        batch running: waiting for weights) and engine calls blocked by a weight push."""
-        assert self.pipeline is not None
-        idle, blocked = self.pipeline.idle_s(), self._blocked_s()
-        out = {
-            "async/engine_idle_s": idle - self._async_marks[0],
-            "async/engine_blocked_s": blocked - self._async_marks[1],
-            "async/trainer_idle_frac": metrics.get("async/trainer_wait_s", 0.0)
-            / max(metrics["time/step_s"], 1e-9),
-        }
-        self._async_marks = (idle, blocked)
-        return out
-
-    def shape_rewards(self, episodes: list[Episode]) -> None:
-        """DAPO soft overlong punishment on the policy-token length, added to the reward."""
-        o = self.cfg.algorithm.overlong
-        if not o.enabled:
-            return
-        assert o.max_length is not None and o.cache_length is not None  # resolved by load_config
-        pen = alg.overlong_penalty([e.num_policy_tokens for e in episodes], o.max_length, o.cache_length)
-        for ep, p in zip(episodes, pen):
-            if p:
-                ep.reward_components["overlong"] = p
-                ep.reward += p
+        """Episodes of this step (all, for transcripts) and the ones to train on (``collect.py``)."""
+        return self.rollouts.collect(step)
 
     # -- evaluation, checkpoints -------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
@@ -512,77 +374,8 @@ class Trainer:
         return evaluate(self.cfg, self.engine, self.tokenizer, tasks)[0]
 
     def checkpoint(self, step: int) -> Path:
-        """Every rank calls this. Each writes its part of the weights (all of them on rank 0 unless
-        sharded) into one temporary directory; rank 0 adds the state (sampler, algorithm state, every
-        rank's RNG states and JSONL lengths gathered) and renames it complete (``checkpoint.commit``)."""
-        parts = ranks.gather_to_rank0(rank_state(self.run_dir))
-        tmp = begin(self.root_dir, step, self.rank)
-        record = save_weights(tmp, self.learner, self.base_path)
-        if self.rank:
-            return self.root_dir / "checkpoints" / f"step_{step}"
-        state = {
-            **self.learner.state_dict(),  # the weighting's state (and the optimizer's, unless sharded)
-            "sampler": self.pipeline.state()["sampler"] if self.pipeline else self.sampler.state(),
-            "pipeline": self.pipeline.state() if self.pipeline else self._pipeline_state,
-            "engine_version": int(self.engine.version),
-            "ranks": parts,
-            "weights": record,
-        }
-        return commit(self.root_dir, tmp, step, self.tokenizer, state, keep=self.cfg.trainer.keep_checkpoints)
-
-    def _resume_point(self) -> tuple[Path | None, dict[str, Any] | None]:
-        """Rank 0's newest complete checkpoint and its state: rank 0 picks it for every rank. Without
-        one the run starts over: lines a killed first attempt wrote before any checkpoint are cut, so
-        no step is written twice."""
-        ckpt = ranks.broadcast_from_rank0(latest_checkpoint(self.root_dir) if self.rank == 0 else None)
-        if ckpt is None:
-            cut = sum(truncate_to(self.run_dir / f, 0) for f in ("metrics.jsonl", "transcripts.jsonl"))
-            if cut:
-                self.log(
-                    f"no checkpoint in {self.root_dir}: starting over (dropped {cut} bytes written before one)"
-                )
-            return None, None
-        return ckpt, load_state(ckpt)  # every rank reads rank 0's directory (one node or a shared filesystem)
-
-    def _resume(self, ckpt: Path, state: dict[str, Any]) -> None:
-        self.start_step = int(state["step"])
-        load_weights(ckpt, self.learner, weights_record(state))  # DCP reshards to this run's ranks
-        self.learner.load_state_dict(state)
-        self.sampler.load(state["sampler"])
-        if self.cfg.trainer.mode == "async":
-            self._pipeline_state = state.get("pipeline")  # the batches granted and not yet trained on
-        self._push_weights()
-        while int(self.engine.version) < state["engine_version"]:
-            self.engine.load_weights({})  # keep version numbers continuous
-        own = saved_rank_state(state, self.rank, self.world)  # this rank's RNG and file lengths
-        if own is None:  # a resume on more ranks than saved it: this rank starts its streams afresh
-            own = {"metrics_bytes": 0, "transcripts_bytes": 0, "rng": None}
-            seed_everything(mix_seed(self.cfg.run.seed, self.start_step, 1000 + self.rank))
-        cut_m = truncate_to(self.run_dir / "metrics.jsonl", own["metrics_bytes"])
-        cut_t = truncate_to(self.run_dir / "transcripts.jsonl", own["transcripts_bytes"])
-        if own["rng"] is not None:
-            set_rng_state(own["rng"])
-        saved_world = len(state.get("ranks") or [state])
-        if self.rank == 0:  # ranks this run no longer has: their files end at the checkpoint too
-            for r, part in enumerate(state.get("ranks") or []):
-                if r >= self.world:
-                    gone = self.root_dir / "ranks" / str(r)
-                    truncate_to(gone / "metrics.jsonl", part["metrics_bytes"])
-                    truncate_to(gone / "transcripts.jsonl", part["transcripts_bytes"])
-        self.log(
-            f"resumed from {ckpt} (the state after steps 0-{self.start_step - 1}) at step {self.start_step}"
-            + (
-                f" (dropped {cut_m} + {cut_t} bytes of metrics/transcripts written after it)"
-                if cut_m or cut_t
-                else ""
-            )
-            + (
-                f"; written by {saved_world} rank(s), resumed on {self.world}: weights and optimizer "
-                "resharded, ranks without a saved part start fresh RNG streams"
-                if saved_world != self.world
-                else ""
-            )
-        )
+        """Every rank calls this (``run_state.py``)."""
+        return self.state.save(step, self.learner, self.base_path, self.rollouts, self.engine, self.tokenizer)
 
 
 # -- the entry point ------------------------------------------------------------------------------

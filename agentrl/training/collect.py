@@ -1,0 +1,175 @@
+"""A step's episodes: rollouts on this rank's share of the tasks, then the filters (failed and
+stale episodes out, dynamic sampling on the outcome, groups of one dropped) and DAPO's overlong
+shaping. In async mode (``trainer.mode: async``) the episodes come from the rollout pipeline
+(``rollout/pipeline.py``), which runs batches ahead of the trainer."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import partial
+from typing import Any
+
+from agentrl import algorithms as alg
+from agentrl.config import Config
+from agentrl.engines.base import Engine
+from agentrl.env.data import TaskSampler
+from agentrl.episode import Episode
+from agentrl.parallel import ranks
+from agentrl.rollout.pipeline import EngineGate, RolloutPipeline, batch_requests
+from agentrl.rollout.runner import EpisodeRequest
+from agentrl.seeds import mix_seed
+from agentrl.training import build
+from agentrl.training import offpolicy as off
+
+
+class Collector:
+    """The trainer's rollouts: ``collect(step)`` each step; ``state``/``load_state`` for checkpoints
+    (the task sampler's position and, in async mode, the batches granted and not yet trained on)."""
+
+    def __init__(self, cfg: Config, engine: Engine, tokenizer: Any, sampler: TaskSampler) -> None:
+        self.cfg, self.engine, self.tokenizer, self.sampler = cfg, engine, tokenizer, sampler
+        self.pipeline: RolloutPipeline | None = None  # async mode: started by the first collect
+        self.pipeline_state: dict[str, Any] | None = None  # a resumed async run's pending batches
+        self._async_marks = (0.0, 0.0)  # the engine's idle and blocked seconds at the last step
+
+    def collect(self, step: int) -> tuple[list[Episode], list[Episode], dict[str, float]]:
+        """Episodes of this step (all, for transcripts) and the ones to train on. With dynamic
+        sampling, keeps sampling rounds until ``prompts_per_step`` informative groups are found or
+        ``max_sampling_rounds`` is spent."""
+        cfg, a = self.cfg, self.cfg.algorithm
+        rounds = a.max_sampling_rounds if a.dynamic_sampling else 1
+        info: dict[str, float] = {}
+        all_eps: list[Episode] = []
+        kept_groups: list[list[Episode]] = []
+        n_groups_seen = n_stale = 0
+        waited = 0.0
+        for r in range(rounds):
+            eps, took_s = self._round(step, r, info)
+            waited += took_s
+            all_eps += eps
+            # off-policy guard: episodes sampled more than max_staleness versions ago are not trained on
+            stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_staleness)
+            n_stale += sum(stale)
+            usable = [ep for ep, too_old in zip(eps, stale) if not ep.failed and not too_old]
+            n_groups_seen += len({ep.group for ep in usable})
+            # Dynamic sampling keys on the task outcome, the reward *before* DAPO's overlong shaping
+            # (DAPO and verl filter on accuracy): an all-correct group whose members differ only in
+            # their length penalty carries no outcome signal and is dropped.
+            keep = (
+                alg.dynamic_sampling_keep([ep.reward for ep in usable], [ep.group for ep in usable])
+                if a.dynamic_sampling
+                else range(len(usable))
+            )
+            self.shape_rewards(eps)
+            groups = defaultdict(list)
+            for i in keep:
+                groups[usable[i].group].append(usable[i])
+            kept_groups += [g for g in groups.values() if len(g) >= 2]  # a group of one has no baseline
+            if len(kept_groups) >= cfg.rollout.prompts_per_step:
+                break
+        kept_groups = kept_groups[: cfg.rollout.prompts_per_step]
+        info.update(
+            {
+                "groups/informative": float(len(kept_groups)),
+                "groups/seen": float(n_groups_seen),
+                "groups/sampling_rounds": float(r + 1),
+                "offpolicy/stale_dropped": float(n_stale),
+                **off.staleness_metrics(all_eps, self.engine.version),
+            }
+        )
+        if cfg.trainer.mode == "async":
+            info["async/trainer_wait_s"] = waited
+        return all_eps, [e for g in kept_groups for e in g], info
+
+    def _round(self, step: int, r: int, info: dict[str, float]) -> tuple[list[Episode], float]:
+        """One sampling round's episodes, and the seconds the trainer waited for them."""
+        cfg = self.cfg
+        if cfg.trainer.mode == "async":  # finished episodes from the rollout pipeline
+            pipeline = self._pipeline(step)
+            if r > 0:
+                pipeline.grant_round(step, r)
+            eps, _, took = pipeline.take()
+            if r == 0:
+                info["async/queued_batches"] = float(took.queued)
+                info["async/running_batches"] = float(took.running)
+            return eps, took.waited_s
+        tasks = self.sampler.next(cfg.rollout.prompts_per_step)
+        label = (step, r)  # distinct seeds for every episode of the step: no two share a sample stream
+        requests = batch_requests(label, tasks, cfg.rollout.group_size)
+        return ranks.gather_episodes(partial(self.run_batch, label), requests), 0.0  # each rank its share
+
+    def run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
+        """One batch's episodes on this rank's engine, with the runner seed of its (step, round)."""
+        runner = build.build_runner(
+            cfg := self.cfg, self.engine, self.tokenizer, seed=mix_seed(cfg.run.seed, *label)
+        )
+        try:
+            return runner.run(requests)
+        finally:
+            runner.close()
+
+    def _pipeline(self, step: int) -> RolloutPipeline:
+        """Async mode's rollout pipeline, started at the first step this process runs."""
+        if self.pipeline is None:
+            cfg = self.cfg
+            self.pipeline = RolloutPipeline(
+                self.sampler,
+                cfg.rollout.prompts_per_step,
+                cfg.trainer.total_steps,
+                cfg.rollout.max_staleness,
+                cfg.rollout.on_stale,
+                lambda label, tasks: self.run_batch(
+                    label, ranks.local_share(batch_requests(label, tasks, cfg.rollout.group_size))
+                ),
+                cfg.timeouts.data_wait_s,
+                start_step=step,
+                state=self.pipeline_state,
+            )
+            self._async_marks = (0.0, self._blocked_s())
+        return self.pipeline
+
+    def _blocked_s(self) -> float:
+        return self.engine.blocked_s if isinstance(self.engine, EngineGate) else 0.0
+
+    def async_metrics(self, metrics: dict[str, float]) -> dict[str, float]:
+        """Where async mode's time went this step: the trainer waiting for data, the engine idle (no
+        batch running: waiting for weights) and engine calls blocked by a weight push."""
+        assert self.pipeline is not None
+        idle, blocked = self.pipeline.idle_s(), self._blocked_s()
+        out = {
+            "async/engine_idle_s": idle - self._async_marks[0],
+            "async/engine_blocked_s": blocked - self._async_marks[1],
+            "async/trainer_idle_frac": metrics.get("async/trainer_wait_s", 0.0)
+            / max(metrics["time/step_s"], 1e-9),
+        }
+        self._async_marks = (idle, blocked)
+        return out
+
+    def shape_rewards(self, episodes: list[Episode]) -> None:
+        """DAPO soft overlong punishment on the policy-token length, added to the reward."""
+        o = self.cfg.algorithm.overlong
+        if not o.enabled:
+            return
+        assert o.max_length is not None and o.cache_length is not None  # resolved by load_config
+        pen = alg.overlong_penalty([e.num_policy_tokens for e in episodes], o.max_length, o.cache_length)
+        for ep, p in zip(episodes, pen):
+            if p:
+                ep.reward_components["overlong"] = p
+                ep.reward += p
+
+    def close(self) -> None:
+        """Async mode: the rollouts still running when training stops are waited for, not leaked."""
+        if self.pipeline is not None:
+            self.pipeline.close(timeout=self.cfg.timeouts.data_wait_s)
+            self.pipeline = None
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "sampler": self.pipeline.state()["sampler"] if self.pipeline else self.sampler.state(),
+            "pipeline": self.pipeline.state() if self.pipeline else self.pipeline_state,
+        }
+
+    def load_state(self, state: dict[str, Any]) -> None:
+        self.sampler.load(state["sampler"])
+        if self.cfg.trainer.mode == "async":
+            self.pipeline_state = state.get("pipeline")  # the batches granted and not yet trained on

@@ -1,0 +1,83 @@
+"""The learner's passes over a batch: log-probs and entropies of every target token under a model,
+with gradient (one micro-batch) or without (the whole batch, micro-batched), and how rows are cut into
+micro-batches across ranks (each rank its own rows; under FSDP2 as many forwards on every rank, padded
+with dummies, since every forward is a collective)."""
+
+from __future__ import annotations
+
+import torch
+
+from agentrl.config import Config
+from agentrl.parallel import ranks, sharding
+from agentrl.training.batch import Batch, batch_forward
+
+
+class Passes:
+    def __init__(
+        self, cfg: Config, strategy: sharding.Strategy, share_prefix_nograd: bool, share_prefix: bool
+    ) -> None:
+        self.cfg, self.strategy = cfg, strategy
+        self.rank, self.world = strategy.rank, strategy.world
+        self.share_prefix_nograd, self.share_prefix = share_prefix_nograd, share_prefix
+
+    def forward(
+        self, model: torch.nn.Module, batch: Batch, grad: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [B, T] of ``batch`` under ``model`` (micro-batched when no grad)."""
+        t = self.cfg.trainer
+        size = batch.size if grad else t.micro_batch_size
+        return batch_forward(
+            model,
+            batch,
+            size,
+            self.cfg.rollout.temperature,
+            grad=grad,
+            bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
+            share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
+        )
+
+    def no_grad(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-probs and entropies [B, T] of the whole batch with no gradient. Under W ranks each
+        computes only its own rows (``ranks.shard_rows``), in micro-batches (as many on every rank
+        under FSDP2), and every rank gets the whole batch's values."""
+        if self.world == 1:
+            with torch.no_grad():
+                out = self.forward(model, batch)
+            self.strategy.release(model)
+            return out
+        own = ranks.shard_rows(batch.size, self.rank, self.world)
+        logp = torch.zeros((max(len(own), 1), batch.mask.shape[1]), device=batch.device)
+        ent = torch.zeros_like(logp)
+        with torch.no_grad():
+            for m in self.micro_batches(own, n_rows=batch.size):
+                lp, h = self.forward(model, batch.rows(m.rows))  # [b, w] each
+                if not m.dummy:
+                    at = m.rows - own[0]  # positions within this rank's contiguous share
+                    logp[at, : lp.shape[1]], ent[at, : h.shape[1]] = lp, h
+        self.strategy.release(model)
+        return ranks.gather_rows(torch.stack([logp, ent], 1), batch.size, self.rank, self.world).unbind(1)  # type: ignore[return-value]
+
+    def gather_own(self, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The whole batch's [B, T] values from each rank's own rows of ``logp`` and ``ent``."""
+        own = ranks.shard_rows(logp.shape[0], self.rank, self.world)
+        both = torch.stack([logp[own], ent[own]], 1)  # [b, 2, T]
+        return ranks.gather_rows(both, logp.shape[0], self.rank, self.world).unbind(1)  # type: ignore[return-value]
+
+    def micro_batches(self, rows: torch.Tensor, n_rows: int | None = None) -> list[sharding.Micro]:
+        """This rank's micro-batches of ``rows``: its share (``ranks.local_rows``; all of them on one
+        process) split by ``micro_batch_size``, each with its loss scale. Where every forward is a
+        collective (FSDP2), padded with dummies to the count of the rank with the most rows.
+        ``n_rows``: ``rows`` is already this rank's share of that many rows."""
+        mb = self.cfg.trainer.micro_batch_size
+        if n_rows is None:
+            mine, scale = ranks.local_rows(rows, self.rank, self.world)
+            total = len(rows)
+        else:
+            mine, scale, total = rows, float(self.world), n_rows
+        if not len(mine):
+            mine, scale = torch.zeros(1, dtype=torch.long), 0.0
+        micros = [sharding.Micro(part, scale) for part in mine.split(mb)]
+        if self.strategy.equal_forwards:
+            pad = ranks.micro_counts(total, mb, self.world) - len(micros)
+            micros += [sharding.Micro(mine[:1], 0.0)] * pad
+        return micros

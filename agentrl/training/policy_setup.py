@@ -1,0 +1,96 @@
+"""Building the learner's parts from the config: the policy prepared for training (gradient
+checkpointing, LoRA; rank 0's weights kept aside for ranks that start on the meta device), the
+frozen KL reference, the optimizer, and each step's plan (which rows each optimizer step trains on)
+and learning rate."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from agentrl.config import Config
+from agentrl.parallel import ranks, sharding
+from agentrl.rollout import components
+from agentrl.seeds import mix_seed
+from agentrl.training import build, lora
+
+
+def prepare_policy(
+    cfg: Config, model: torch.nn.Module, strategy: sharding.Strategy, log: Callable[[str], None]
+) -> tuple[torch.nn.Module, bool, dict[str, Any] | None]:
+    """Gradient checkpointing and LoRA on the loaded policy, before it is wrapped or sharded. Returns
+    the model, whether ranks > 0 get rank 0's weights by broadcast, and (on rank 0 then) those weights.
+    Ranks > 0 of a sharded run start on meta and get rank 0's weights; a run whose every rank starts
+    on meta (a DCP checkpoint will fill it) broadcasts nothing."""
+    if cfg.model.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+    if lora.enabled(cfg):
+        model = lora.apply(model, cfg.model.lora, cfg.run.seed)
+        log(lora.describe(model))
+    sharded = strategy.equal_forwards and strategy.world > 1
+    broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
+    return model, broadcast, model.state_dict() if broadcast and strategy.rank == 0 else None
+
+
+def reference_model(
+    cfg: Config, strategy: sharding.Strategy, device: torch.device, log: Callable[[str], None]
+) -> torch.nn.Module:
+    """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL started
+    from (the warm start; on a resume too, never the checkpoint). It costs one more copy of the
+    weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state) and one
+    forward per step."""
+    path = cfg.model.ref_path or build.policy_path(cfg, log=log)
+    meta = strategy.equal_forwards and strategy.rank > 0
+    ref, _ = components.load_model(cfg, path, device="meta" if meta else device)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    full = ref.state_dict() if strategy.equal_forwards and strategy.rank == 0 else None
+    ref = strategy.prepare_frozen(ref)
+    if strategy.equal_forwards and strategy.world > 1:
+        sharding.materialize(ref, device, full)
+    log(f"KL reference policy: {path}")
+    return ref
+
+
+def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
+    t = cfg.trainer
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    return torch.optim.AdamW(
+        trainable,
+        lr=t.lr,
+        betas=(t.betas[0], t.betas[1]),
+        weight_decay=t.weight_decay,
+        # one fused kernel over all parameters (the same update; ~4x faster than the per-tensor
+        # loop torch picks by default on CPU)
+        fused=all(p.is_floating_point() for p in trainable) or None,
+    )
+
+
+def update_plan(cfg: Config, step: int, batch_size: int) -> list[list[torch.Tensor]]:
+    """The rows of each optimizer step, per epoch: one mini-batch of all rows, or
+    ``mini_batches_per_step`` mini-batches of a fresh seeded shuffle every epoch."""
+    t = cfg.trainer
+    rng = torch.Generator().manual_seed(mix_seed(cfg.run.seed, step, 17))
+    plan = []
+    for _epoch in range(t.epochs_per_step):
+        order = (
+            torch.randperm(batch_size, generator=rng)
+            if t.mini_batches_per_step > 1
+            else torch.arange(batch_size)
+        )
+        plan.append(list(order.chunk(t.mini_batches_per_step)))
+    return plan
+
+
+def set_lr(cfg: Config, optimizer: torch.optim.Optimizer, step: int) -> None:
+    """Linear warm-up over ``trainer.warmup_steps``, then constant or cosine to ``total_steps``."""
+    t = cfg.trainer
+    scale = min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else 1.0
+    if t.lr_schedule == "cosine":
+        scale *= 0.5 * (1 + math.cos(math.pi * min(step, t.total_steps) / t.total_steps))
+    for g in optimizer.param_groups:
+        g["lr"] = t.lr * scale

@@ -1,0 +1,113 @@
+"""A run's checkpoints from the trainer's side: writing one (every rank its part of the weights, rank 0
+the state), finding the one to resume from, and restoring a trainer's parts from it (the files cut
+back to it, weights pushed, RNG streams restored). The formats are ``checkpoint.py``'s."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.engines.base import Engine
+from agentrl.parallel import ranks
+from agentrl.seeds import mix_seed, seed_everything
+from agentrl.training.checkpoint import (
+    begin,
+    commit,
+    latest_checkpoint,
+    load_state,
+    load_weights,
+    rank_state,
+    save_weights,
+    saved_rank_state,
+    set_rng_state,
+    truncate_to,
+    weights_record,
+)
+from agentrl.training.collect import Collector
+from agentrl.training.weight_push import WeightPush
+
+
+class RunState:
+    def __init__(
+        self, cfg: Config, root_dir: Path, run_dir: Path, rank: int, world: int, log: Callable
+    ) -> None:
+        self.cfg, self.root_dir, self.run_dir = cfg, root_dir, run_dir
+        self.rank, self.world, self.log = rank, world, log
+
+    def save(
+        self, step: int, learner: Any, base_path: str, rollouts: Collector, engine: Engine, tokenizer: Any
+    ) -> Path:
+        """Every rank calls this. Each writes its part of the weights (all of them on rank 0 unless
+        sharded) into one temporary directory; rank 0 adds the state (sampler, algorithm state, every
+        rank's RNG states and JSONL lengths gathered) and renames it complete (``checkpoint.commit``)."""
+        parts = ranks.gather_to_rank0(rank_state(self.run_dir))
+        tmp = begin(self.root_dir, step, self.rank)
+        record = save_weights(tmp, learner, base_path)
+        if self.rank:
+            return self.root_dir / "checkpoints" / f"step_{step}"
+        state = {
+            **learner.state_dict(),  # the weighting's state (and the optimizer's, unless sharded)
+            **rollouts.state(),  # the sampler's position, async mode's pending batches
+            "engine_version": int(engine.version),
+            "ranks": parts,
+            "weights": record,
+        }
+        return commit(self.root_dir, tmp, step, tokenizer, state, keep=self.cfg.trainer.keep_checkpoints)
+
+    def resume_point(self) -> tuple[Path | None, dict[str, Any] | None]:
+        """Rank 0's newest complete checkpoint and its state: rank 0 picks it for every rank. Without
+        one the run starts over: lines a killed first attempt wrote before any checkpoint are cut, so
+        no step is written twice."""
+        ckpt = ranks.broadcast_from_rank0(latest_checkpoint(self.root_dir) if self.rank == 0 else None)
+        if ckpt is None:
+            cut = sum(truncate_to(self.run_dir / f, 0) for f in ("metrics.jsonl", "transcripts.jsonl"))
+            if cut:
+                self.log(
+                    f"no checkpoint in {self.root_dir}: starting over (dropped {cut} bytes written before one)"
+                )
+            return None, None
+        return ckpt, load_state(ckpt)  # every rank reads rank 0's directory (one node or a shared filesystem)
+
+    def restore(
+        self, ckpt: Path, state: dict[str, Any], learner: Any, rollouts: Collector, weights: WeightPush
+    ) -> int:
+        """Load the checkpoint into the trainer's parts; returns the step to start from."""
+        start_step = int(state["step"])
+        load_weights(ckpt, learner, weights_record(state))  # DCP reshards to this run's ranks
+        learner.load_state_dict(state)
+        rollouts.load_state(state)
+        weights.push()
+        while int(weights.engine.version) < state["engine_version"]:
+            weights.engine.load_weights({})  # keep version numbers continuous
+        own = saved_rank_state(state, self.rank, self.world)  # this rank's RNG and file lengths
+        if own is None:  # a resume on more ranks than saved it: this rank starts its streams afresh
+            own = {"metrics_bytes": 0, "transcripts_bytes": 0, "rng": None}
+            seed_everything(mix_seed(self.cfg.run.seed, start_step, 1000 + self.rank))
+        cut_m = truncate_to(self.run_dir / "metrics.jsonl", own["metrics_bytes"])
+        cut_t = truncate_to(self.run_dir / "transcripts.jsonl", own["transcripts_bytes"])
+        if own["rng"] is not None:
+            set_rng_state(own["rng"])
+        saved_world = len(state.get("ranks") or [state])
+        if self.rank == 0:  # ranks this run no longer has: their files end at the checkpoint too
+            for r, part in enumerate(state.get("ranks") or []):
+                if r >= self.world:
+                    gone = self.root_dir / "ranks" / str(r)
+                    truncate_to(gone / "metrics.jsonl", part["metrics_bytes"])
+                    truncate_to(gone / "transcripts.jsonl", part["transcripts_bytes"])
+        self.log(
+            f"resumed from {ckpt} (the state after steps 0-{start_step - 1}) at step {start_step}"
+            + (
+                f" (dropped {cut_m} + {cut_t} bytes of metrics/transcripts written after it)"
+                if cut_m or cut_t
+                else ""
+            )
+            + (
+                f"; written by {saved_world} rank(s), resumed on {self.world}: weights and optimizer "
+                "resharded, ranks without a saved part start fresh RNG streams"
+                if saved_world != self.world
+                else ""
+            )
+        )
+        return start_step

@@ -1,0 +1,50 @@
+"""After each update, the learner's weights go to the engine in buckets and, as ``rollout.sync.verify``
+says, the engine proves it serves them (``sync/weight_sync.py``; every rank, in step). With
+``rollout.colocate.sleep`` the engine sleeps through the update, wakes its weights for the push, then
+its KV cache, and the proof runs last (its probe generates): ``sync/colocate.py``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from agentrl.config import Config
+from agentrl.engines.base import Engine
+from agentrl.sync import weight_sync
+
+
+class WeightPush:
+    def __init__(self, cfg: Config, learner: Any, engine: Engine) -> None:
+        self.cfg, self.learner, self.engine = cfg, learner, engine
+
+    def around(self, update: Callable[[], dict[str, float]]) -> dict[str, float]:
+        """Run ``update`` (the learner's optimizer steps), then push its weights; the metrics of both."""
+        if self.cfg.rollout.colocate.sleep:
+            from agentrl.sync import colocate
+
+            reports: list[weight_sync.SyncReport] = []
+
+            def push() -> dict[str, float]:  # verified once the KV cache is awake (the probe generates)
+                reports.append(self.sync(defer_verify=True))
+                return {}
+
+            metrics = colocate.cycle_for(self.engine, self.cfg).around_update(update, push)
+            report = weight_sync.verify_synced(self.engine, reports[0], *self.settings())
+            metrics.update(report.metrics())
+            return metrics
+        metrics = update()
+        metrics.update(self.push())
+        return metrics
+
+    def push(self) -> dict[str, float]:
+        """Send the learner's current weights and check the engine serves them; the sync's metrics.
+        Raises ``WeightSyncError`` when the engine serves other weights."""
+        return self.sync().metrics()
+
+    def settings(self) -> tuple[weight_sync.SyncSettings, weight_sync.PolicyProbe]:
+        return weight_sync.SyncSettings.from_config(self.cfg), weight_sync.PolicyProbe.of(self.learner)
+
+    def sync(self, defer_verify: bool = False) -> weight_sync.SyncReport:
+        return weight_sync.sync_weights(
+            self.engine, self.learner.engine_weights(), *self.settings(), defer_verify=defer_verify
+        )
