@@ -52,7 +52,7 @@ ADDED_TOKENS = (TOOL_CALL_OPEN, TOOL_CALL_CLOSE)
 """Single tokens that are ordinary text (kept by ``skip_special_tokens``), as in Qwen2.5."""
 TINY_FORMAT = 1
 """Bumped whenever the corpus, template or build changes, so stale caches are not reused."""
-CHAT_TEMPLATE_PATH = Path(__file__).parent / "assets" / "chat_template.jinja"
+CHAT_TEMPLATE_PATH = Path(__file__).resolve().parents[1] / "assets" / "chat_template.jinja"
 QWEN2_SPLIT_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
 """Qwen2's pre-tokenizer split: ``\\p{N}`` alone makes each digit a separate pre-token."""
 

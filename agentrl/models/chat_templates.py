@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
 
 FAMILIES: tuple[str, ...] = ("chatml", "qwen2_5", "llama3", "qwen3")
-ASSETS = Path(__file__).parent / "assets"
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 TEMPLATES_DIR = ASSETS / "templates"
 VOCAB_SIZE = 1024
 """Every family tokenizer has exactly this many ids, the tiny models' vocabulary."""

@@ -378,7 +378,7 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
     import platform
 
     out = Path(study.report_dir)
-    docs = os.path.relpath(Path(__file__).resolve().parents[1] / "docs", out.resolve())  # links below
+    docs = os.path.relpath(Path(__file__).resolve().parents[2] / "docs", out.resolve())  # links below
     img = out / "img"
     img.mkdir(parents=True, exist_ok=True)
     k = study.eval_k

@@ -86,7 +86,7 @@ from agentrl.parallel.sharding import check_mesh
 GIB = 2**30
 OVERHEAD_GIB = 2.0
 ENGINE_BATCH = 64  # HFEngine's default max_batch_size: sequences decoded together
-BUNDLED = Path(__file__).parent / "assets" / "architectures"
+BUNDLED = Path(__file__).resolve().parents[1] / "assets" / "architectures"
 
 
 @dataclass(frozen=True)
