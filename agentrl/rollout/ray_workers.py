@@ -8,7 +8,7 @@ a weight sync (``weight_sync.py``) puts each bucket in Ray's object store once, 
 in place, and the ref is dropped (the sender and the store hold one bucket at a time); the pool holds
 a lock from the first bucket to the last, and no shard or generation is submitted meanwhile, so none
 runs on half-updated weights (``rollout.sync.transport: broadcast`` sends the buckets by a collective
-broadcast instead: ``weight_group.py``, ``RolloutPool._broadcast_bucket``); ``fingerprint`` asks every
+broadcast instead: ``weight_group.py``, ``sync/ray_broadcast.py``); ``fingerprint`` asks every
 worker; ``version`` is the weight version; ``build.build_runner`` returns a ``RayEpisodeRunner`` that
 splits a step's episodes across the workers.
 
@@ -28,13 +28,11 @@ the wait; a stuck ``generate`` raises ``WaitTimeout``; a pool whose workers do n
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
 import math
 import os
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -47,9 +45,9 @@ from agentrl.episode import Episode
 from agentrl.errors import Failure
 from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
-from agentrl.timeouts import WaitTimeout, wait_for
-
-LOOPBACK = "127.0.0.1"
+from agentrl.sync.ray_broadcast import LOOPBACK
+from agentrl.sync.ray_pool import PoolWeights
+from agentrl.timeouts import WaitTimeout
 
 
 def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
@@ -215,7 +213,9 @@ class RolloutPool:
         """How long any call to a worker may go unanswered before the worker counts as dead."""
         self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
         self.workers = [self._spawn() for _ in range(workers)]
-        late, _ = self._ping(list(range(workers)))  # wait until all have loaded the policy
+        late, _ = ping(
+            self.workers, list(range(workers)), self.call_timeout_s
+        )  # wait until all have loaded the policy
         if late:
             self.shutdown()
             raise WaitTimeout(
@@ -225,20 +225,16 @@ class RolloutPool:
                 note="; stopped the pool",
             )
         ray.get([w.pid.remote() for w in self.workers])  # raises a worker's start error, if one failed
-        self._version = 0
-        self._weights_lock = threading.Lock()  # held by a weight update (begin_weight_update)
-        self._behind: set[int] = set()
-        """Replacement workers that could not copy the current weights: they run nothing until the
-        next weight sync (which sends every weight the trainer changes) brings them up to date."""
         self.events: list[str] = []
         """Worker deaths, retries and replacements, for logs and tests."""
-        self.transport = cfg.rollout.sync.transport
-        self.sync_timeout_s = cfg.timeouts.weight_sync_s
-        self._sync_start = 0.0  # when the current weight update began
-        self._group: Any = None
-        """This process's member (rank 0) of the weight-sync group, when ``transport`` is broadcast."""
-        self._group_members: list[Any] = []  # the workers it was built with: ranks 1..N
-        self._group_device = torch.device("cpu")
+        self.weights = PoolWeights(
+            cfg.rollout.sync.transport,
+            cfg.timeouts.weight_sync_s,
+            cluster=bool(cfg.rollout.ray_address),
+            workers=lambda: self.workers,
+            answers=self._answers,
+            events=self.events,
+        )
 
     @classmethod
     def from_config(cls, cfg: Config, path: str) -> RolloutPool:
@@ -250,26 +246,9 @@ class RolloutPool:
     def _setting(self) -> str:
         return f"timeouts.ray_call_s={self.call_timeout_s:g}s"
 
-    def _ping(self, indices: list[int]) -> tuple[list[int], list[int]]:
-        """Of workers ``indices``: those that do not answer a ping within ``call_timeout_s``, and the
-        dead ones (they answer at once, with an error)."""
-        import ray
-        from ray.exceptions import RayActorError
-
-        pings = [self.workers[i].pid.remote() for i in indices]
-        done, _ = ray.wait(pings, num_returns=len(pings), timeout=self.call_timeout_s)
-        answered, dead = set(done), []
-        for i, p in zip(indices, pings):
-            try:
-                if p in answered:
-                    ray.get(p)
-            except RayActorError:
-                dead.append(i)
-        return [i for i, p in zip(indices, pings) if p not in answered], dead
-
     @property
     def version(self) -> int:
-        return self._version
+        return self.weights.version
 
     def load_weights(self, weights: Weights) -> int:
         """All of ``weights`` as one bucket (the trainer's sync sends several: ``weight_sync.py``)."""
@@ -277,161 +256,15 @@ class RolloutPool:
         self.load_weight_bucket(weight_items(weights))
         return self.finish_weight_update()
 
-    # -- the bucketed sync (engines/base.py: WeightReceiver) --------------------------------------
+    # -- the bucketed sync (engines/base.py: WeightReceiver; sync/ray_pool.py) ----------------------
     def begin_weight_update(self) -> None:
-        """Takes the pool's weights lock until ``finish_weight_update``: no shard or generation is
-        submitted in between, so none runs on half-updated weights (an actor runs its calls in
-        submission order)."""
-        self._weights_lock.acquire()
-        self._sync_start = time.monotonic()
-        self._guarded(
-            lambda: self._answers(
-                [w.begin_weight_update.remote() for w in self.workers], "begin_weight_update"
-            )
-        )
+        self.weights.begin()
 
     def load_weight_bucket(self, bucket: Bucket) -> None:
-        """With ``transport: broadcast``, ``_broadcast_bucket``. Else ``ray.put`` the bucket once, as a
-        safetensors blob, every worker copies it in place, and the ref is dropped: the sender and the
-        object store hold about one bucket at a time. A blob rather than the tensors: measured, eight
-        32 MiB buckets of tensors put and loaded this way grew the sender's heap by about 120 MiB,
-        still growing at the eighth; blobs levelled off at about 65 MiB."""
-        import ray
-
-        if self.transport == "broadcast":
-            self._guarded(lambda: self._broadcast_bucket(list(bucket)))
-            return
-
-        def load() -> None:
-            ref = ray.put(safetensors_blob(dict(bucket)))
-            self._answers([w.load_weight_bucket.remote(ref) for w in self.workers], "load_weight_bucket")
-
-        self._guarded(load)
+        self.weights.load_bucket(bucket)
 
     def finish_weight_update(self) -> int:
-        try:
-            version = self._version + 1
-            self._answers(
-                [w.finish_weight_update.remote(version) for w in self.workers], "finish_weight_update"
-            )
-            self._version = version
-            self._behind.clear()  # every worker, replacements too, took this sync
-            return version
-        finally:
-            self._weights_lock.release()
-
-    def _broadcast_bucket(self, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """The bucket's layout goes to every worker with the Ray call that starts its receive, then
-        this process broadcasts the tensors (``weight_group.send_bucket``). The workers are idle when
-        the calls arrive (``begin_weight_update`` waited for everything submitted before it, and
-        nothing is submitted under the lock), so each is in the collective while this process sends;
-        all within what is left of ``timeouts.weight_sync_s``. The group is built at the first
-        bucket, and again once the worker set changed (a replaced worker) or a broadcast failed."""
-        from agentrl.sync import weight_group
-
-        if not bucket:
-            return
-        device = bucket[0][1].device
-        same = len(self._group_members) == len(self.workers) and all(
-            a is b for a, b in zip(self._group_members, self.workers)
-        )
-        if self._group is None or not same or device != self._group_device:
-            self._join_group(device)
-        calls = [w.receive_weight_bucket.remote(weight_group.layout(bucket)) for w in self.workers]
-        try:
-            weight_group.send_bucket(self._group, bucket, device, self._sync_left("broadcasting a bucket"))
-        except Exception as e:
-            self._leave_group()  # in an unknown state: built anew at the next bucket
-            raise RuntimeError(
-                f"broadcasting a weight bucket to the rollout workers failed: {type(e).__name__}: "
-                f"{str(e).splitlines()[0][:300] if str(e) else ''}; the weight-sync group is rebuilt at the "
-                "next sync"
-            ) from e
-        left = self._sync_left("receiving a bucket")
-        self._answers(calls, "receive_weight_bucket", left, self._sync_setting())
-
-    def _join_group(self, device: torch.device) -> None:
-        """Build the weight-sync group: this process is rank 0 and hosts the store (on loopback, or
-        on this node's IP when the pool joined a cluster), worker i joins as rank i + 1 by a Ray
-        call, this process in a thread. The join may take half of ``timeouts.weight_sync_s`` (the
-        buckets have the rest), so a worker that does not join is named before the sync's own limit
-        passes; it is killed (replaced before the next run) and the sync raises ``WaitTimeout``."""
-        import ray
-
-        from agentrl.sync import weight_group
-
-        self._leave_group()
-        size, limit = len(self.workers) + 1, self.sync_timeout_s / 2
-        host = ray.util.get_node_ip_address() if self.cfg.rollout.ray_address else LOOPBACK
-        t0 = time.monotonic()
-        store = weight_group.host_store(host, size, self.sync_timeout_s)
-        calls = [
-            w.join_weight_group.remote(host, store.port, i + 1, size, device.type, self.sync_timeout_s)
-            for i, w in enumerate(self.workers)
-        ]
-        mine: concurrent.futures.Future = concurrent.futures.Future()
-
-        def join() -> None:  # through a connection of its own: a store's client waits one call at a time
-            try:
-                client = weight_group.client_store(host, store.port, 0, self.sync_timeout_s)
-                mine.set_result(weight_group.make_group(client, 0, size, device, self.sync_timeout_s))
-            except BaseException as e:  # handed to the waiting sync
-                mine.set_exception(e)
-
-        threading.Thread(target=join, name="agentrl-weight-group", daemon=True).start()
-        setting = f"half of timeouts.weight_sync_s={self.sync_timeout_s:g}s"
-        done, _ = ray.wait(calls, num_returns=len(calls), timeout=limit)
-        if len(done) < len(calls):
-            late = [i for i, c in enumerate(calls) if c not in set(done)]
-            # the workers that never began to join hold the others up; blame those when there are some
-            started = weight_group.joined(store, [i + 1 for i in late])
-            stuck = [i for i, ok in zip(late, started) if not ok] or late
-            for i in stuck:
-                ray.kill(self.workers[i], no_restart=True)
-            self.events.append(f"killed rollout workers {stuck}: did not join the weight-sync group")
-            raise WaitTimeout(
-                f"rollout workers {stuck} joining the weight-sync group (rollout.sync.transport=broadcast)",
-                time.monotonic() - t0,
-                setting,
-                note="; killed them (replaced before the next run_episodes)",
-            )
-        for i, c in enumerate(calls):
-            try:
-                ray.get(c)
-            except Exception as e:
-                raise RuntimeError(
-                    f"rollout worker {i} could not join the weight-sync group: {type(e).__name__}: "
-                    f"{str(e).splitlines()[0][:300] if str(e) else ''}"
-                ) from e
-        left = limit - (time.monotonic() - t0)
-        what = "the trainer joining the weight-sync group"
-        self._group = wait_for(mine, left, what, setting, "; the join is abandoned")
-        self._group_members, self._group_device = list(self.workers), device
-
-    def _leave_group(self) -> None:
-        from agentrl.sync import weight_group
-
-        if self._group is not None:
-            weight_group.leave(self._group)
-        self._group, self._group_members = None, []
-
-    def _sync_setting(self) -> str:
-        return f"timeouts.weight_sync_s={self.sync_timeout_s:g}s for the whole sync"
-
-    def _sync_left(self, step: str) -> float:
-        """Seconds left of the weight update's limit; ``WaitTimeout`` when none are."""
-        waited = time.monotonic() - self._sync_start
-        if waited >= self.sync_timeout_s:
-            raise WaitTimeout(f"weight sync into the rollout workers: {step}", waited, self._sync_setting())
-        return self.sync_timeout_s - waited
-
-    def _guarded(self, fn: Callable[[], Any]) -> Any:
-        """``fn()`` inside an update: on an error the lock is released (the update is lost)."""
-        try:
-            return fn()
-        except BaseException:
-            self._weights_lock.release()
-            raise
+        return self.weights.finish()
 
     def fingerprint(self, names: Sequence[str], probe_ids: Sequence[int]) -> list[Fingerprint]:
         """Every worker's fingerprint (each must match the trainer's; they name the worker)."""
@@ -477,7 +310,7 @@ class RolloutPool:
     def shutdown(self) -> None:
         import ray
 
-        self._leave_group()
+        self.weights.broadcast.leave()
         for w in self.workers:
             ray.kill(w)
         self.workers = []
@@ -490,76 +323,15 @@ class RolloutPool:
         episodes mostly share a worker's batches); a dead worker's shard is retried elsewhere, and so
         is the shard of a worker that has not answered within ``call_timeout_s`` (its clock starts when
         it takes the shard, not while the shard waits behind another): that worker is killed."""
-        import ray
-        from ray.exceptions import RayActorError
-
         self._replace_dead()
-        use = [k for k in range(len(self.workers)) if k not in self._behind]
+        use = [k for k in range(len(self.workers)) if k not in self.weights.behind]
         if not use:  # every worker was replaced and none could copy the current weights
             err = (
-                f"no rollout worker has the current weights (version {self._version}): all were replaced "
+                f"no rollout worker has the current weights (version {self.weights.version}): all were replaced "
                 "since the last weight sync; the next sync brings them up to date"
             )
             return [failed_episode(r, err, 0) for r in requests]
-        n, total = len(use), len(requests)
-        shards = [list(range(k * total // n, (k + 1) * total // n)) for k in range(n)]
-        results: dict[int, Episode] = {}
-        attempts = [0] * n
-        pending: dict[Any, tuple[int, int]] = {}  # call -> (worker, shard), in submission order
-        busy_since: dict[int, float] = {}  # worker -> when it began the call it is running
-        live = list(use)
-
-        def submit(shard: int, worker: int) -> None:
-            with self._weights_lock:  # never between the buckets of a weight update
-                call = self.workers[worker].run.remote(
-                    [requests[i] for i in shards[shard]], seed, temperature
-                )
-            pending[call] = (worker, shard)
-            busy_since.setdefault(worker, time.monotonic())
-
-        def lost(shard: int, worker: int, err: str) -> None:
-            """The shard's worker is gone: retry the shard on a live worker, or fail its episodes."""
-            self.events.append(err)
-            if worker in live:
-                live.remove(worker)
-            if live and attempts[shard] < self.max_retries:
-                target = min(live, key=lambda w: sum(1 for wk, _ in pending.values() if wk == w))
-                self.events.append(f"retrying {len(shards[shard])} episodes on worker {target}")
-                attempts[shard] += 1
-                submit(shard, target)
-            else:
-                for i in shards[shard]:
-                    results[i] = failed_episode(requests[i], err, attempts[shard])
-
-        for k in range(n):
-            if shards[k]:
-                submit(k, use[k])
-        while pending:
-            oldest = min({w for w, _ in pending.values()}, key=busy_since.__getitem__)
-            left = busy_since[oldest] + self.call_timeout_s - time.monotonic()
-            done, _ = ray.wait(list(pending), num_returns=1, timeout=max(left, 0.0))
-            if not done:  # the longest-running call is past its limit
-                err = self._kill_stuck(oldest, "run", time.monotonic() - busy_since.pop(oldest))
-                for call, (w, k) in list(pending.items()):
-                    if w == oldest:
-                        del pending[call]
-                        lost(k, w, err)
-                continue
-            worker, k = pending.pop(done[0])
-            busy_since.pop(worker, None)
-            if any(w == worker for w, _ in pending.values()):
-                busy_since[worker] = time.monotonic()  # it now runs the next shard queued on it
-            try:
-                for i, ep in zip(shards[k], ray.get(done[0])):
-                    ep.metrics["worker_retries"] = attempts[k]
-                    results[i] = ep
-            except RayActorError as e:
-                lost(
-                    k,
-                    worker,
-                    f"rollout worker {worker} died: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                )
-        return [results[i] for i in range(len(requests))]
+        return ShardedRun(self, requests, use, seed, temperature).results()
 
     def _kill_stuck(self, worker: int, call: str, waited_s: float, setting: str | None = None) -> str:
         """Kill a worker that did not answer ``call`` in time; the message its episodes record."""
@@ -576,26 +348,30 @@ class RolloutPool:
         (killed first), for fresh ones carrying the current weights."""
         import ray
 
-        stuck, dead = self._ping(list(range(len(self.workers))))
+        stuck, dead = ping(self.workers, list(range(len(self.workers))), self.call_timeout_s)
         for i in stuck + dead:
             ray.kill(self.workers[i], no_restart=True)
             self.workers[i] = self._spawn()
-            if self._ping([i])[0]:
+            if ping(self.workers, [i], self.call_timeout_s)[0]:
                 raise WaitTimeout(
-                    f"replacement rollout worker {i} loading the policy", self.call_timeout_s, self._setting()
+                    f"replacement rollout worker {i} loading the policy",
+                    self.call_timeout_s,
+                    self._setting(),
                 )
             self.events.append(f"replaced {'unresponsive' if i in stuck else 'dead'} worker {i}")
-            if self._version > 0:
+            if self.weights.version > 0:
                 live = [
-                    k for k in range(len(self.workers)) if k not in stuck + dead and k not in self._behind
+                    k
+                    for k in range(len(self.workers))
+                    if k not in stuck + dead and k not in self.weights.behind
                 ]
                 try:
                     self._copy_weights(i, live)
                 except Exception as e:  # a vLLM source, or no live worker: wait for the next sync
-                    self._behind.add(i)
+                    self.weights.behind.add(i)
                     self.events.append(
                         f"replacement worker {i} runs nothing until the next weight sync (it has the initial "
-                        f"weights, not version {self._version}): {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                        f"weights, not version {self.weights.version}): {type(e).__name__}: {str(e).splitlines()[0][:200]}"
                     )
 
     def _copy_weights(self, to: int, live: list[int]) -> None:
@@ -606,7 +382,7 @@ class RolloutPool:
         if not live:
             raise RuntimeError(
                 f"every rollout worker died: replacement worker {to} has the initial weights, not "
-                f"version {self._version}, and no live worker can hand them over; restart from a checkpoint"
+                f"version {self.weights.version}, and no live worker can hand them over; restart from a checkpoint"
             )
         src, dst = self.workers[live[0]], self.workers[to]
         (sizes,) = self._answers([src.weight_sizes.remote()], "weight_sizes")
@@ -614,7 +390,7 @@ class RolloutPool:
         limit, bucket, size = self.cfg.rollout.sync.bucket_mb * MiB, list[str](), 0
         for name, n in [*sizes, ("", math.inf)]:  # the sentinel flushes the last bucket
             if bucket and size + n > limit:
-                with self._weights_lock:  # not while an update is half done
+                with self.weights.lock:  # not while an update is half done
                     self._answers(
                         [dst.load_weight_bucket.remote(src.weight_bucket.remote(bucket))],
                         f"copying weights from worker {live[0]}",
@@ -622,7 +398,7 @@ class RolloutPool:
                 bucket, size = [], 0
             bucket.append(name)
             size += n
-        self._answers([dst.finish_weight_update.remote(self._version)], "finish_weight_update")
+        self._answers([dst.finish_weight_update.remote(self.weights.version)], "finish_weight_update")
 
     def generate(
         self, prompts: Sequence[Sequence[int]], params: SamplingParams | Sequence[SamplingParams]
@@ -633,14 +409,16 @@ class RolloutPool:
         import ray
 
         plist = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        current = [k for k in range(len(self.workers)) if k not in self._behind]
+        current = [k for k in range(len(self.workers)) if k not in self.weights.behind]
         if not current:
-            raise RuntimeError(f"no rollout worker has the current weights (version {self._version}) yet")
+            raise RuntimeError(
+                f"no rollout worker has the current weights (version {self.weights.version}) yet"
+            )
         n = len(current)
         bounds = [i * len(prompts) // n for i in range(n + 1)]
         used = [current[i] for i in range(n) if bounds[i + 1] > bounds[i]]
         spans = {current[i]: (bounds[i], bounds[i + 1]) for i in range(n)}
-        with self._weights_lock:  # never between the buckets of a weight update
+        with self.weights.lock:  # never between the buckets of a weight update
             calls = [
                 self.workers[i].generate.remote(
                     prompts[spans[i][0] : spans[i][1]], plist[spans[i][0] : spans[i][1]]
@@ -662,6 +440,96 @@ class RolloutPool:
                 note="; killed them (replaced before the next run_episodes)",
             )
         return [c for part in ray.get(calls) for c in part]
+
+
+class ShardedRun:
+    """One ``RolloutPool.run_episodes`` call: its shards, which worker runs each, retries, results."""
+
+    def __init__(
+        self, pool: RolloutPool, requests: Sequence[EpisodeRequest], use: list[int], seed: int | None,
+        temperature: float | None,
+    ) -> None:  # fmt: skip
+        self.pool, self.requests, self.seed, self.temperature = pool, requests, seed, temperature
+        n, total = len(use), len(requests)
+        self.shards = [list(range(k * total // n, (k + 1) * total // n)) for k in range(n)]
+        self.done: dict[int, Episode] = {}
+        self.attempts = [0] * n
+        self.pending: dict[Any, tuple[int, int]] = {}  # call -> (worker, shard), in submission order
+        self.busy_since: dict[int, float] = {}  # worker -> when it began the call it is running
+        self.live = list(use)
+        for k in range(n):
+            if self.shards[k]:
+                self.submit(k, use[k])
+
+    def submit(self, shard: int, worker: int) -> None:
+        with self.pool.weights.lock:  # never between the buckets of a weight update
+            call = self.pool.workers[worker].run.remote(
+                [self.requests[i] for i in self.shards[shard]], self.seed, self.temperature
+            )
+        self.pending[call] = (worker, shard)
+        self.busy_since.setdefault(worker, time.monotonic())
+
+    def lost(self, shard: int, worker: int, err: str) -> None:
+        """The shard's worker is gone: retry the shard on a live worker, or fail its episodes."""
+        self.pool.events.append(err)
+        if worker in self.live:
+            self.live.remove(worker)
+        if self.live and self.attempts[shard] < self.pool.max_retries:
+            target = min(self.live, key=lambda w: sum(1 for wk, _ in self.pending.values() if wk == w))
+            self.pool.events.append(f"retrying {len(self.shards[shard])} episodes on worker {target}")
+            self.attempts[shard] += 1
+            self.submit(shard, target)
+        else:
+            for i in self.shards[shard]:
+                self.done[i] = failed_episode(self.requests[i], err, self.attempts[shard])
+
+    def results(self) -> list[Episode]:
+        """Wait for every shard (the longest-running call first against its limit)."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        pending, busy_since = self.pending, self.busy_since
+        while pending:
+            oldest = min({w for w, _ in pending.values()}, key=busy_since.__getitem__)
+            left = busy_since[oldest] + self.pool.call_timeout_s - time.monotonic()
+            ready, _ = ray.wait(list(pending), num_returns=1, timeout=max(left, 0.0))
+            if not ready:  # the longest-running call is past its limit
+                err = self.pool._kill_stuck(oldest, "run", time.monotonic() - busy_since.pop(oldest))
+                for call, (w, k) in list(pending.items()):
+                    if w == oldest:
+                        del pending[call]
+                        self.lost(k, w, err)
+                continue
+            worker, k = pending.pop(ready[0])
+            busy_since.pop(worker, None)
+            if any(w == worker for w, _ in pending.values()):
+                busy_since[worker] = time.monotonic()  # it now runs the next shard queued on it
+            try:
+                for i, ep in zip(self.shards[k], ray.get(ready[0])):
+                    ep.metrics["worker_retries"] = self.attempts[k]
+                    self.done[i] = ep
+            except RayActorError as e:
+                err = f"rollout worker {worker} died: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                self.lost(k, worker, err)
+        return [self.done[i] for i in range(len(self.requests))]
+
+
+def ping(workers: list[Any], indices: list[int], timeout_s: float) -> tuple[list[int], list[int]]:
+    """Of ``workers[i]`` for i in ``indices``: those that do not answer a ping within ``timeout_s``,
+    and the dead ones (they answer at once, with an error)."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    pings = [workers[i].pid.remote() for i in indices]
+    done, _ = ray.wait(pings, num_returns=len(pings), timeout=timeout_s)
+    answered, dead = set(done), []
+    for i, p in zip(indices, pings):
+        try:
+            if p in answered:
+                ray.get(p)
+        except RayActorError:
+            dead.append(i)
+    return [i for i, p in zip(indices, pings) if p not in answered], dead
 
 
 def failed_episode(req: EpisodeRequest, message: str, retries: int) -> Episode:
