@@ -339,12 +339,11 @@ def test_a_sync_agent_gets_a_sync_client(tiny_tokenizer):
 
 
 def test_serve_mode_opens_episodes_by_key_and_writes_them_when_finished(tiny_tokenizer):
-    from agentrl.cli.serve import ServedEpisode
+    from agentrl.cli.serve import ServedEpisode, ServedRunner
 
     engine = scripted(tiny_tokenizer, ["Hi.<|im_end|>"] * 4)
-    runner = AgentRunner(engine, tiny_tokenizer, ServedEpisode, open_keys=True)
     done: list[Episode] = []
-    runner.on_finish = done.append
+    runner = ServedRunner(engine, tiny_tokenizer, ServedEpisode, on_finish=done.append)
     try:
         base = runner.url
         for key in ("a", "b"):

@@ -11,14 +11,21 @@ written too, failed at the ``agent`` boundary, so nothing recorded is lost.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import threading
+import zlib
+from collections.abc import Callable
 from typing import Any
 
 from agentrl.agents import AgentEnvironment
 from agentrl.config import Config, output_dir
-from agentrl.rollout.runner import Budgets
+from agentrl.env import Task
+from agentrl.episode import Episode
+from agentrl.rollout.agent_runner import AgentRunner
+from agentrl.rollout.runner import Budgets, EpisodeRequest
+from agentrl.serve.openai_request import APIError
 
 
 class ServedEpisode(AgentEnvironment):
@@ -28,10 +35,65 @@ class ServedEpisode(AgentEnvironment):
     name = "serve"
 
 
+class ServedRunner(AgentRunner):
+    """``agentrl serve``'s backend: any new episode key opens an episode (the client is the agent),
+    ``POST /v1/episodes/{key}/finish`` ends it with a reward and hands it to ``on_finish`` (the
+    transcript); the batcher waits only for the requests in flight (the clients are not ours to count)."""
+
+    def __init__(self, *args: Any, on_finish: Callable[[Episode], None], **kwargs: Any) -> None:
+        self.on_finish = on_finish
+        super().__init__(*args, **kwargs)
+
+    def _ready(self) -> int:
+        with self._lock:
+            return max(1, sum(lv.busy for lv in self._ledgers.values()))
+
+    def _ledger(self, key: str) -> Any:
+        with self._lock:
+            known = key in self._ledgers
+        if not known:
+            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF  # distinct keys sample distinct streams
+            with contextlib.suppress(ValueError):  # two first requests raced: the other one opened it
+                self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
+        return super()._ledger(key)
+
+    def episode(self, key: str) -> dict[str, Any]:
+        """``GET /v1/episodes/{key}``: the episode recorded so far, token by token (``Episode``'s JSON)."""
+        with self._lock:
+            lv = self._ledgers.get(key)
+        if lv is None:
+            raise APIError(404, f"no episode is open under the key {key!r}", code="agentrl_unknown_episode")
+        return lv.episode.to_dict()
+
+    def finish(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /v1/episodes/{key}/finish`` with ``{"reward": x}`` (``agentrl serve``): end the
+        episode, score it (reward component ``agent``; 0 when left out) and hand it to ``on_finish``
+        (the transcript). In a training run episodes end when their agent returns."""
+        reward = body.get("reward", 0.0)
+        if reward is None or isinstance(reward, bool) or not isinstance(reward, (int, float)):
+            raise APIError(400, f"reward must be a number, got {reward!r}", param="reward")
+        with self._lock:
+            lv = self._ledgers.pop(key, None)
+        if lv is None:
+            raise APIError(404, f"no episode is open under the key {key!r}", code="agentrl_unknown_episode")
+        ep = self.finish_episode(lv, float(reward))
+        self.on_finish(ep)
+        return {"id": ep.id, "reward": ep.reward, "turns": ep.num_turns, "samples": ep.num_samples}
+
+    def abandon_open(self, reason: str) -> list[Episode]:
+        """Every episode still open, ended with a failure at the ``agent`` boundary saying ``reason``."""
+        with self._lock:
+            lives, self._ledgers = list(self._ledgers.values()), {}
+        out = []
+        for lv in lives:
+            self._fail(lv, "agent", RuntimeError(reason))
+            out.append(self.finish_episode(lv, None))
+        return out
+
+
 def serve_command(cfg: Config, host: str | None = None, port: int | None = None) -> int:
     from agentrl.config import config_to_yaml
     from agentrl.rollout import components
-    from agentrl.rollout.agent_runner import AgentRunner
     from agentrl.training import build
     from agentrl.transcripts import CONFIG_FILE, TRANSCRIPTS_FILE, TranscriptWriter
 
@@ -50,7 +112,7 @@ def serve_command(cfg: Config, host: str | None = None, port: int | None = None)
             writer.write([ep])
 
     r = cfg.rollout
-    runner = AgentRunner(
+    runner = ServedRunner(
         engine,
         tokenizer,
         ServedEpisode,
@@ -63,9 +125,8 @@ def serve_command(cfg: Config, host: str | None = None, port: int | None = None)
         host=host or cfg.proxy.host,
         port=cfg.proxy.port if port is None else port,
         model_name=cfg.proxy.model_name,
-        open_keys=True,
+        on_finish=write,
     )
-    runner.on_finish = write
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

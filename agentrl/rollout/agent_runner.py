@@ -35,7 +35,6 @@ import logging
 import threading
 import traceback
 import uuid
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,9 +44,8 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode, Segment
 from agentrl.models.chat_templates import tool_call_format
-from agentrl.models.history import history_pieces
 from agentrl.rollout.async_runner import RequestBatcher
-from agentrl.rollout.drift import drift_kind, retokenize
+from agentrl.rollout.drift import drift_kind, rebase
 from agentrl.rollout.runner import (
     ENGINE_REQUEST_S,
     Budgets,
@@ -87,6 +85,16 @@ class _Ledger(LiveEpisode):
     """The turn budget is spent: a further request ends the episode (``max_turns``)."""
     calls: int = 0
 
+    @classmethod
+    def start(cls, req: EpisodeRequest, key: str | None) -> _Ledger:
+        """A new episode's ledger under ``key``; by default the episode id plus 96 random bits (the key
+        is the endpoint's only credential)."""
+        ep = req.new_episode()
+        task = req.task
+        ep.metrics["task"] = {"id": task.id, "prompt": task.prompt, "answer": jsonable(task.answer),
+                              "metadata": jsonable(dict(task.metadata))}  # fmt: skip
+        return cls(ep, None, None, key=key or f"{ep.id}-{uuid.uuid4().hex[:24]}")
+
 
 def for_template(msg: dict[str, Any]) -> dict[str, Any]:
     """A message as chat templates expect it: tool-call arguments as objects, not JSON text (stock
@@ -120,8 +128,7 @@ def canonical(msg: dict[str, Any]) -> tuple:
 
 class AgentRunner(EpisodeRunner):
     """Runs ``AgentEnvironment`` episodes: each agent's ``run(client, task)`` calls the endpoint, which
-    records its episode. Also the backend of ``agentrl serve`` (``open_keys``: any new key opens an
-    episode, finished through ``POST /v1/episodes/{key}/finish``).
+    records its episode. ``agentrl serve``'s backend is a subclass (``cli/serve.py``: ``ServedRunner``).
 
     The engine is shared through continuous batching (``RequestBatcher``, or the engine's own
     ``submit``); at most ``max_concurrent_episodes`` agents run at once."""
@@ -144,7 +151,6 @@ class AgentRunner(EpisodeRunner):
         host: str = "127.0.0.1",
         port: int = 0,
         model_name: str = "agentrl-policy",
-        open_keys: bool = False,
         max_wait_s: float = 0.01,
     ) -> None:
         super().__init__(
@@ -153,7 +159,7 @@ class AgentRunner(EpisodeRunner):
         )  # fmt: skip
         if on_drift not in ON_DRIFT:
             raise ValueError(f"proxy.on_drift is {on_drift!r}; valid: {', '.join(ON_DRIFT)}")
-        self.on_drift, self.agent_timeout_s, self.open_keys = on_drift, agent_timeout_s, open_keys
+        self.on_drift, self.agent_timeout_s = on_drift, agent_timeout_s
         self.max_concurrent_episodes, self.model_name = max_concurrent_episodes, model_name
         try:
             self.tool_format: str | None = tool_call_format(tokenizer)
@@ -175,8 +181,6 @@ class AgentRunner(EpisodeRunner):
             )
             submit = self._batcher.submit
         self._submit = submit
-        self.on_finish: Callable[[Episode], None] | None = None
-        """``agentrl serve``: where finished episodes go (the transcript)."""
         self.server = OpenAIServer(self, host=host, port=port).start()
 
     @property
@@ -194,22 +198,13 @@ class AgentRunner(EpisodeRunner):
         """How many requests the batcher may wait for (``max_wait_s`` at most): every running agent
         could be about to ask; an agent busy with its own tools costs the batch that short wait."""
         with self._lock:
-            if self.open_keys:  # agentrl serve: the clients are not ours to count; only what is asking
-                return max(1, sum(lv.busy for lv in self._ledgers.values()))
             return max(1, sum(not (lv.done or lv.agent_done) for lv in self._ledgers.values()))
 
     # -- episodes ----------------------------------------------------------------------------
     def open(self, req: EpisodeRequest, key: str | None = None) -> _Ledger:
         """Start recording an episode under ``key`` (default: the episode's id)."""
-        ep = req.new_episode()
-        ep.metrics["task"] = {
-            "id": req.task.id,
-            "prompt": req.task.prompt,
-            "answer": jsonable(req.task.answer),
-            "metadata": jsonable(dict(req.task.metadata)),
-        }
-        # the key is the endpoint's only credential: the episode id plus 96 random bits
-        lv = _Ledger(ep, None, None, key=key or f"{ep.id}-{uuid.uuid4().hex[:24]}")
+        lv = _Ledger.start(req, key)
+        ep = lv.episode
         try:
             env = self.env_factory()
             lv.env, ep.env = env, env.name
@@ -245,7 +240,11 @@ class AgentRunner(EpisodeRunner):
         except BaseException:
             self._discard(lives)
             raise
-        agents = LoopThread(self._run_agents(lives))
+        agents = LoopThread(
+            run_agents(
+                lives, self.url, self.max_concurrent_episodes, self.request_timeout_s, self.agent_timeout_s
+            )
+        )
         try:
             if self._batcher is not None and hasattr(self.engine, "bounded"):
                 # each call bounded by the request timeout; other engines are served by the
@@ -287,53 +286,6 @@ class AgentRunner(EpisodeRunner):
             for lv in lives:
                 self._ledgers.pop(lv.key, None)
         close_quietly(lives)
-
-    async def _run_agents(self, lives: list[_Ledger]) -> list[Any]:
-        import openai
-
-        limit = asyncio.Semaphore(self.max_concurrent_episodes)
-        timeout = self.request_timeout_s + 30.0  # the endpoint answers within its own engine timeout
-        threads = DaemonThreads()  # plain-function agents; a stuck one is abandoned, never joined
-
-        def run_sync(env: AgentEnvironment, key: str, task: Any) -> Any:
-            with openai.OpenAI(base_url=self.url, api_key=key, max_retries=0, timeout=timeout) as client:
-                return env.run(client, task)
-
-        async with openai.DefaultAsyncHttpxClient() as http:  # one connection pool for every agent
-
-            async def one(lv: _Ledger) -> Any:
-                if lv.done:  # the environment failed to start
-                    return None
-                assert isinstance(lv.env, AgentEnvironment) and lv.env.task is not None
-                env, task = lv.env, lv.env.task
-                async with limit:
-                    call: Any  # the agent's coroutine, or its thread's future
-                    try:
-                        if inspect.iscoroutinefunction(env.run):
-                            client = openai.AsyncOpenAI(
-                                base_url=self.url,
-                                api_key=lv.key,
-                                http_client=http,
-                                max_retries=0,
-                                timeout=timeout,
-                            )
-                            call = env.run(client, task)
-                        else:
-                            call = asyncio.get_running_loop().run_in_executor(
-                                threads, run_sync, env, lv.key, task
-                            )
-                        return await asyncio.wait_for(call, self.agent_timeout_s)
-                    except BaseException as e:  # the agent's failure is its episode's, not the run's
-                        if isinstance(e, (KeyboardInterrupt, SystemExit)):
-                            raise
-                        return e
-                    finally:
-                        lv.agent_done = True
-
-            try:
-                return await asyncio.gather(*(one(lv) for lv in lives))
-            finally:
-                threads.shutdown(wait=False, cancel_futures=True)
 
     def finish_episode(self, lv: _Ledger, outcome: Any) -> Episode:
         """The episode of a ledger whose agent returned ``outcome`` (a reward, None, or an exception)."""
@@ -389,15 +341,6 @@ class AgentRunner(EpisodeRunner):
     def _ledger(self, key: str) -> _Ledger:
         with self._lock:
             lv = self._ledgers.get(key)
-        if lv is None and self.open_keys:
-            from agentrl.env import Task
-
-            seed = zlib.crc32(key.encode()) & 0x7FFFFFFF  # distinct keys sample distinct streams
-            try:
-                lv = self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
-            except ValueError:  # two first requests raced: the other one opened it
-                with self._lock:
-                    lv = self._ledgers.get(key)
         if lv is None:
             raise APIError(404, f"no episode is open under the key {key!r} (the API key or X-Episode-Key header)", code="agentrl_unknown_episode")  # fmt: skip
         return lv
@@ -411,7 +354,7 @@ class AgentRunner(EpisodeRunner):
                 f"failed at the {ep.failure.boundary} boundary" if ep.failure else f"ended ({ep.stop_reason})"
             )
             raise APIError(400, f"episode {lv.key!r} has {why}; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
-        self._check_sampling(req)
+        check_sampling(req, self.sampling)
         if req.tools and self.tool_format is None:
             raise APIError(400, f"this model's chat template cannot carry tool calls: {self._tool_format_error}", param="tools")  # fmt: skip
         messages = [for_template(m) for m in req.messages]
@@ -441,18 +384,9 @@ class AgentRunner(EpisodeRunner):
         self._append_policy(lv, comp)
         if lv.done and ep.failed:
             raise APIError(500, f"the engine failed: {ep.failure.message}", type="server_error", code="agentrl_engine_failed")  # fmt: skip
-        return self._reply(lv, comp, prompt_len, req.logprobs)
-
-    def _check_sampling(self, req: ChatRequest) -> None:
-        """The run's sampling settings are the policy's: a request may repeat them, not change them."""
-        run = {"temperature": self.sampling.temperature, "top_p": self.sampling.top_p}
-        for name, value in (("temperature", req.temperature), ("top_p", req.top_p)):
-            if value is not None and abs(value - run[name]) > 1e-9:
-                raise APIError(400, f"{name}={value} differs from this run's rollout.{name}={run[name]:g}: the trainer's loss assumes the rollout's sampling distribution; leave {name} out or set rollout.{name}", param=name, code="agentrl_sampling_fixed")  # fmt: skip
-        if req.seed is not None:
-            raise APIError(400, "seed is set by agentrl per episode and turn (from run.seed); leave it out", param="seed", code="agentrl_sampling_fixed")  # fmt: skip
-        if req.top_logprobs:
-            raise APIError(400, "top_logprobs are not recorded; only the sampled tokens' logprobs (logprobs: true)", param="top_logprobs")  # fmt: skip
+        return reply(
+            lv, comp, prompt_len, req.logprobs, self.tool_format, self.tokenizer, self.budgets.max_turns
+        )
 
     def _complete(self, lv: _Ledger, req: ChatRequest) -> Completion:
         params = self._sampling_for(lv)
@@ -465,47 +399,6 @@ class AgentRunner(EpisodeRunner):
         except Exception as e:
             self._fail(lv, "model", e)
             raise APIError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error", code="agentrl_engine_failed") from e  # fmt: skip
-
-    def _reply(self, lv: _Ledger, comp: Completion, prompt_len: int, logprobs: bool) -> ChatResult:
-        """The completion as OpenAI's message, and the ledger's record of it (the client's view)."""
-        text = lv.final_text or ""
-        fmt = self.tool_format
-        calls = [c for c in parse_tool_calls(text, fmt) if c.error is None and c.name] if fmt else []
-        tool_calls = [
-            {
-                "id": f"call_{lv.turn}_{i}",
-                "type": "function",
-                "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
-            }
-            for i, c in enumerate(calls)
-        ]
-        content = strip_tool_calls(text, fmt) if fmt and tool_calls else text
-        message: dict[str, Any] = {"role": "assistant", "content": content}
-        if tool_calls:
-            message["tool_calls"] = tool_calls
-        lv.messages[-1] = for_template(message)  # _append_policy recorded the raw text; the client sees this
-        lv.seen.append(canonical(message))
-        lv.final_text, lv.calls = content, lv.calls + len(tool_calls)
-        if lv.turn + 1 >= min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns):
-            lv.last_turn = True
-        finish = "tool_calls" if tool_calls else ("length" if comp.finish_reason == "length" else "stop")
-        return ChatResult(
-            content=content if content or not tool_calls else None,
-            tool_calls=tool_calls,
-            finish_reason=finish,
-            completion_tokens=[self.tokenizer.decode([t], skip_special_tokens=False) for t in comp.token_ids]
-            if logprobs
-            else [],
-            logprobs=list(comp.logprobs),
-            prompt_tokens=prompt_len,
-            extra={
-                "episode": lv.key,
-                "turn": lv.turn,
-                "sample": lv.episode.num_samples - 1,
-                "weight_version": comp.weight_version,
-                "token_ids": list(comp.token_ids),
-            },
-        )
 
     # -- drift -------------------------------------------------------------------------------
     def _drift(self, lv: _Ledger, messages: list[dict], tools: list[dict] | None, tools_key: str) -> None:
@@ -524,55 +417,124 @@ class AgentRunner(EpisodeRunner):
             raise APIError(400, message, param=f"messages[{at}]", code="agentrl_history_drift")
         renderer = self._renderer(tools, placement="template")
         lv.turn += 1
-        if self.on_drift == "split":
-            old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
-            changed = tools_key != lv.tools_key
-            ep.begin_sample(
-                len(messages),
-                f"drift:{kind}",
-                before=list(lv.messages),
-                tools_before=old_tools if changed else None,
-            )
-            for p in history_pieces(renderer, messages):
-                ep.add(Segment(p.role, lv.turn, p.token_ids, p.text))  # type: ignore[arg-type]
-        else:
-            record.update(retokenize(self.tokenizer, lv.episode, renderer, messages))
+        old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
+        tools_before = old_tools if tools_key != lv.tools_key else None
+        record.update(rebase(ep, self.on_drift, kind, renderer, messages, lv.turn, lv.messages, tools_before, self.tokenizer))  # fmt: skip
         lv.renderer, lv.tools_key = renderer, tools_key
         lv.messages, lv.seen = messages, [canonical(m) for m in messages]
         ep.metrics["tools"] = tools
 
-    # -- agentrl serve -------------------------------------------------------------------------
-    def episode(self, key: str) -> dict[str, Any]:
-        """``GET /v1/episodes/{key}``: the episode recorded so far, token by token (``Episode``'s JSON)."""
-        with self._lock:
-            lv = self._ledgers.get(key)
-        if lv is None:
-            raise APIError(404, f"no episode is open under the key {key!r}", code="agentrl_unknown_episode")
-        return lv.episode.to_dict()
 
-    def finish(self, key: str, body: dict[str, Any]) -> dict[str, Any]:
-        """``POST /v1/episodes/{key}/finish`` with ``{"reward": x}`` (``agentrl serve``): end the
-        episode, score it (reward component ``agent``; 0 when left out) and hand it to ``on_finish``
-        (the transcript). In a training run episodes end when their agent returns."""
-        if not self.open_keys or self.on_finish is None:
-            raise APIError(400, "episodes of a training run end when their agent's run() returns", code="agentrl_not_serving")  # fmt: skip
-        reward = body.get("reward", 0.0)
-        if reward is None or isinstance(reward, bool) or not isinstance(reward, (int, float)):
-            raise APIError(400, f"reward must be a number, got {reward!r}", param="reward")
-        with self._lock:
-            lv = self._ledgers.pop(key, None)
-        if lv is None:
-            raise APIError(404, f"no episode is open under the key {key!r}", code="agentrl_unknown_episode")
-        ep = self.finish_episode(lv, float(reward))
-        self.on_finish(ep)
-        return {"id": ep.id, "reward": ep.reward, "turns": ep.num_turns, "samples": ep.num_samples}
+def check_sampling(req: ChatRequest, sampling: SamplingParams) -> None:
+    """The run's sampling settings are the policy's: a request may repeat them, not change them."""
+    run = {"temperature": sampling.temperature, "top_p": sampling.top_p}
+    for name, value in (("temperature", req.temperature), ("top_p", req.top_p)):
+        if value is not None and abs(value - run[name]) > 1e-9:
+            raise APIError(400, f"{name}={value} differs from this run's rollout.{name}={run[name]:g}: the trainer's loss assumes the rollout's sampling distribution; leave {name} out or set rollout.{name}", param=name, code="agentrl_sampling_fixed")  # fmt: skip
+    if req.seed is not None:
+        raise APIError(400, "seed is set by agentrl per episode and turn (from run.seed); leave it out", param="seed", code="agentrl_sampling_fixed")  # fmt: skip
+    if req.top_logprobs:
+        raise APIError(400, "top_logprobs are not recorded; only the sampled tokens' logprobs (logprobs: true)", param="top_logprobs")  # fmt: skip
 
-    def abandon_open(self, reason: str) -> list[Episode]:
-        """Every episode still open, ended with a failure at the ``agent`` boundary saying ``reason``."""
-        with self._lock:
-            lives, self._ledgers = list(self._ledgers.values()), {}
-        out = []
-        for lv in lives:
-            self._fail(lv, "agent", RuntimeError(reason))
-            out.append(self.finish_episode(lv, None))
-        return out
+
+def reply(
+    lv: _Ledger,
+    comp: Completion,
+    prompt_len: int,
+    logprobs: bool,
+    tool_format: str | None,
+    tokenizer: Any,
+    max_turns: int,
+) -> ChatResult:
+    """The completion as OpenAI's message, and the ledger's record of it (the client's view)."""
+    text = lv.final_text or ""
+    fmt = tool_format
+    calls = [c for c in parse_tool_calls(text, fmt) if c.error is None and c.name] if fmt else []
+    tool_calls = [
+        {
+            "id": f"call_{lv.turn}_{i}",
+            "type": "function",
+            "function": {"name": c.name, "arguments": json.dumps(c.arguments, ensure_ascii=False)},
+        }
+        for i, c in enumerate(calls)
+    ]
+    content = strip_tool_calls(text, fmt) if fmt and tool_calls else text
+    message: dict[str, Any] = {"role": "assistant", "content": content}
+    if tool_calls:
+        message["tool_calls"] = tool_calls
+    lv.messages[-1] = for_template(message)  # _append_policy recorded the raw text; the client sees this
+    lv.seen.append(canonical(message))
+    lv.final_text, lv.calls = content, lv.calls + len(tool_calls)
+    if lv.turn + 1 >= min(max_turns, lv.env.max_turns if lv.env else max_turns):
+        lv.last_turn = True
+    finish = "tool_calls" if tool_calls else ("length" if comp.finish_reason == "length" else "stop")
+    return ChatResult(
+        content=content if content or not tool_calls else None,
+        tool_calls=tool_calls,
+        finish_reason=finish,
+        completion_tokens=[tokenizer.decode([t], skip_special_tokens=False) for t in comp.token_ids]
+        if logprobs
+        else [],
+        logprobs=list(comp.logprobs),
+        prompt_tokens=prompt_len,
+        extra={
+            "episode": lv.key,
+            "turn": lv.turn,
+            "sample": lv.episode.num_samples - 1,
+            "weight_version": comp.weight_version,
+            "token_ids": list(comp.token_ids),
+        },
+    )
+
+
+async def run_agents(
+    lives: list[_Ledger], url: str, max_concurrent: int, request_timeout_s: float, agent_timeout_s: float
+) -> list[Any]:
+    """Each ledger's agent (``AgentEnvironment.run``) against the endpoint at ``url``, at most
+    ``max_concurrent`` at once: coroutine agents on this loop, plain functions on daemon threads. An
+    agent's exception (or timeout) is its outcome, not the run's."""
+    import openai
+
+    limit = asyncio.Semaphore(max_concurrent)
+    timeout = request_timeout_s + 30.0  # the endpoint answers within its own engine timeout
+    threads = DaemonThreads()  # plain-function agents; a stuck one is abandoned, never joined
+
+    def run_sync(env: AgentEnvironment, key: str, task: Any) -> Any:
+        with openai.OpenAI(base_url=url, api_key=key, max_retries=0, timeout=timeout) as client:
+            return env.run(client, task)
+
+    async with openai.DefaultAsyncHttpxClient() as http:  # one connection pool for every agent
+
+        async def one(lv: _Ledger) -> Any:
+            if lv.done:  # the environment failed to start
+                return None
+            assert isinstance(lv.env, AgentEnvironment) and lv.env.task is not None
+            env, task = lv.env, lv.env.task
+            async with limit:
+                call: Any  # the agent's coroutine, or its thread's future
+                try:
+                    if inspect.iscoroutinefunction(env.run):
+                        client = openai.AsyncOpenAI(
+                            base_url=url,
+                            api_key=lv.key,
+                            http_client=http,
+                            max_retries=0,
+                            timeout=timeout,
+                        )
+                        call = env.run(client, task)
+                    else:
+                        call = asyncio.get_running_loop().run_in_executor(
+                            threads, run_sync, env, lv.key, task
+                        )
+                    return await asyncio.wait_for(call, agent_timeout_s)
+                except BaseException as e:  # the agent's failure is its episode's, not the run's
+                    if isinstance(e, (KeyboardInterrupt, SystemExit)):
+                        raise
+                    return e
+                finally:
+                    lv.agent_done = True
+
+        try:
+            return await asyncio.gather(*(one(lv) for lv in lives))
+        finally:
+            threads.shutdown(wait=False, cancel_futures=True)

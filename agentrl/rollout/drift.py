@@ -206,6 +206,21 @@ def drift_kind(
     return classify(dec(a[i1:i2]), dec(b[j1:j2]), dec(a[max(0, i1 - 6) : i1]), dec(a[i2 : i2 + 6]), specials)
 
 
+def rebase(
+    ep: Episode, action: str, kind: str, renderer: Any, messages: list[dict[str, Any]], turn: int,
+    before: list[dict[str, Any]], tools_before: Any, tokenizer: Any,
+) -> dict[str, int]:  # fmt: skip
+    """Continue an episode from a client's edited history (``proxy.on_drift``): ``split`` starts a new
+    training sample prompted with ``messages`` (the earlier sample keeps its own history, ``before``,
+    and its tools when they changed); ``retokenize`` re-renders them into the current sample."""
+    if action == "split":
+        ep.begin_sample(len(messages), f"drift:{kind}", before=list(before), tools_before=tools_before)
+        for p in history_pieces(renderer, messages):
+            ep.add(Segment(p.role, turn, p.token_ids, p.text))  # type: ignore[arg-type]
+        return {}
+    return retokenize(tokenizer, ep, renderer, messages)
+
+
 def retokenize(tokenizer: Any, ep: Episode, renderer: Any, messages: list[dict[str, Any]]) -> dict[str, int]:
     """Replace the episode's current sample with the template's render of ``messages``, keeping the
     policy's tokens (role, log-prob, version, turn) wherever they survive unchanged (aligned by

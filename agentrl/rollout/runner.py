@@ -300,7 +300,8 @@ class EpisodeRunner:
         truncated to ``max_tool_output_tokens``), or, where the chat template would show the model a
         different history and ``history`` is split, as the prompt of a new sample."""
         assert lv.renderer is not None
-        pieces = [self._truncate(p) for p in lv.renderer.render_observation(obs)]
+        cap = self.budgets.max_tool_output_tokens
+        pieces = [truncate_output(self.tokenizer, p, cap) for p in lv.renderer.render_observation(obs)]
         for i, msg in enumerate(obs):  # record what the model actually saw
             text = [p.text for p in pieces if p.message_index == i]
             lv.messages.append({**msg, "content": text[0]} if text else dict(msg))
@@ -309,20 +310,6 @@ class EpisodeRunner:
             pieces = history_pieces(lv.renderer, lv.messages)
         for piece in pieces:
             lv.episode.add(Segment(piece.role, lv.turn, piece.token_ids, piece.text))  # type: ignore[arg-type]
-
-    def _truncate(self, piece: Piece) -> Piece:
-        """Keep the head (3/4) and tail (1/4) of a long tool/env output, with a marker between them;
-        the result, marker included, fits ``max_tool_output_tokens``."""
-        n, cap = len(piece.token_ids), self.budgets.max_tool_output_tokens
-        if piece.role not in ("tool", "env") or n <= cap:
-            return piece
-        marker = self.tokenizer(f"\n...[{n} tokens, truncated]...\n", add_special_tokens=False)["input_ids"]
-        keep = max(cap - len(marker), 0)
-        n_tail = keep // 4
-        ids = piece.token_ids[: keep - n_tail] + marker + (piece.token_ids[n - n_tail :] if n_tail else [])
-        ids = ids[:cap]
-        text = self.tokenizer.decode(ids, skip_special_tokens=False)
-        return Piece(piece.role, ids, text, piece.message_index)
 
     def _stop(self, lv: LiveEpisode, reason: str) -> None:
         if not lv.done:
@@ -392,6 +379,21 @@ class EpisodeRunner:
             comps[self.step_reward_name] = lv.step_reward
         ep.reward_components = comps
         ep.reward = total
+
+
+def truncate_output(tokenizer: Any, piece: Piece, cap: int) -> Piece:
+    """Keep the head (3/4) and tail (1/4) of a tool/env output longer than ``cap`` tokens, with a
+    marker between them; the result, marker included, fits ``cap`` (``max_tool_output_tokens``)."""
+    n = len(piece.token_ids)
+    if piece.role not in ("tool", "env") or n <= cap:
+        return piece
+    marker = tokenizer(f"\n...[{n} tokens, truncated]...\n", add_special_tokens=False)["input_ids"]
+    keep = max(cap - len(marker), 0)
+    n_tail = keep // 4
+    ids = piece.token_ids[: keep - n_tail] + marker + (piece.token_ids[n - n_tail :] if n_tail else [])
+    ids = ids[:cap]
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    return Piece(piece.role, ids, text, piece.message_index)
 
 
 def _close_started(started: concurrent.futures.Future) -> None:
