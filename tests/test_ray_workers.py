@@ -63,6 +63,7 @@ def requests(n: int, **metadata) -> list[EpisodeRequest]:
     ]
 
 
+@pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model_dir):
     from agentrl.rollout.ray_workers import RolloutPool
     from agentrl.training.trainer import Trainer

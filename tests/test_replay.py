@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
+import pytest
 from rich.console import Console
 
 from agentrl.env import Environment, EpisodeState, Reward, Task, register, tool
@@ -173,6 +174,7 @@ def test_rescore_reports_changed_rewards_and_missing_task(tmp_path):
     assert "could not rescore: ValueError" in out(c)
 
 
+@pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
     """``replay --rerun/--rescore`` of a run whose environment lives in the user's own file: the run's
     ``env.module`` is imported (in a fresh process, as a user runs it), or ``--module`` for a bare

@@ -165,6 +165,7 @@ def hanging(n: int, hang_s: float) -> list[EpisodeRequest]:
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, tiny_model_dir):
     """One worker. A shard whose environment hangs: after ``ray_call_s`` = 2 s the worker is killed
     and the episodes fail at the worker boundary naming it; the next run replaces it and succeeds.

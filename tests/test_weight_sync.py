@@ -321,6 +321,7 @@ def test_lora_trainer_names_merged_tensors_dropped_on_the_way(tmp_path, tiny_mod
 
 # -- a Ray pool -------------------------------------------------------------------------------------
 @pytest.mark.ray
+@pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(tmp_path, tiny_model_dir):
     ray = pytest.importorskip("ray")
     from agentrl.rollout.ray_workers import RolloutPool, init_ray
@@ -420,6 +421,7 @@ def test_broadcast_needs_ray_workers(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(tmp_path, tiny_model_dir):
     ray = pytest.importorskip("ray")
     from agentrl.rollout.ray_workers import RolloutPool, init_ray
@@ -476,6 +478,7 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(tm
 
 
 @pytest.mark.ray
+@pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_ray_pool_broadcast_names_a_worker_that_never_joins(tmp_path, tiny_model_dir):
     ray = pytest.importorskip("ray")
     from agentrl.rollout.ray_workers import RolloutPool, RolloutWorker, init_ray
