@@ -141,6 +141,33 @@ class WorkerProcess:
         self.worker_pid: int | None = None
         self._buf = bytearray()
         scratch.mkdir(parents=True, exist_ok=False)
+        self._spawn(argv_prefix, python, cgroups, env, paths)
+        ready = self.read_frame(time.monotonic() + start_timeout_s)
+        if not ready or ready.get("ev") != "ready":
+            err = self._stderr_tail()
+            self.kill()
+            raise SandboxError(f"the sandbox did not start: {err or 'no ready message'}")
+        assert self.proc is not None
+        tree = [self.proc.pid, *descendants(self.proc.pid)]
+        self.worker_pid = tree[-1]
+        if self.cgroup is not None:
+            try:
+                for pid in tree:
+                    self.cgroup.add(pid)
+            except OSError as e:
+                self.kill()
+                raise SandboxError(f"could not move the sandbox into its cgroup: {e}") from e
+
+    def _spawn(
+        self,
+        argv_prefix: list[str],
+        python: str,
+        cgroups: CgroupManager | None,
+        env: dict[str, str] | None,
+        paths: list[str],
+    ) -> None:
+        """Start the worker process (through the spawner thread) with its two protocol pipes."""
+        limits = self.limits
         cmd_r, self._cmd_w = os.pipe()
         self._rep_r, rep_w = os.pipe()
         cfg = {
@@ -171,7 +198,7 @@ class WorkerProcess:
                     stderr=subprocess.PIPE,
                     pass_fds=(cmd_r, rep_w),
                     env=env if env is not None else {},
-                    cwd=str(scratch) if not argv_prefix else "/",
+                    cwd=str(self.scratch) if not argv_prefix else "/",
                     start_new_session=True,
                 )
             )
@@ -181,20 +208,6 @@ class WorkerProcess:
         finally:
             os.close(cmd_r)
             os.close(rep_w)
-        ready = self.read_frame(time.monotonic() + start_timeout_s)
-        if not ready or ready.get("ev") != "ready":
-            err = self._stderr_tail()
-            self.kill()
-            raise SandboxError(f"the sandbox did not start: {err or 'no ready message'}")
-        tree = [self.proc.pid, *descendants(self.proc.pid)]
-        self.worker_pid = tree[-1]
-        if self.cgroup is not None:
-            try:
-                for pid in tree:
-                    self.cgroup.add(pid)
-            except OSError as e:
-                self.kill()
-                raise SandboxError(f"could not move the sandbox into its cgroup: {e}") from e
 
     def _stderr_tail(self) -> str:
         if self.proc is None or self.proc.stderr is None:

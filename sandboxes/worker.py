@@ -224,6 +224,51 @@ def _move(src, dst):
         os.set_inheritable(dst, True)
 
 
+def _drain(fd, stream, sentinel):
+    """Point descriptor ``fd`` at a pipe whose reader forwards the cell's output (``Drain``)."""
+    r, w = os.pipe()
+    if r in (1, 2):  # descriptors 0/1 were just freed and pipe() may hand them out
+        r2 = os.dup(r)
+        os.close(r)
+        r = r2
+    _move(w, fd)
+    try:  # a bigger pipe means fewer wake-ups when the code floods its output
+        import fcntl
+
+        fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 1 << 20)
+    except (ImportError, OSError, AttributeError):
+        pass
+    d = Drain(r, stream, sentinel)
+    d.start()
+    return d
+
+
+def _run(msg, ns, n, drains, capped, sentinel):
+    """Run one cell under its CPU limit; its output drained up to the sentinel; the "done" frame."""
+    cap = int(msg.get("output_bytes", 65536))
+    for d in (*drains, *capped):
+        d.new_cell(cap)
+    set_cell_cpu(float(msg.get("cpu_s", 3600)))
+    value, error = run_cell(msg["code"], ns, n)
+    resource.setrlimit(
+        resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_CPU)[1])
+    )
+    if error is not None and error["name"] == "KeyboardInterrupt":
+        kill_others()
+    for stream in capped:
+        with contextlib.suppress(Exception):
+            stream.flush()
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.write(fd, sentinel)
+    for d in drains:
+        d.synced.wait(5.0)
+    truncated = any(d.truncated for d in drains) or any(c.dropped for c in capped)
+    if value is not None and len(value) > cap:
+        value, truncated = value[:cap], True
+    return {"ev": "done", "value": value, "error": error, "truncated": truncated}
+
+
 def main():
     global _OUT
     # Timeouts interrupt a cell with SIGINT. A worker started from a process that ignores or blocks
@@ -238,23 +283,7 @@ def main():
     os.close(out_fd)
     _move(os.open(os.devnull, os.O_RDONLY), 0)
     sentinel = b"\x00agentrl-end-" + os.urandom(8).hex().encode() + b"\x00"
-    drains = []
-    for fd, stream in ((1, "stdout"), (2, "stderr")):
-        r, w = os.pipe()
-        if r in (1, 2):  # descriptors 0/1 were just freed and pipe() may hand them out
-            r2 = os.dup(r)
-            os.close(r)
-            r = r2
-        _move(w, fd)
-        try:  # a bigger pipe means fewer wake-ups when the code floods its output
-            import fcntl
-
-            fcntl.fcntl(r, fcntl.F_SETPIPE_SZ, 1 << 20)
-        except (ImportError, OSError, AttributeError):
-            pass
-        d = Drain(r, stream, sentinel)
-        d.start()
-        drains.append(d)
+    drains = [_drain(fd, stream, sentinel) for fd, stream in ((1, "stdout"), (2, "stderr"))]
     set_session_limits(lim)
     sys.stdout, sys.stderr = CappedText(sys.stdout), CappedText(sys.stderr)
     capped = (sys.stdout, sys.stderr)
@@ -267,28 +296,7 @@ def main():
         if msg is None or msg.get("op") != "run":
             os._exit(0)
         n += 1
-        for d in (*drains, *capped):
-            d.new_cell(int(msg.get("output_bytes", 65536)))
-        set_cell_cpu(float(msg.get("cpu_s", 3600)))
-        value, error = run_cell(msg["code"], ns, n)
-        resource.setrlimit(
-            resource.RLIMIT_CPU, (resource.RLIM_INFINITY, resource.getrlimit(resource.RLIMIT_CPU)[1])
-        )
-        if error is not None and error["name"] == "KeyboardInterrupt":
-            kill_others()
-        for stream in capped:
-            with contextlib.suppress(Exception):
-                stream.flush()
-        for fd in (1, 2):
-            with contextlib.suppress(OSError):
-                os.write(fd, sentinel)
-        for d in drains:
-            d.synced.wait(5.0)
-        truncated = any(d.truncated for d in drains) or any(c.dropped for c in capped)
-        cap = int(msg.get("output_bytes", 65536))
-        if value is not None and len(value) > cap:
-            value, truncated = value[:cap], True
-        send({"ev": "done", "value": value, "error": error, "truncated": truncated})
+        send(_run(msg, ns, n, drains, capped, sentinel))
 
 
 if __name__ == "__main__":

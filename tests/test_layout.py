@@ -187,20 +187,8 @@ def test_the_checks_catch_a_planted_violation(tmp_path, source, finding):
 
 
 CLASS_LINES, FUNCTION_LINES = 300, 60
-LONG_FUNCTIONS = {  # a ratchet: what is left to split (issue 30); nothing new joins, and each shrinks
-    "agentrl/cli/__init__.py:build_parser": 130,  # declarative: the argparse table
-    "agentrl/study/report.py:write_report": 116,
-    "agentrl/training/sft.py:sft_train": 86,
-    "agentrl/algorithms/losses.py:policy_loss": 84,
-    "agentrl/env/check.py:check_environment": 81,
-    "agentrl/config/__init__.py:_cross_checks": 77,
-    "sandboxes/process.py:__init__": 72,
-    "agentrl/training/sft.py:run_sft": 70,
-    "agentrl/cli/__init__.py:cmd_eval": 70,
-    "agentrl/cli/__init__.py:cmd_envs": 66,
-    "sandboxes/worker.py:main": 65,
-    "agentrl/views/replay.py:replay_command": 64,
-    "agentrl/study/__init__.py:prepare_family": 63,
+DECLARATIVE = {  # tables, not logic: one entry a line, so exempt from the limit; each may only shrink
+    "agentrl/cli/__init__.py:build_parser": 130,  # the argparse table
 }
 
 
@@ -218,9 +206,7 @@ def test_no_class_over_300_lines():
     assert sizes(ast.ClassDef, CLASS_LINES) == {}
 
 
-def test_no_function_over_60_lines_beyond_the_ones_left_to_split():
+def test_no_function_over_60_lines_outside_declarative_tables():
     long = sizes(ast.FunctionDef, FUNCTION_LINES)
-    grown = {
-        k: (n, LONG_FUNCTIONS.get(k)) for k, n in long.items() if n > LONG_FUNCTIONS.get(k, FUNCTION_LINES)
-    }
-    assert grown == {}, f"over {FUNCTION_LINES} lines (or longer than when listed): {grown}"
+    grown = {k: (n, DECLARATIVE.get(k)) for k, n in long.items() if n > DECLARATIVE.get(k, FUNCTION_LINES)}
+    assert grown == {}, f"over {FUNCTION_LINES} lines (or a table longer than when listed): {grown}"

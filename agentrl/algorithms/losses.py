@@ -159,7 +159,12 @@ class PolicyLoss(NamedTuple):
     loss: Tensor
     """The scalar loss of this (micro-)batch, with gradient."""
     stats: dict[str, float]
-    """Detached statistics over its policy tokens (see ``policy_loss``)."""
+    """Detached statistics over its policy tokens: ``pg_loss``, ``clip_frac_low`` (A<0, r<1-ε_low),
+    ``clip_frac_high`` (A>0, r>1+ε_high), ``dual_clip_frac``, ``approx_kl`` (k3 of π_old vs πθ),
+    ``ratio_mean``, ``n_tokens``, and ``kl_ref`` / ``entropy`` when given. ``pg_loss`` is this
+    micro-batch's share of the batch's loss (its numerator over ``normaliser``): add the shares to
+    combine micro-batches. The rest are means over this micro-batch; weight them by ``n_tokens`` to
+    combine micro-batches. Empty with ``stats=False``."""
     clip_status: Tensor
     """[B, T] which clip binds at each token (``clip_status``): for overlays."""
 
@@ -203,12 +208,7 @@ def policy_loss(
         stats: False skips the statistics (reading their values forces a device sync); the loss is
             the same.
 
-    Returns ``PolicyLoss(loss, stats, clip_status)``. The stats, detached, over this micro-batch's
-    policy tokens: ``pg_loss``, ``clip_frac_low`` (A<0, r<1-ε_low), ``clip_frac_high`` (A>0,
-    r>1+ε_high), ``dual_clip_frac``, ``approx_kl`` (k3 of π_old vs πθ), ``ratio_mean``, ``n_tokens``,
-    and ``kl_ref`` / ``entropy`` when given. ``pg_loss`` is this micro-batch's share of the batch's
-    loss (its numerator over ``normaliser``): add the shares to combine micro-batches. The rest are
-    means over this micro-batch; weight them by ``n_tokens`` to combine micro-batches.
+    Returns ``PolicyLoss(loss, stats, clip_status)``; its fields say what the statistics are.
     """
     if advantages.dim() == 1:
         advantages = advantages.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]
@@ -223,28 +223,50 @@ def policy_loss(
     if abs_kl_weights is not None:
         per_token = per_token + abs_kl_weights * (logp - logp_old).abs()
     pg = aggregate(per_token, mask, agg_mode, normaliser)
-    loss = pg
     with torch.no_grad():
         status = clip_status(ratio.detach(), advantages, clip_low, clip_high, dual_clip)
-        values: dict[str, float] = {}
-        if stats:
-            values = {
-                "pg_loss": float(pg.detach()),
-                "clip_frac_low": float(masked_mean((status == CLIP_LOW).float(), mask)),
-                "clip_frac_high": float(masked_mean((status == CLIP_HIGH).float(), mask)),
-                "dual_clip_frac": float(masked_mean((status == CLIP_DUAL).float(), mask)),
-                "approx_kl": float(masked_mean(k3_kl(logp.detach(), logp_old), mask)),
-                "ratio_mean": float(masked_mean(ratio.detach(), mask)),
-                "n_tokens": float(as_bool_mask(mask).sum()),
-            }
+        values = _surrogate_stats(pg, status, ratio, logp, logp_old, mask) if stats else {}
+    loss = _regularised(pg, values, logp, mask, lambda x: aggregate(x, mask, agg_mode, normaliser),
+                        (logp_ref, kl_coef, kl_estimator), (entropy, entropy_coef), stats)  # fmt: skip
+    return PolicyLoss(loss, values, status)
+
+
+def _regularised(
+    loss: Tensor,
+    values: dict[str, float],
+    logp: Tensor,
+    mask: Tensor,
+    agg: Callable[[Tensor], Tensor],
+    kl_terms: tuple[Tensor | None, float, str],
+    entropy_terms: tuple[Tensor | None, float],
+    stats: bool,
+) -> Tensor:
+    """``loss`` + β·Agg(KL to the reference) - β_H·Agg(H), each where given; their means join ``values``."""
+    logp_ref, kl_coef, kl_estimator = kl_terms
     if logp_ref is not None and kl_coef != 0.0:
         kl = kl_penalty(logp, logp_ref, kl_estimator)
-        loss = loss + kl_coef * aggregate(kl, mask, agg_mode, normaliser)
+        loss = loss + kl_coef * agg(kl)
         if stats:
             values["kl_ref"] = float(masked_mean(kl.detach(), mask))
+    entropy, entropy_coef = entropy_terms
     if entropy is not None:
         if entropy_coef != 0.0:
-            loss = loss - entropy_coef * aggregate(entropy, mask, agg_mode, normaliser)
+            loss = loss - entropy_coef * agg(entropy)
         if stats:
             values["entropy"] = float(masked_mean(entropy.detach(), mask))
-    return PolicyLoss(loss, values, status)
+    return loss
+
+
+def _surrogate_stats(
+    pg: Tensor, status: Tensor, ratio: Tensor, logp: Tensor, logp_old: Tensor, mask: Tensor
+) -> dict[str, float]:
+    """The clipped surrogate's statistics (``PolicyLoss.stats``), detached; reading them syncs the device."""
+    return {
+        "pg_loss": float(pg.detach()),
+        "clip_frac_low": float(masked_mean((status == CLIP_LOW).float(), mask)),
+        "clip_frac_high": float(masked_mean((status == CLIP_HIGH).float(), mask)),
+        "dual_clip_frac": float(masked_mean((status == CLIP_DUAL).float(), mask)),
+        "approx_kl": float(masked_mean(k3_kl(logp.detach(), logp_old), mask)),
+        "ratio_mean": float(masked_mean(ratio.detach(), mask)),
+        "n_tokens": float(as_bool_mask(mask).sum()),
+    }

@@ -112,12 +112,8 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl.config import ConfigError
-    from agentrl.rollout import components
-    from agentrl.training import build
-    from agentrl.training.checkpoint import STATE_FILE, latest_checkpoint
-    from agentrl.training.evaluation import evaluate, outcomes
-    from agentrl.training.export import checkpoint_model
+    from agentrl.training.checkpoint import latest_checkpoint
+    from agentrl.training.evaluation import evaluate
     from agentrl.training.metrics import failure_summary
 
     against = _baseline_outcomes(args.against) if args.against else None  # a bad file: before any work
@@ -132,24 +128,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"note: eval.split={cfg.eval.split!r}: these are training tasks, not held-out ones",
             file=sys.stderr,
         )
-    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
-        raise ConfigError(
-            f"--checkpoint {args.checkpoint}: not a model directory (no config.json); a run's checkpoints "
-            "are RUN/checkpoints/step_N"
-        )
-    if args.checkpoint or newest:
-        path, label = str(args.checkpoint or newest), Path(args.checkpoint or newest).name  # type: ignore[arg-type]
-    else:
-        path, label = build.policy_path(cfg), "start"
-        if run_dir:
-            print(f"{run_dir} has no checkpoint yet: evaluating the policy it starts from", file=sys.stderr)
-    print(f"evaluating {path}", file=sys.stderr)
-    if (Path(path) / STATE_FILE).exists():  # a checkpoint of any format (adapters merged, shards joined)
-        model, tokenizer = checkpoint_model(Path(path), cfg.model.dtype)
-        model = model.to(components.device_of(cfg))
-    else:
-        model, tokenizer = components.load_model(cfg, path)
-    engine = build.build_engine(cfg, model, tokenizer, path)
+    path, label = _eval_policy(args, cfg, run_dir, newest)
+    engine, tokenizer = _eval_engine(cfg, path)
     tasks = (checked.test_tasks if held_out else checked.train_tasks) or []
     if cfg.eval.num_tasks:
         tasks = tasks[: cfg.eval.num_tasks]
@@ -158,6 +138,68 @@ def cmd_eval(args: argparse.Namespace) -> int:
     metrics["tasks_also_in_training"] = float(sum(t.prompt in trained for t in tasks))
     shown: dict[str, float | None] = {k: None if v != v else v for k, v in metrics.items()}  # NaN: JSON null
     out = Path(args.output or (run_dir or Path(cfg.run.output_dir or "runs/eval")) / "eval" / f"{label}.json")
+    _write_eval(out, args, cfg, path, shown, episodes, against)
+    print(json.dumps(shown, indent=2))
+    print(f"written to {out}")
+    failure = failure_summary(episodes)
+    if failure is not None and failure.fraction == 1.0:  # the scores say nothing: say so in the status
+        print(
+            f"every episode failed, most at the '{failure.boundary}' boundary: {failure.message}",
+            file=sys.stderr,
+        )
+        return 3
+    return 0
+
+
+def _eval_policy(
+    args: argparse.Namespace, cfg: Any, run_dir: Path | None, newest: Path | None
+) -> tuple[str, str]:
+    """What ``agentrl eval`` evaluates, and its label: ``--checkpoint``, a run's newest checkpoint, or
+    the policy the config starts from."""
+    from agentrl.config import ConfigError
+    from agentrl.training import build
+
+    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
+        raise ConfigError(
+            f"--checkpoint {args.checkpoint}: not a model directory (no config.json); a run's checkpoints "
+            "are RUN/checkpoints/step_N"
+        )
+    if args.checkpoint or newest:
+        return str(args.checkpoint or newest), Path(args.checkpoint or newest).name  # type: ignore[arg-type]
+    if run_dir:
+        print(f"{run_dir} has no checkpoint yet: evaluating the policy it starts from", file=sys.stderr)
+    return build.policy_path(cfg), "start"
+
+
+def _eval_engine(cfg: Any, path: str) -> tuple[Any, Any]:
+    """The engine and tokenizer for the policy at ``path`` (a checkpoint of any format: adapters
+    merged, shards joined)."""
+    from agentrl.rollout import components
+    from agentrl.training import build
+    from agentrl.training.checkpoint import STATE_FILE
+    from agentrl.training.export import checkpoint_model
+
+    print(f"evaluating {path}", file=sys.stderr)
+    if (Path(path) / STATE_FILE).exists():
+        model, tokenizer = checkpoint_model(Path(path), cfg.model.dtype)
+        model = model.to(components.device_of(cfg))
+    else:
+        model, tokenizer = components.load_model(cfg, path)
+    return build.build_engine(cfg, model, tokenizer, path), tokenizer
+
+
+def _write_eval(
+    out: Path,
+    args: argparse.Namespace,
+    cfg: Any,
+    path: str,
+    shown: dict[str, float | None],
+    episodes: list[Any],
+    against: dict[str, list[bool]] | None,
+) -> None:
+    """The evaluation's JSON record (per-task outcomes, the paired comparison) and its transcripts."""
+    from agentrl.training.evaluation import outcomes
+
     out.parent.mkdir(parents=True, exist_ok=True)
     by_task = outcomes(episodes)
     record: dict[str, Any] = {"checkpoint": str(path), "split": cfg.eval.split, **shown}
@@ -170,16 +212,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
         with TranscriptWriter(args.transcripts) as w:
             w.write(episodes)
-    print(json.dumps(shown, indent=2))
-    print(f"written to {out}")
-    failure = failure_summary(episodes)
-    if failure is not None and failure.fraction == 1.0:  # the scores say nothing: say so in the status
-        print(
-            f"every episode failed, most at the '{failure.boundary}' boundary: {failure.message}",
-            file=sys.stderr,
-        )
-        return 3
-    return 0
 
 
 def _baseline_outcomes(path: str) -> dict[str, list[bool]]:
@@ -340,16 +372,29 @@ def cmd_envs(args: argparse.Namespace) -> int:
     from agentrl.env.check import check_environment, format_report
 
     names = args.names or (sorted(envs) if args.all else [])
-    if not names:
-        print("name an environment, or pass --all", file=sys.stderr)
+    problem = _env_names_problem(args, names, envs) or _env_options_problem(args, names, envs)
+    if problem:
+        print(problem, file=sys.stderr)
         return 2
+    options = json.loads(args.options) if args.options else {}
+    failed = 0
+    for name in names:
+        report = check_environment(name, options)
+        print(format_report(report))
+        failed += not report.ok
+    return 1 if failed else 0
+
+
+def _env_names_problem(args: argparse.Namespace, names: list[str], envs: dict[str, type]) -> str | None:
+    """Why ``agentrl envs check`` cannot check these names (none given, unknown, not loaded), or None."""
+    from agentrl.env import entry_point_errors
+
+    if not names:
+        return "name an environment, or pass --all"
     broken = entry_point_errors()
     for name in names:
         if name in broken:
-            print(
-                f"environment {name!r} is installed but could not be loaded: {broken[name]}", file=sys.stderr
-            )
-            return 2
+            return f"environment {name!r} is installed but could not be loaded: {broken[name]}"
         if name not in envs:
             guess = difflib.get_close_matches(name, list(envs), n=1)
             did = f" — did you mean '{guess[0]}'?" if guess else "."
@@ -358,18 +403,18 @@ def cmd_envs(args: argparse.Namespace) -> int:
                 if args.module
                 else " If it is defined in your own file or package, pass --module path/to/file.py (or pkg.module)."
             )
-            print(
-                f"unknown environment {name!r}{did} Registered: {', '.join(sorted(envs))}.{hint}",
-                file=sys.stderr,
-            )
-            return 2
+            return f"unknown environment {name!r}{did} Registered: {', '.join(sorted(envs))}.{hint}"
+    return None
+
+
+def _env_options_problem(args: argparse.Namespace, names: list[str], envs: dict[str, type]) -> str | None:
+    """Why ``--options`` does not fit these environments (not JSON, not an object, an unknown key), or None."""
+    from agentrl.env import option_problem
+
     try:
         options = json.loads(args.options) if args.options else {}
     except json.JSONDecodeError as e:
-        print(f"--options must be a JSON object, e.g. '{{\"max_turns\": 4}}': {e}", file=sys.stderr)
-        return 2
-    from agentrl.env import option_problem
-
+        return f"--options must be a JSON object, e.g. '{{\"max_turns\": 4}}': {e}"
     for name in names:
         problem = (
             option_problem(envs[name], options)
@@ -377,14 +422,8 @@ def cmd_envs(args: argparse.Namespace) -> int:
             else "--options is not a JSON object"
         )
         if problem:
-            print(f"--options: {problem}", file=sys.stderr)
-            return 2
-    failed = 0
-    for name in names:
-        report = check_environment(name, options)
-        print(format_report(report))
-        failed += not report.ok
-    return 1 if failed else 0
+            return f"--options: {problem}"
+    return None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:

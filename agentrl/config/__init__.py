@@ -240,7 +240,13 @@ def _resolve(cfg: Config) -> None:
 
 def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     """Rules that involve more than one key, as ``(key, message)``."""
-    ro, alg = cfg.rollout, cfg.algorithm
+    yield from _source_problems(cfg)
+    yield from _batch_problems(cfg)
+    yield from _mode_problems(cfg)
+
+
+def _source_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """Where code runs and where the data comes from."""
     if cfg.sandbox.backend == "unisolated" and not cfg.sandbox.allow_unisolated:
         yield (
             "sandbox.backend",
@@ -259,6 +265,11 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
                     f"data.{key} is set, but data.source=builtin takes the environment's own tasks and ignores "
                     "it: set data.source=file (or hub) to train on that data",
                 )
+
+
+def _batch_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """The shape of a step's batch, its sampling and the warm start's schedule."""
+    ro, alg = cfg.rollout, cfg.algorithm
     if ro.max_tokens_per_turn > ro.max_episode_tokens:
         yield (
             "rollout.max_tokens_per_turn",
@@ -297,6 +308,11 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
                 f"sft.{key}={value} acts on the held-out loss, but sft.holdout=0 holds nothing out: set "
                 f"sft.holdout (e.g. 0.1) or leave sft.{key} at {unset}",
             )
+
+
+def _mode_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """Sync or async, the weight transport, colocation and the method's own rules."""
+    ro = cfg.rollout
     if cfg.trainer.mode == "async" and ro.on_stale == "drop" and ro.max_staleness == 0:
         yield (
             "rollout.on_stale",

@@ -86,29 +86,7 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
     except Exception as e:  # the constructor is user code: a FAIL line, like reset and step
         report.problems.append(f"constructing the environment raised {type(e).__name__}: {e}")
         return report
-
-    tasks = None
-    try:
-        # the default sizes a run loads: a small sample would miss a split that shares a few problems
-        train = env_cls.load_tasks("train", n=None, seed=seed)
-        test = env_cls.load_tasks("test", n=None, seed=seed)
-        overlap = sorted({t.id for t in train} & {t.id for t in test})
-        overlap += sorted({t.prompt for t in train} & {t.prompt for t in test})
-        if overlap:
-            report.problems.append(
-                f"train and test splits overlap: {len(overlap)} shared id(s) or prompt(s), e.g. {overlap[:3]}"
-            )
-        elif not train:
-            report.problems.append("load_tasks('train') returned no tasks")
-        else:
-            report.passed.append(
-                f"built-in tasks load: {len(train)} train and {len(test)} test, no id or prompt in both"
-            )
-            tasks = train[:8]
-    except NotImplementedError:
-        report.notes.append("no built-in tasks: checked with a placeholder task")
-    except Exception as e:
-        report.problems.append(f"load_tasks raised {type(e).__name__}: {e}")
+    tasks = _check_tasks(report, env_cls, seed)
     task = tasks[0] if tasks else Task(id="check", prompt="What is 1 + 1?", answer=2)
     from agentrl.agents import AgentEnvironment
 
@@ -139,26 +117,64 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
         env.reset(task, seed)
         _check(report, f"step survives: {label}", functools.partial(_step_checked, env, action))
         env.close()
+    _check_demonstrations(report, name, options, env_cls, tasks or [task], seed)
+    env = make_env(name, **options)
+    env.reset(task, seed)
+    _check(report, "close() is idempotent", functools.partial(_close_twice, env))
+    return report
 
+
+def _check_tasks(report: CheckReport, env_cls: type[Environment], seed: int) -> list[Task] | None:
+    """The built-in splits load and do not overlap; returns a few training tasks to check with."""
     try:
-        demos = env_cls.demonstrations(tasks or [task], seed=seed)
+        # the default sizes a run loads: a small sample would miss a split that shares a few problems
+        train = env_cls.load_tasks("train", n=None, seed=seed)
+        test = env_cls.load_tasks("test", n=None, seed=seed)
+    except NotImplementedError:
+        report.notes.append("no built-in tasks: checked with a placeholder task")
+        return None
+    except Exception as e:
+        report.problems.append(f"load_tasks raised {type(e).__name__}: {e}")
+        return None
+    overlap = sorted({t.id for t in train} & {t.id for t in test})
+    overlap += sorted({t.prompt for t in train} & {t.prompt for t in test})
+    if overlap:
+        report.problems.append(
+            f"train and test splits overlap: {len(overlap)} shared id(s) or prompt(s), e.g. {overlap[:3]}"
+        )
+    elif not train:
+        report.problems.append("load_tasks('train') returned no tasks")
+    else:
+        report.passed.append(
+            f"built-in tasks load: {len(train)} train and {len(test)} test, no id or prompt in both"
+        )
+        return train[:8]
+    return None
+
+
+def _check_demonstrations(
+    report: CheckReport,
+    name: str,
+    options: dict[str, Any],
+    env_cls: type[Environment],
+    tasks: list[Task],
+    seed: int,
+) -> None:
+    """Up to three solver demonstrations replay through ``step`` and score above zero."""
+    try:
+        demos = env_cls.demonstrations(tasks, seed=seed)
     except NotImplementedError:
         report.notes.append("no solver demonstrations: replay check skipped")
-        demos = []
+        return
     except Exception as e:
         report.problems.append(f"demonstrations() raised {type(e).__name__}: {e}")
-        demos = []
-    for i, (t, demo) in enumerate(zip(tasks or [task], demos[:3])):
+        return
+    for i, (t, demo) in enumerate(zip(tasks, demos[:3])):
         _check(
             report,
             f"demonstration {i} replays and scores > 0",
             functools.partial(_replay, name, options, t, demo, seed),
         )
-
-    env = make_env(name, **options)
-    env.reset(task, seed)
-    _check(report, "close() is idempotent", functools.partial(_close_twice, env))
-    return report
 
 
 def _rewards(env: Environment) -> None:

@@ -248,8 +248,6 @@ def probe_tasks(cfg: Config, study: StudyConfig) -> list[Task]:
 def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] = print) -> dict[str, Any]:
     """Warm start (cached), the initial entropy H0, H_tgt, and the warm start's held-out accuracy.
     Cached in ``OUTPUT/FAMILY/prep.json`` (keyed by the warm start's path and the probe settings)."""
-    import torch
-
     cfg = load_config(study.families[family], family_overrides(study, family))
     path = build.policy_path(cfg, log=log)
     prep_file = Path(study.output_dir) / family / "prep.json"
@@ -267,23 +265,7 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     model, tokenizer = components.load_model(cfg, path)
     model.eval()
     engine = build.build_engine(cfg, model, tokenizer, path)
-    tasks = probe_tasks(cfg, study)
-    runner = build.build_runner(cfg, engine, tokenizer, seed=study.sft_seed + 7)
-    G = cfg.rollout.group_size
-    try:
-        reqs = [EpisodeRequest(t, seed=i * G + j, group=f"probe{i}", episode_id=f"probe-{i}-{j}")
-                for i, t in enumerate(tasks) for j in range(G)]  # fmt: skip
-        episodes = [e for e in runner.run(reqs) if not e.failed]
-    finally:
-        runner.close()
-    batch = build_batch(
-        episodes, torch.zeros(len(episodes)), [1.0] * len(episodes), tokenizer.pad_token_id or 0
-    )
-    with torch.no_grad():
-        _, ent = batch_forward(model, batch, cfg.trainer.micro_batch_size, cfg.rollout.temperature)
-    h0 = float((ent * batch.mask).sum() / batch.mask.sum().clamp(min=1))
-    policy_ent = ent[batch.mask > 0]  # the same "branching" as entropy/branching: the top 10 % of tokens
-    h0_branching = float(policy_ent.topk(max(1, int(0.1 * policy_ent.numel()))).values.mean())
+    episodes, h0, h0_branching = _probe_entropy(cfg, study, model, engine, tokenizer)
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
     metrics, eval_episodes = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
@@ -308,6 +290,33 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         f"{prep['probe_reward']:.3f}; warm start held-out mean@{study.eval_k} {metrics['eval/mean@k']:.3f}, "
         f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}")  # fmt: skip
     return prep
+
+
+def _probe_entropy(
+    cfg: Config, study: StudyConfig, model: Any, engine: Any, tokenizer: Any
+) -> tuple[list[Any], float, float]:
+    """Fresh episodes on the probe prompts; their policy tokens' mean entropy H0 and its branching
+    (top 10 %) part."""
+    import torch
+
+    tasks = probe_tasks(cfg, study)
+    runner = build.build_runner(cfg, engine, tokenizer, seed=study.sft_seed + 7)
+    G = cfg.rollout.group_size
+    try:
+        reqs = [EpisodeRequest(t, seed=i * G + j, group=f"probe{i}", episode_id=f"probe-{i}-{j}")
+                for i, t in enumerate(tasks) for j in range(G)]  # fmt: skip
+        episodes = [e for e in runner.run(reqs) if not e.failed]
+    finally:
+        runner.close()
+    batch = build_batch(
+        episodes, torch.zeros(len(episodes)), [1.0] * len(episodes), tokenizer.pad_token_id or 0
+    )
+    with torch.no_grad():
+        _, ent = batch_forward(model, batch, cfg.trainer.micro_batch_size, cfg.rollout.temperature)
+    h0 = float((ent * batch.mask).sum() / batch.mask.sum().clamp(min=1))
+    policy_ent = ent[batch.mask > 0]  # the same "branching" as entropy/branching: the top 10 % of tokens
+    h0_branching = float(policy_ent.topk(max(1, int(0.1 * policy_ent.numel()))).values.mean())
+    return episodes, h0, h0_branching
 
 
 def _sft_record(path: str) -> dict[str, Any]:

@@ -105,26 +105,14 @@ def sft_train(
     if not examples:
         raise ValueError("no SFT examples")
     rng = random.Random(seed)
-    device = next(model.parameters()).device  # the batches follow the model
     params = [p for p in model.parameters() if p.requires_grad]
     fused = all(p.is_floating_point() for p in params) or None  # one kernel for all parameters
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=(0.9, 0.95), fused=fused)
     order: list[int] = []
     losses, tokens, t0 = [], 0, time.perf_counter()
-    held: list[tuple[int, float]] = []
-    best: tuple[float, int, dict[str, torch.Tensor]] | None = None
-
-    def check(done: int) -> bool:
-        """Measure the held-out loss after ``done`` steps; True when patience has run out."""
-        nonlocal best
-        loss = holdout_loss(model, holdout, batch_size, pad_id)
-        held.append((done, loss))
-        if best is None or loss < best[0]:
-            best = (loss, done, {k: v.detach().clone() for k, v in model.state_dict().items()})
-        return patience > 0 and done - best[1] >= patience * eval_every
-
+    keeper = _BestWeights(model, holdout, batch_size, pad_id, patience * eval_every)
     if holdout:
-        check(0)  # the starting point: if training only hurts the held-out loss, it is kept
+        keeper.check(0)  # the starting point: if training only hurts the held-out loss, it is kept
     model.train()
     for step in range(steps):
         scale = min(1.0, (step + 1) / max(1, warmup)) * 0.5 * (1 + math.cos(math.pi * step / max(1, steps)))
@@ -133,37 +121,74 @@ def sft_train(
         if len(order) < batch_size:
             order += rng.sample(range(len(examples)), len(examples))
         batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
-        ids, mask = (t.to(device) for t in _pad(batch, pad_id))
-        share, owners = 0, None
-        if share_prefix:  # the system prompt every demonstration starts with is run once
-            lengths = torch.tensor([len(x) for x, _ in batch])
-            plan = prefix_plan(ids, lengths, limit=first_loss_column(mask[:, 1:]))
-            share, owners = plan.share, plan.owners
-        logits = suffix_logits(model, ids, share, owners)  # [B, T - share, V], positions share..T-1
-        target, tmask = ids[:, share + 1 :], mask[:, share + 1 :]
-        loss_tok = F.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), target.clamp(min=0).flatten(), reduction="none"
-        )
-        loss = (loss_tok * tmask.flatten()).sum() / tmask.sum().clamp(min=1)
+        loss, n_tokens = _batch_loss(model, batch, pad_id, share_prefix)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
         losses.append(loss.item())
-        tokens += int(tmask.sum())
+        tokens += n_tokens
         if on_step:
             on_step(step, losses[-1])
-        if holdout and (step + 1) % eval_every == 0 and step + 1 < steps and check(step + 1):
+        if holdout and (step + 1) % eval_every == 0 and step + 1 < steps and keeper.check(step + 1):
             break
-    best_step = None
-    if holdout:
-        if not held or held[-1][0] != len(losses):
-            check(len(losses))
-        assert best is not None
-        model.load_state_dict(best[2])
-        best_step = best[1]
+    best_step = keeper.restore(len(losses)) if holdout else None
     model.eval()
-    return SFTResult(len(losses), losses[-1], losses, tokens, time.perf_counter() - t0, held, best_step)
+    return SFTResult(
+        len(losses), losses[-1], losses, tokens, time.perf_counter() - t0, keeper.held, best_step
+    )
+
+
+def _batch_loss(
+    model: torch.nn.Module, batch: Sequence[tuple[list[int], list[int]]], pad_id: int, share_prefix: bool
+) -> tuple[torch.Tensor, int]:
+    """Mean cross-entropy over the batch's assistant tokens, and how many there were."""
+    device = next(model.parameters()).device  # the batches follow the model
+    ids, mask = (t.to(device) for t in _pad(batch, pad_id))
+    share, owners = 0, None
+    if share_prefix:  # the system prompt every demonstration starts with is run once
+        lengths = torch.tensor([len(x) for x, _ in batch])
+        plan = prefix_plan(ids, lengths, limit=first_loss_column(mask[:, 1:]))
+        share, owners = plan.share, plan.owners
+    logits = suffix_logits(model, ids, share, owners)  # [B, T - share, V], positions share..T-1
+    target, tmask = ids[:, share + 1 :], mask[:, share + 1 :]
+    loss_tok = F.cross_entropy(
+        logits[:, :-1].flatten(0, 1).float(), target.clamp(min=0).flatten(), reduction="none"
+    )
+    return (loss_tok * tmask.flatten()).sum() / tmask.sum().clamp(min=1), int(tmask.sum())
+
+
+class _BestWeights:
+    """The held-out loss after some steps, and the weights where it was lowest."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        holdout: Sequence[tuple[list[int], list[int]]],
+        batch_size: int,
+        pad_id: int,
+        patience_steps: int,
+    ) -> None:
+        self.model, self.holdout, self.batch_size, self.pad_id = model, holdout, batch_size, pad_id
+        self.patience_steps = patience_steps
+        self.held: list[tuple[int, float]] = []
+        self.best: tuple[float, int, dict[str, torch.Tensor]] | None = None
+
+    def check(self, done: int) -> bool:
+        """Measure the held-out loss after ``done`` steps; True when patience has run out."""
+        loss = holdout_loss(self.model, self.holdout, self.batch_size, self.pad_id)
+        self.held.append((done, loss))
+        if self.best is None or loss < self.best[0]:
+            self.best = (loss, done, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
+        return self.patience_steps > 0 and done - self.best[1] >= self.patience_steps
+
+    def restore(self, done: int) -> int:
+        """Measure once more at the end if needed, load the best weights and return their step."""
+        if not self.held or self.held[-1][0] != done:
+            self.check(done)
+        assert self.best is not None
+        self.model.load_state_dict(self.best[2])
+        return self.best[1]
 
 
 @torch.no_grad()
@@ -263,13 +288,7 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
     torch.manual_seed(sft_seed(cfg))
     model, tokenizer = components.load_model(cfg, base_path)
     examples = build_examples(cfg, tokenizer, log)
-    holdout: list[tuple[list[int], list[int]]] = []
-    if cfg.sft.holdout > 0:  # a seeded split: the held-out demonstrations are never trained on
-        random.Random(sft_seed(cfg) + 1).shuffle(examples)
-        n_held = max(1, round(cfg.sft.holdout * len(examples)))
-        if n_held >= len(examples):
-            raise ValueError(f"sft.holdout={cfg.sft.holdout} leaves no demonstration to train on")
-        holdout, examples = examples[:n_held], examples[n_held:]
+    holdout, examples = _split_holdout(cfg, examples)
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
     n_tok = sum(sum(m) for _, m in examples)
     log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps"
@@ -304,27 +323,44 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
             eval_every=cfg.sft.eval_every,
             patience=cfg.sft.patience,
         )
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out_dir, safe_serialization=True)  # type: ignore[operator]
-    tokenizer.save_pretrained(out_dir)
-    (out_dir / "sft_result.json").write_text(
-        json.dumps(
-            {
-                "steps": result.steps,
-                "final_loss": result.final_loss,
-                "tokens": result.tokens,
-                "seconds": result.seconds,
-                "examples": len(examples),
-                "holdout_examples": len(holdout),
-                "holdout_losses": result.holdout_losses,
-                "best_step": result.best_step,
-            }
-        )
-    )
+    _save(out_dir, model, tokenizer, result, len(examples), len(holdout))
     if result.holdout_losses:
         best = min(loss for _, loss in result.holdout_losses)
         log(f"SFT held-out loss: {' '.join(f'{n}:{v:.3f}' for n, v in result.holdout_losses)}; kept step "
             f"{result.best_step} (held-out loss {best:.3f})")  # fmt: skip
     log(f"SFT done in {result.seconds:.1f}s, {result.steps} steps, final loss {result.final_loss:.3f}")
     return result
+
+
+def _split_holdout(
+    cfg: Config, examples: list[tuple[list[int], list[int]]]
+) -> tuple[list[tuple[list[int], list[int]]], list[tuple[list[int], list[int]]]]:
+    """(held out, trained on): a seeded split, so the held-out demonstrations are never trained on."""
+    if cfg.sft.holdout <= 0:
+        return [], examples
+    random.Random(sft_seed(cfg) + 1).shuffle(examples)
+    n_held = max(1, round(cfg.sft.holdout * len(examples)))
+    if n_held >= len(examples):
+        raise ValueError(f"sft.holdout={cfg.sft.holdout} leaves no demonstration to train on")
+    return examples[:n_held], examples[n_held:]
+
+
+def _save(
+    out_dir: Path, model: Any, tokenizer: Any, result: SFTResult, n_examples: int, n_holdout: int
+) -> None:
+    """The warm start in HF format, with ``sft_result.json`` beside it."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    tokenizer.save_pretrained(out_dir)
+    record = {
+        "steps": result.steps,
+        "final_loss": result.final_loss,
+        "tokens": result.tokens,
+        "seconds": result.seconds,
+        "examples": n_examples,
+        "holdout_examples": n_holdout,
+        "holdout_losses": result.holdout_losses,
+        "best_step": result.best_step,
+    }
+    (out_dir / "sft_result.json").write_text(json.dumps(record))

@@ -321,15 +321,7 @@ def replay_command(
     if not Path(tpath).exists():
         console.print(f"[red]replay: no transcript at {tpath}[/red]")
         return 2
-    shown, differs = 0, False
-    run = run_dir_of(path)
-    history = list(run_history.describe(run_history.read(run))) if run is not None else []
-    if len(history) > 1:  # resumed: say when, and with which keys changed
-        console.print(
-            "run history (history.jsonl):\n" + "\n".join(f"  {h}" for h in history),
-            highlight=False,
-            soft_wrap=True,
-        )
+    _print_history(console, path)
     context: dict[str, Any] = {}
     if rerun or rescore:
         try:
@@ -337,22 +329,21 @@ def replay_command(
         except ValueError as e:
             console.print(f"[red]replay: {e}[/red]")
             return 2
+    shown, differs = 0, False
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", TranscriptWarning)
         try:
-            episodes = iter_episodes(tpath, step=step, episode=episode, filter=filter)
-            for ep in episodes:
+            for ep in iter_episodes(tpath, step=step, episode=episode, filter=filter):
                 if shown >= limit:
                     console.print(
                         f"[yellow]… more episodes match; showing the first {limit} (--limit)[/yellow]"
                     )
                     break
                 render_episode(ep, console)
-                opts = {**context, **env_options(ep, path)} if rerun or rescore else {}
-                if rerun:
-                    differs |= _check(console, "rerun", rerun_episode, ep, opts)
-                if rescore:
-                    differs |= _check(console, "rescore", rescore_episode, ep, opts)
+                if rerun or rescore:
+                    differs |= _check_episode(
+                        console, ep, {**context, **env_options(ep, path)}, rerun, rescore
+                    )
                 shown += 1
         except ValueError as e:
             console.print(f"[red]replay: {e}[/red]")
@@ -363,3 +354,25 @@ def replay_command(
         console.print("[yellow]replay: no episode matched[/yellow]")
         return 2
     return 1 if differs else 0
+
+
+def _print_history(console: Any, path: str) -> None:
+    """A resumed run's history (history.jsonl): when it resumed, and which keys changed."""
+    run = run_dir_of(path)
+    history = list(run_history.describe(run_history.read(run))) if run is not None else []
+    if len(history) > 1:
+        console.print(
+            "run history (history.jsonl):\n" + "\n".join(f"  {h}" for h in history),
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+def _check_episode(console: Any, ep: Any, opts: dict[str, Any], rerun: bool, rescore: bool) -> bool:
+    """Rerun and/or rescore one episode; True when a check found a difference."""
+    differs = False
+    if rerun:
+        differs |= _check(console, "rerun", rerun_episode, ep, opts)
+    if rescore:
+        differs |= _check(console, "rescore", rescore_episode, ep, opts)
+    return differs
