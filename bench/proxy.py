@@ -34,7 +34,7 @@ from agentrl.env import Environment, StepResult, Task
 from agentrl.models import load_policy, resolve_model_path
 from agentrl.rollout.agent_runner import AgentRunner
 from agentrl.rollout.async_runner import AsyncEpisodeRunner
-from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner, RunnerSettings
 
 TURNS = 4
 TOOL_S = 0.0
@@ -98,9 +98,15 @@ def main() -> None:
     tasks = [Task(f"t{i}", f"Look up item {i} and report it.") for i in range(args.episodes)]
     requests = [EpisodeRequest(t, seed=i) for i, t in enumerate(tasks)]
     ways = {
-        "lockstep": lambda: EpisodeRunner(engine, tok, Relay, budgets, sampling),
-        "async": lambda: AsyncEpisodeRunner(engine, tok, Relay, budgets, sampling),
-        "endpoint": lambda: AgentRunner(engine, tok, RelayAgent, budgets, sampling),
+        "lockstep": lambda: EpisodeRunner(
+            engine, tok, Relay, RunnerSettings(budgets=budgets, sampling=sampling)
+        ),
+        "async": lambda: AsyncEpisodeRunner(
+            engine, tok, Relay, RunnerSettings(budgets=budgets, sampling=sampling)
+        ),
+        "endpoint": lambda: AgentRunner(
+            engine, tok, RelayAgent, RunnerSettings(budgets=budgets, sampling=sampling)
+        ),
     }
     times: dict[str, list[float]] = {k: [] for k in ways}
     reference = None

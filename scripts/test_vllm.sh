@@ -32,4 +32,4 @@ fi
 export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(($(nproc) - 1))}"
-exec "$VENV/bin/python" -m pytest -m vllm -q tests/test_vllm_engine.py tests/test_vllm_real_model.py "$@"
+exec "$VENV/bin/python" -m pytest -m vllm -q tests/engines/test_vllm_engine.py tests/engines/test_vllm_real_model.py "$@"

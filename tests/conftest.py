@@ -1,20 +1,17 @@
-"""Shared fixtures: a tiny tokenizer and model built once per session (see fixtures_models.py), and
+"""Shared fixtures: a tiny tokenizer and model built once per session (see helpers/fixtures_models.py), and
 an isolated cache directory so tests never touch the user's ~/.cache/agentrl."""
 
 from __future__ import annotations
 
 import os
 import signal
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-from fixtures_models import *  # noqa: F403
+from tests.helpers.fixtures_models import *  # noqa: F403
 
 
 @pytest.fixture(scope="session", autouse=True)

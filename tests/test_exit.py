@@ -1,7 +1,7 @@
 """Nothing a user's code does can keep ``agentrl`` running after its work is done.
 
 A tool, a reward, an environment's ``reset``/``step`` that never return, and a thread the user's code
-started and never ended, under ``agentrl train``, ``eval`` and ``rollout`` (tests/hanging_env.py);
+started and never ended, under ``agentrl train``, ``eval`` and ``rollout`` (tests/helpers/hanging_env.py);
 and ``agentrl serve`` stopped while a client holds a request half sent. Each command must exit by
 itself, with the status that says how its own work ended (0 done, 3 training failed). Before the
 fix, the first case printed its training summary and then never exited: CPython joined the tool's
@@ -22,7 +22,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import HELPERS, ROOT
+
 LIMIT_S = 120  # the process must be gone by then (it takes ~10-20 s); the old code never ended
 
 
@@ -30,7 +31,7 @@ def _config(tmp_path: Path, model_dir: Path, hang: str) -> Path:
     cfg = {
         "run": {"name": "hang", "output_dir": str(tmp_path / "run"), "device": "cpu"},
         "model": {"path": str(model_dir)},
-        "env": {"name": "hanging", "module": str(ROOT / "tests" / "hanging_env.py"), "options": {"hang": hang}},
+        "env": {"name": "hanging", "module": str(HELPERS / "hanging_env.py"), "options": {"hang": hang}},
         "data": {"num_train": 4, "num_test": 2},
         "rollout": {"prompts_per_step": 2, "group_size": 2, "max_turns": 1, "max_tokens_per_turn": 8,
                     "max_episode_tokens": 512},

@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from agentrl.config import load_config
-from tests.jsonl import lines
+from tests.helpers import HELPERS
+from tests.helpers.jsonl import lines
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device visible to torch"),
 ]
-ENVS = Path(__file__).parent / "distributed_envs.py"
+ENVS = HELPERS / "distributed_envs.py"
 
 
 def overrides(model_dir: Path, out: Path, *extra: str) -> list[str]:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.helpers import ROOT
+
 TREES = ("agentrl", "environments", "sandboxes")
 
 FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core module or a package
@@ -161,6 +162,25 @@ def test_no_import_cycles():
     assert cycles(import_graph(modules())) == []
 
 
+COMPOSERS = "agentrl.rollout"
+"""The lowest floor that may take the whole ``Config`` and compose parts from it; below it, each
+part takes its own section of the config or plain values (``make_strategy(cfg.trainer, ...)``)."""
+
+
+def whole_config_takers(files: dict[str, Path]) -> list[str]:
+    """Each import of the whole ``Config`` below the composing floors."""
+    return [
+        f"{_where(files[m])}:{line}: {m} ({unit_of(m)}) takes the whole Config: give it its section or plain values"
+        for m, t, name, line in imports(files)
+        if t == "agentrl.config" and name == "Config" and RANK[unit_of(m)] < RANK[COMPOSERS]
+        and unit_of(m) != "agentrl.config"
+    ]  # fmt: skip
+
+
+def test_parts_below_the_composition_take_their_own_settings():
+    assert whole_config_takers(modules()) == []
+
+
 def test_at_most_eight_core_modules():
     core = [p.name for p in (ROOT / "agentrl").glob("*.py") if p.name != "__init__.py"]
     assert len(core) <= 8, sorted(core)
@@ -174,6 +194,7 @@ def test_at_most_eight_core_modules():
          "imports agentrl.training.trainer (agentrl.training), a higher floor"),
         ("def f():\n    from agentrl.cli import main\n", "imports agentrl.cli (agentrl.cli), a higher floor"),
         ("from agentrl.models.chat import _internal\n", "imports the private agentrl.models.chat._internal"),
+        ("from agentrl.config import Config\n", "takes the whole Config"),
     ],
 )  # fmt: skip
 def test_the_checks_catch_a_planted_violation(tmp_path, source, finding):
@@ -182,7 +203,11 @@ def test_the_checks_catch_a_planted_violation(tmp_path, source, finding):
     planted = tmp_path / "planted.py"
     planted.write_text(source)
     files["agentrl.engines.planted"] = planted
-    found = [line for line in climbs(files) + private_crossings(files) if "planted" in line]
+    found = [
+        line
+        for line in climbs(files) + private_crossings(files) + whole_config_takers(files)
+        if "planted" in line
+    ]
     assert len(found) == 1 and finding in found[0], found
 
 
@@ -210,3 +235,44 @@ def test_no_function_over_60_lines_outside_declarative_tables():
     long = sizes(ast.FunctionDef, FUNCTION_LINES)
     grown = {k: (n, DECLARATIVE.get(k)) for k, n in long.items() if n > DECLARATIVE.get(k, FUNCTION_LINES)}
     assert grown == {}, f"over {FUNCTION_LINES} lines (or a table longer than when listed): {grown}"
+
+
+# -- the tests' own layout ----------------------------------------------------------------------------
+TEST_FOLDERS_BESIDES_PACKAGES = {"helpers", "data", "core"}  # shared code, fixtures' data, core modules
+
+
+def test_test_folders_mirror_the_packages():
+    """tests/<name>/ holds the tests of agentrl/<name>/ (or of sandboxes/); core modules' tests are
+    in tests/core/, what crosses every package (layout, docs, the newcomer's path) at the top."""
+    packages = {p.name for p in (ROOT / "agentrl").iterdir() if (p / "__init__.py").exists()} | {"sandboxes"}
+    folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
+    assert folders - packages - TEST_FOLDERS_BESIDES_PACKAGES == set()
+
+
+def test_no_test_file_imports_another():
+    """Tests share code only through tests/helpers, imported one way (``from tests.helpers...``)."""
+    bad = []
+    for p in (ROOT / "tests").rglob("*.py"):
+        if "data" in p.relative_to(ROOT / "tests").parts:
+            continue
+        for node in ast.walk(ast.parse(p.read_text())):
+            names = (
+                [node.module or ""]
+                if isinstance(node, ast.ImportFrom) and node.level == 0
+                else [a.name for a in node.names]
+                if isinstance(node, ast.Import)
+                else []
+            )
+            for name in names:
+                if name.startswith("tests") and not name.startswith("tests.helpers") and name != "tests":
+                    bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: imports {name}")
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: a relative import")
+            touches_path = (
+                isinstance(node, ast.Attribute)
+                and node.attr == "path"
+                and getattr(node.value, "id", "") == "sys"
+            )
+            if touches_path and (p.name.startswith("test_") or p.name == "conftest.py"):
+                bad.append(f"{p.relative_to(ROOT)}:{node.lineno}: uses sys.path")
+    assert bad == []

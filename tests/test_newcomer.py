@@ -15,9 +15,9 @@ from agentrl.config import ConfigError, load_config
 from agentrl.env import register
 from agentrl.training import build
 from agentrl.training.trainer import Trainer, TrainingFailed
-from tests.jsonl import lines
-from tests.test_trainer import Chatter, small_config
-from tests.test_trainer_exactness import AllCorrect  # noqa: F401  (registers test_all_correct)
+from tests.helpers.configs import small_config
+from tests.helpers.envs import Chatter
+from tests.helpers.jsonl import lines
 
 
 def _steps(run: Path) -> list[int]:

@@ -24,7 +24,7 @@ from agentrl.config import Config, output_dir
 from agentrl.env import Task
 from agentrl.episode import Episode
 from agentrl.rollout.agent_runner import AgentRunner
-from agentrl.rollout.runner import Budgets, EpisodeRequest
+from agentrl.rollout.runner import EpisodeRequest
 from agentrl.serve.openai_request import APIError
 
 
@@ -111,20 +111,12 @@ def serve_command(cfg: Config, host: str | None = None, port: int | None = None)
         with lock:
             writer.write([ep])
 
-    r = cfg.rollout
     runner = ServedRunner(
         engine,
         tokenizer,
         ServedEpisode,
-        budgets=Budgets(r.max_turns, r.max_tokens_per_turn, r.max_episode_tokens, r.max_tool_output_tokens),
-        sampling=components.sampling_params(cfg, seed=cfg.run.seed),
-        max_concurrent_episodes=r.max_concurrent_episodes,
-        request_timeout_s=cfg.timeouts.engine_request_s,
-        history=r.history,
-        on_drift=cfg.proxy.on_drift,
-        host=host or cfg.proxy.host,
-        port=cfg.proxy.port if port is None else port,
-        model_name=cfg.proxy.model_name,
+        components.runner_settings(cfg, seed=cfg.run.seed),
+        components.endpoint(cfg, host, port),
         on_finish=write,
     )
     stop = threading.Event()

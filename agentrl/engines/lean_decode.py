@@ -24,7 +24,7 @@ a colocated trainer's in-place optimizer steps) are always seen, and a batch nev
 made during it (there is none: generation and training do not overlap in one process).
 
 Numerics: exact in real arithmetic. In float32 the log-probs agree with the ``transformers`` loop
-within 1e-5 and the sampled tokens are identical (tests/test_engines.py); in bfloat16, folding
+within 1e-5 and the sampled tokens are identical (tests/engines/test_engines.py); in bfloat16, folding
 rounds differently (log-probs within 0.15 of a bfloat16 forward, tested).
 
 Scope: ``supports(model)`` accepts Qwen2 models (the tiny models, Qwen2/2.5) and Llama models

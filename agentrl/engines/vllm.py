@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config, ConfigError
 from agentrl.engines.base import (
     Bucket,
     Completion,
@@ -121,32 +120,6 @@ class VLLMEngine:
         self._inbox: queue.Queue = queue.Queue()
         self._driving = False  # a driver thread is running (guarded by _submit_lock)
         self._submit_lock = threading.Lock()
-
-    @classmethod
-    def from_config(cls, cfg: Config, path: str, tokenizer: Any = None) -> VLLMEngine:
-        v = cfg.rollout.vllm
-        device = "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
-        if cfg.rollout.colocate.sleep and device == "cpu":  # load_config says so first; this is the fallback
-            raise ConfigError(
-                "rollout.colocate.sleep needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, and "
-                f"this run's engine would run on the CPU (run.device={cfg.run.device!r}, CUDA available: "
-                f"{torch.cuda.is_available()}); set rollout.colocate.sleep=false"
-            )
-        return cls(
-            path,
-            dtype=(cfg.rollout.dtype or cfg.model.dtype) if device == "cuda" else "float32",
-            device=device,
-            seed=cfg.run.seed,
-            gpu_memory_utilization=v.gpu_memory_utilization,
-            tensor_parallel_size=v.tensor_parallel_size,
-            enforce_eager=v.enforce_eager or device == "cpu",
-            kv_cache_space_gib=v.kv_cache_space_gib,
-            enable_sleep_mode=cfg.rollout.colocate.sleep,
-            # the longest sequence a rollout makes; left unset, vLLM takes the model's whole context
-            # (131,072 positions for Qwen2.5-32B) and refuses to start when one such sequence's KV
-            # cache does not fit its share (agentrl plan counts exactly this)
-            max_model_len=cfg.rollout.max_episode_tokens,
-        )
 
     @property
     def version(self) -> int:

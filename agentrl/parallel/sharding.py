@@ -41,7 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-from agentrl.config import Config, ConfigError
+from agentrl.config import ConfigError, TrainerConfig
 from agentrl.parallel import ranks
 
 
@@ -207,9 +207,8 @@ def full_tensor(t: Tensor) -> Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t  # type: ignore[no-any-return]
 
 
-def make_strategy(cfg: Config, rank: int, world: int, device: torch.device) -> Strategy:
+def make_strategy(t: TrainerConfig, rank: int, world: int, device: torch.device) -> Strategy:
     """The strategy ``trainer.strategy`` names, on this rank."""
-    t = cfg.trainer
     if t.strategy == "fsdp2":
         f = t.fsdp
         return Sharded(

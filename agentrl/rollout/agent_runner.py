@@ -47,11 +47,10 @@ from agentrl.models.chat_templates import tool_call_format
 from agentrl.rollout.async_runner import RequestBatcher
 from agentrl.rollout.drift import drift_kind, rebase
 from agentrl.rollout.runner import (
-    ENGINE_REQUEST_S,
-    Budgets,
     EpisodeRequest,
     EpisodeRunner,
     LiveEpisode,
+    RunnerSettings,
     close_quietly,
     jsonable,
 )
@@ -62,9 +61,20 @@ from agentrl.tools import parse_tool_calls, strip_tool_calls
 
 logger = logging.getLogger(__name__)
 
-AGENT_RUN_S = 3600.0
-"""The default of ``timeouts.agent_run_s``."""
 ON_DRIFT = ("split", "fail", "retokenize")
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """The agent runner's OpenAI-compatible endpoint (the ``proxy`` section of a config)."""
+
+    host: str = "127.0.0.1"
+    port: int = 0
+    """0: any free port (``AgentRunner.url`` says which)."""
+    model_name: str = "agentrl-policy"
+    on_drift: str = "split"
+    """What to do when an agent sends back a history the policy did not write: ``split``, ``fail`` or
+    ``retokenize`` (``agentrl.rollout.drift``)."""
 
 
 @dataclass
@@ -135,32 +145,27 @@ class AgentRunner(EpisodeRunner):
 
     step_reward_name = "agent"
 
+    env_threads = 1  # the agents run in their own threads
+
     def __init__(
         self,
         engine: Engine,
         tokenizer: Any,
         env_factory: Callable[[], Environment],
-        budgets: Budgets | None = None,
-        sampling: SamplingParams | None = None,
+        settings: RunnerSettings | None = None,
+        endpoint: Endpoint | None = None,
         *,
-        max_concurrent_episodes: int = 64,
-        request_timeout_s: float = ENGINE_REQUEST_S,
-        agent_timeout_s: float = AGENT_RUN_S,
-        history: str = "auto",
-        on_drift: str = "split",
-        host: str = "127.0.0.1",
-        port: int = 0,
-        model_name: str = "agentrl-policy",
         max_wait_s: float = 0.01,
     ) -> None:
-        super().__init__(
-            engine, tokenizer, env_factory, budgets, sampling, env_workers=1,
-            request_timeout_s=request_timeout_s, history=history,
-        )  # fmt: skip
-        if on_drift not in ON_DRIFT:
-            raise ValueError(f"proxy.on_drift is {on_drift!r}; valid: {', '.join(ON_DRIFT)}")
-        self.on_drift, self.agent_timeout_s = on_drift, agent_timeout_s
-        self.max_concurrent_episodes, self.model_name = max_concurrent_episodes, model_name
+        super().__init__(engine, tokenizer, env_factory, settings)
+        endpoint = endpoint or Endpoint()
+        if endpoint.on_drift not in ON_DRIFT:
+            raise ValueError(f"proxy.on_drift is {endpoint.on_drift!r}; valid: {', '.join(ON_DRIFT)}")
+        self.on_drift, self.agent_timeout_s = endpoint.on_drift, self.settings.agent_timeout_s
+        self.max_concurrent_episodes, self.model_name = (
+            self.settings.max_concurrent_episodes,
+            endpoint.model_name,
+        )
         try:
             self.tool_format: str | None = tool_call_format(tokenizer)
         except ValueError as e:  # fine for agents without tools; a request with tools is refused
@@ -172,16 +177,16 @@ class AgentRunner(EpisodeRunner):
         if submit is None:
             self._batcher = RequestBatcher(
                 engine,
-                max_concurrent_episodes,
+                self.max_concurrent_episodes,
                 max_wait_s,
                 ready=self._ready,
                 max_gather_s=40 * max_wait_s,
                 lazy=True,  # run() generates in its own thread (RequestBatcher.drive)
-                timeout_s=request_timeout_s,
+                timeout_s=self.request_timeout_s,
             )
             submit = self._batcher.submit
         self._submit = submit
-        self.server = OpenAIServer(self, host=host, port=port).start()
+        self.server = OpenAIServer(self, host=endpoint.host, port=endpoint.port).start()
 
     @property
     def url(self) -> str:

@@ -30,14 +30,7 @@ from typing import Any
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode
-from agentrl.rollout.runner import (
-    ENGINE_REQUEST_S,
-    ENV_STEP_S,
-    Budgets,
-    EpisodeRequest,
-    EpisodeRunner,
-    LiveEpisode,
-)
+from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner, LiveEpisode, RunnerSettings
 from agentrl.timeouts import DaemonThreadPool, WaitTimeout, wait_for
 
 _STOP = object()
@@ -236,37 +229,24 @@ class RequestBatcher:
 class AsyncEpisodeRunner(EpisodeRunner):
     """``EpisodeRunner`` with one thread per in-flight episode and continuous batching.
 
-    Drop-in: same constructor (plus the concurrency bound and the batcher's wait) and ``run``.
+    Drop-in: same constructor (plus the batcher's wait) and ``run``; at most
+    ``settings.max_concurrent_episodes`` episodes in flight.
     """
+
+    env_threads = 1  # each episode's thread makes its own environment calls
 
     def __init__(
         self,
         engine: Engine,
         tokenizer: Any,
         env_factory: Callable[[], Environment],
-        budgets: Budgets | None = None,
-        sampling: SamplingParams | None = None,
-        max_concurrent_episodes: int = 64,
+        settings: RunnerSettings | None = None,
+        *,
         max_wait_s: float = 0.005,
-        request_timeout_s: float = ENGINE_REQUEST_S,
-        env_timeout_s: float = ENV_STEP_S,
-        history: str = "auto",
-        tools_prompt: str = "auto",
     ) -> None:
-        super().__init__(
-            engine,
-            tokenizer,
-            env_factory,
-            budgets,
-            sampling,
-            env_workers=1,
-            request_timeout_s=request_timeout_s,
-            env_timeout_s=env_timeout_s,
-            history=history,
-            tools_prompt=tools_prompt,
-        )
+        super().__init__(engine, tokenizer, env_factory, settings)
         self._abandoned = False  # a request of this run timed out: the engine may still be stuck in it
-        self.max_concurrent_episodes = max_concurrent_episodes
+        self.max_concurrent_episodes = self.settings.max_concurrent_episodes
         self.max_wait_s = max_wait_s
         self.batch_sizes: list[int] = []
         """Engine call sizes of the last ``run`` (empty for engines with their own scheduler)."""

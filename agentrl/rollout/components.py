@@ -11,12 +11,12 @@ import copy
 import functools
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from agentrl.agents import AgentEnvironment
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError
 from agentrl.engines.base import Engine, SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Environment, Task, import_environment_module, make_env, registered
@@ -24,8 +24,12 @@ from agentrl.env.data import HeldOut, load_tasks_from_source
 from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout.async_runner import AsyncEpisodeRunner
-from agentrl.rollout.runner import Budgets, EpisodeRunner
+from agentrl.rollout.runner import Budgets, EpisodeRunner, RunnerSettings
 from sandboxes import SandboxSpec
+
+if TYPE_CHECKING:
+    from agentrl.engines.vllm import VLLMEngine
+    from agentrl.rollout.agent_runner import Endpoint
 
 
 def device_of(cfg: Config) -> torch.device:
@@ -196,9 +200,37 @@ def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, pat
         for p in engine_model.parameters():
             p.requires_grad_(False)
         return HFEngine(engine_model, tokenizer=tokenizer, device=device_of(cfg))
-    from agentrl.engines.vllm import VLLMEngine  # the optional vllm extra
+    return vllm_engine(cfg, path)
 
-    return VLLMEngine.from_config(cfg, path, tokenizer)
+
+def vllm_engine(cfg: Config, path: str) -> VLLMEngine:
+    """The vLLM engine (the optional vllm extra) of ``rollout.vllm``, on the GPU unless ``run.device``
+    is cpu or none is available."""
+    from agentrl.engines.vllm import VLLMEngine
+
+    v = cfg.rollout.vllm
+    device = "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
+    if cfg.rollout.colocate.sleep and device == "cpu":  # load_config says so first; this is the fallback
+        raise ConfigError(
+            "rollout.colocate.sleep needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, and "
+            f"this run's engine would run on the CPU (run.device={cfg.run.device!r}, CUDA available: "
+            f"{torch.cuda.is_available()}); set rollout.colocate.sleep=false"
+        )
+    return VLLMEngine(
+        path,
+        dtype=(cfg.rollout.dtype or cfg.model.dtype) if device == "cuda" else "float32",
+        device=device,
+        seed=cfg.run.seed,
+        gpu_memory_utilization=v.gpu_memory_utilization,
+        tensor_parallel_size=v.tensor_parallel_size,
+        enforce_eager=v.enforce_eager or device == "cpu",
+        kv_cache_space_gib=v.kv_cache_space_gib,
+        enable_sleep_mode=cfg.rollout.colocate.sleep,
+        # the longest sequence a rollout makes; left unset, vLLM takes the model's whole context
+        # (131,072 positions for Qwen2.5-32B) and refuses to start when one such sequence's KV
+        # cache does not fit its share (agentrl plan counts exactly this)
+        max_model_len=cfg.rollout.max_episode_tokens,
+    )
 
 
 def sampling_params(cfg: Config, seed: int | None = None, temperature: float | None = None) -> SamplingParams:
@@ -210,57 +242,41 @@ def sampling_params(cfg: Config, seed: int | None = None, temperature: float | N
     )
 
 
+def runner_settings(cfg: Config, seed: int | None = None, temperature: float | None = None) -> RunnerSettings:
+    """The one settings record every episode runner takes, from ``rollout`` and ``timeouts``."""
+    ro, t = cfg.rollout, cfg.timeouts
+    return RunnerSettings(
+        budgets=Budgets(
+            ro.max_turns, ro.max_tokens_per_turn, ro.max_episode_tokens, ro.max_tool_output_tokens
+        ),
+        sampling=sampling_params(cfg, seed, temperature),
+        max_concurrent_episodes=ro.max_concurrent_episodes,
+        request_timeout_s=t.engine_request_s,
+        env_timeout_s=t.env_step_s,
+        agent_timeout_s=t.agent_run_s,
+        history=ro.history,
+        tools_prompt=ro.tools_prompt,
+    )
+
+
+def endpoint(cfg: Config, host: str | None = None, port: int | None = None) -> Endpoint:
+    """The agent runner's endpoint, from ``proxy`` (``host`` and ``port`` override it)."""
+    from agentrl.rollout.agent_runner import Endpoint  # the endpoint's module: openai, http.server
+
+    p = cfg.proxy
+    return Endpoint(host or p.host, p.port if port is None else port, p.model_name, p.on_drift)
+
+
 def local_runner(
     cfg: Config, engine: Engine, tokenizer: Any, seed: int | None = None, temperature: float | None = None
 ) -> EpisodeRunner:
-    """The EpisodeRunner of ``rollout.runner`` (lockstep or async) over ``engine``."""
-    budgets = Budgets(
-        max_turns=cfg.rollout.max_turns,
-        max_tokens_per_turn=cfg.rollout.max_tokens_per_turn,
-        max_episode_tokens=cfg.rollout.max_episode_tokens,
-        max_tool_output_tokens=cfg.rollout.max_tool_output_tokens,
-    )
-    sampling = sampling_params(cfg, seed, temperature)
+    """The EpisodeRunner of ``rollout.runner`` (lockstep or async) over ``engine``; the agent runner
+    when the environment is an agent."""
+    settings = runner_settings(cfg, seed, temperature)
     if issubclass(env_class(cfg), AgentEnvironment):
-        from agentrl.rollout.agent_runner import AgentRunner  # the endpoint: openai, http.server
+        from agentrl.rollout.agent_runner import AgentRunner
 
-        return AgentRunner(
-            engine,
-            tokenizer,
-            env_factory(cfg),
-            budgets=budgets,
-            sampling=sampling,
-            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
-            request_timeout_s=cfg.timeouts.engine_request_s,
-            agent_timeout_s=cfg.timeouts.agent_run_s,
-            history=cfg.rollout.history,
-            on_drift=cfg.proxy.on_drift,
-            host=cfg.proxy.host,
-            port=cfg.proxy.port,
-            model_name=cfg.proxy.model_name,
-        )
+        return AgentRunner(engine, tokenizer, env_factory(cfg), settings, endpoint(cfg))
     if cfg.rollout.runner == "async":
-        return AsyncEpisodeRunner(
-            engine,
-            tokenizer,
-            env_factory(cfg),
-            budgets=budgets,
-            sampling=sampling,
-            max_concurrent_episodes=cfg.rollout.max_concurrent_episodes,
-            request_timeout_s=cfg.timeouts.engine_request_s,
-            env_timeout_s=cfg.timeouts.env_step_s,
-            history=cfg.rollout.history,
-            tools_prompt=cfg.rollout.tools_prompt,
-        )
-    return EpisodeRunner(
-        engine,
-        tokenizer,
-        env_factory(cfg),
-        budgets=budgets,
-        sampling=sampling,
-        env_workers=min(64, cfg.rollout.max_concurrent_episodes),
-        request_timeout_s=cfg.timeouts.engine_request_s,
-        env_timeout_s=cfg.timeouts.env_step_s,
-        history=cfg.rollout.history,
-        tools_prompt=cfg.rollout.tools_prompt,
-    )
+        return AsyncEpisodeRunner(engine, tokenizer, env_factory(cfg), settings)
+    return EpisodeRunner(engine, tokenizer, env_factory(cfg), settings)

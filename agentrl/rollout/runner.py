@@ -27,7 +27,9 @@ from agentrl.timeouts import BoundedCalls, DaemonThreadPool, WaitTimeout
 
 ENGINE_REQUEST_S = 600.0
 ENV_STEP_S = 600.0
-"""The default of ``timeouts.engine_request_s``, for runners built without a config."""
+AGENT_RUN_S = 3600.0
+"""The defaults of ``timeouts.engine_request_s``, ``env_step_s`` and ``agent_run_s``, for runners
+built without a config."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,34 @@ class Budgets:
     max_episode_tokens: int = 2048
     max_tool_output_tokens: int = 256
     """Longer tool outputs keep their head and tail with a visible marker in between."""
+
+
+@dataclass(frozen=True)
+class RunnerSettings:
+    """What every episode runner takes besides its engine, tokenizer and environments: one record for
+    the lock-step, async and agent runners (``components.runner_settings`` builds it from a config).
+
+    ``sampling`` holds temperature/top-p/top-k; ``max_tokens`` and stop ids are set per turn by the
+    runner. ``request_timeout_s`` (``timeouts.engine_request_s``): an engine call with no answer in
+    this long fails the episodes waiting on it at the ``model`` boundary; the stuck call is abandoned
+    (``agentrl.timeouts``), so the engine may still be busy with it afterwards. ``env_timeout_s``
+    (``timeouts.env_step_s``): the same for an environment's ``reset`` or ``step`` (the episode fails
+    at the ``env`` boundary). ``agent_timeout_s`` (``timeouts.agent_run_s``): the same for an agent
+    environment's whole ``run``. ``history`` (``rollout.history``): ``auto``, ``split`` or ``merge``,
+    what to do when the chat template would show the model a different history than the one it wrote
+    (``agentrl.models.history``). ``tools_prompt`` (``rollout.tools_prompt``): where the tool schemas
+    are shown."""
+
+    budgets: Budgets = field(default_factory=Budgets)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_concurrent_episodes: int = 64
+    """Episodes in flight at once (the async and agent runners; the lock-step runner's environment
+    threads, up to 64)."""
+    request_timeout_s: float = ENGINE_REQUEST_S
+    env_timeout_s: float = ENV_STEP_S
+    agent_timeout_s: float = AGENT_RUN_S
+    history: str = "auto"
+    tools_prompt: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -84,19 +114,14 @@ class LiveEpisode:
 
 
 class EpisodeRunner:
-    """Runs episodes of one environment type with one engine and tokenizer.
+    """Runs episodes of one environment type with one engine and tokenizer, in lock-step rounds.
 
     ``env_factory`` builds a fresh environment per episode (episodes run concurrently, so they never
-    share one). ``sampling`` holds temperature/top-p/top-k; ``max_tokens`` and stop ids are set per
-    turn by the runner. ``request_timeout_s`` (``timeouts.engine_request_s``): an engine call with no
-    answer in this long fails the episodes waiting on it at the ``model`` boundary; the stuck call is
-    abandoned (``agentrl.timeouts``), so the engine may still be busy with it afterwards.
-    ``env_timeout_s`` (``timeouts.env_step_s``): the same for an environment's ``reset`` or ``step``
-    (the episode fails at the ``env`` boundary). ``history`` (``rollout.history``): ``auto``, ``split``
-    or ``merge``, what to do when the chat template would show the model a different history than
-    the one it wrote (``agentrl.models.history``).
+    share one). ``settings``: budgets, sampling, timeouts and history (``RunnerSettings``).
     """
 
+    env_threads: int | None = None
+    """Threads for environment calls; None: ``max_concurrent_episodes``, up to 64."""
     step_reward_name = "env_step"
     """The reward component that holds the rewards ``step`` returned."""
 
@@ -105,23 +130,20 @@ class EpisodeRunner:
         engine: Engine,
         tokenizer: Any,
         env_factory: Callable[[], Environment],
-        budgets: Budgets | None = None,
-        sampling: SamplingParams | None = None,
-        env_workers: int = 16,
-        request_timeout_s: float = ENGINE_REQUEST_S,
-        env_timeout_s: float = ENV_STEP_S,
-        history: str = "auto",
-        tools_prompt: str = "auto",
+        settings: RunnerSettings | None = None,
     ) -> None:
+        settings = settings or RunnerSettings()
+        self.settings = settings
         self.engine = engine
-        self.tools_prompt = tools_prompt
-        self.history = HistoryPolicy(tokenizer, history)
-        self.request_timeout_s, self.env_timeout_s = request_timeout_s, env_timeout_s
+        self.tools_prompt = settings.tools_prompt
+        self.history = HistoryPolicy(tokenizer, settings.history)
+        self.request_timeout_s, self.env_timeout_s = settings.request_timeout_s, settings.env_timeout_s
         self.tokenizer = tokenizer
         self.env_factory = env_factory
-        self.budgets = budgets or Budgets()
-        self.sampling = sampling or SamplingParams()
-        self.pool = DaemonThreadPool(env_workers, "agentrl-env")  # environments start here (user code)
+        self.budgets = settings.budgets
+        self.sampling = settings.sampling
+        threads = self.env_threads or min(64, settings.max_concurrent_episodes)
+        self.pool = DaemonThreadPool(threads, "agentrl-env")  # environments start here (user code)
         self._bounded_calls = BoundedCalls()  # engine and environment calls under their timeouts
         self._renderers: dict[str, ChatRenderer] = {}
 

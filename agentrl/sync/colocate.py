@@ -35,7 +35,6 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
-from agentrl.config import Config
 from agentrl.timeouts import call_with_timeout
 
 T = TypeVar("T")
@@ -146,14 +145,14 @@ class SleepWakeCycle:
 _CYCLES: weakref.WeakKeyDictionary[Any, SleepWakeCycle] = weakref.WeakKeyDictionary()
 
 
-def cycle_for(engine: Any, cfg: Config) -> SleepWakeCycle:
-    """The one cycle of ``engine`` (made on first use from ``rollout.colocate.sleep_level`` and
-    ``timeouts.sleep_wake_s``): its phase carries over from step to step."""
+def cycle_for(engine: Any, level: int, timeout_s: float) -> SleepWakeCycle:
+    """The one cycle of ``engine`` (made on first use with sleep ``level``, ``rollout.colocate.sleep_level``,
+    and ``timeout_s``, ``timeouts.sleep_wake_s``): its phase carries over from step to step."""
     if engine not in _CYCLES:
         if not (callable(getattr(engine, "sleep", None)) and callable(getattr(engine, "wake_up", None))):
             raise TypeError(
                 f"rollout.colocate.sleep: the engine {type(engine).__name__} has no sleep mode (sleep/wake_up); "
                 "it needs rollout.engine=vllm on a GPU, in the trainer's process (rollout.workers=0)"
             )
-        _CYCLES[engine] = SleepWakeCycle(engine, cfg.rollout.colocate.sleep_level, cfg.timeouts.sleep_wake_s)
+        _CYCLES[engine] = SleepWakeCycle(engine, level, timeout_s)
     return _CYCLES[engine]

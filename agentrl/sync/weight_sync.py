@@ -42,7 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
@@ -52,9 +52,6 @@ from agentrl.engines.base import Engine, Fingerprint, WeightReceiver
 from agentrl.engines.fingerprint import checksum, probe_ids, probe_logprobs, sampled
 from agentrl.parallel import ranks
 from agentrl.timeouts import WaitTimeout, wait_for
-
-if TYPE_CHECKING:
-    from agentrl.config import Config
 
 MiB = 1 << 20
 
@@ -96,11 +93,6 @@ class SyncSettings:
     probe_atol: float | None = None
     timeout_s: float = 600.0
 
-    @classmethod
-    def from_config(cls, cfg: Config) -> SyncSettings:
-        s = cfg.rollout.sync
-        return cls(s.bucket_mb, s.verify, s.probe_tokens, s.probe_atol, cfg.timeouts.weight_sync_s)
-
     def atol(self, *dtypes: str) -> float:
         """The probe's tolerance: ``probe_atol``, else 1e-3 when every side computes in float32 (or
         float64), 5e-2 when one computes in a 16-bit dtype."""
@@ -119,16 +111,6 @@ class PolicyProbe:
     """What the forward computes in: ``bfloat16`` under FSDP2's mixed precision, else the weights'."""
     release: Callable[[nn.Module], None]
     """Frees what a no-grad forward left gathered (FSDP2)."""
-
-    @classmethod
-    def of(cls, learner: Any) -> PolicyProbe:
-        """The probe of a ``Learner``: its model (the peft model with LoRA, so the merged policy)."""
-        t = learner.cfg.trainer
-        fsdp_bf16 = t.bf16 and learner.strategy.equal_forwards
-        dtype = (
-            "bfloat16" if fsdp_bf16 else str(next(learner.model.parameters()).dtype).removeprefix("torch.")
-        )
-        return cls(learner.model, learner.device, dtype, learner.strategy.release)
 
     @property
     def vocab_size(self) -> int:

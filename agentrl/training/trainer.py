@@ -109,7 +109,7 @@ class Trainer:
         self.rank, self.world = ranks.init_from_env(timeout_s=cfg.timeouts.collective_s)
         self.device = components.device_of(cfg)
         # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
-        self.strategy = sharding.make_strategy(cfg, self.rank, self.world, self.device)
+        self.strategy = sharding.make_strategy(cfg.trainer, self.rank, self.world, self.device)
         if lora.enabled(cfg):  # target modules that match nothing fail before any work, too
             lora.check_targets(components.meta_model(cfg.model.path, cfg.model.dtype), cfg.model.lora)
         self.root_dir = output_dir(cfg)  # rank 0's; checkpoints

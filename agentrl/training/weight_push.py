@@ -28,7 +28,9 @@ class WeightPush:
                 reports.append(self.sync(defer_verify=True))
                 return {}
 
-            metrics = colocate.cycle_for(self.engine, self.cfg).around_update(update, push)
+            metrics = colocate.cycle_for(
+                self.engine, self.cfg.rollout.colocate.sleep_level, self.cfg.timeouts.sleep_wake_s
+            ).around_update(update, push)
             report = weight_sync.verify_synced(self.engine, reports[0], *self.settings())
             metrics.update(report.metrics())
             return metrics
@@ -42,9 +44,25 @@ class WeightPush:
         return self.sync().metrics()
 
     def settings(self) -> tuple[weight_sync.SyncSettings, weight_sync.PolicyProbe]:
-        return weight_sync.SyncSettings.from_config(self.cfg), weight_sync.PolicyProbe.of(self.learner)
+        t = self.cfg.trainer
+        settings = sync_settings(self.cfg)
+        learner = self.learner
+        fsdp_bf16 = t.bf16 and learner.strategy.equal_forwards  # FSDP2's mixed precision computes in bf16
+        dtype = (
+            "bfloat16" if fsdp_bf16 else str(next(learner.model.parameters()).dtype).removeprefix("torch.")
+        )
+        probe = weight_sync.PolicyProbe(learner.model, learner.device, dtype, learner.strategy.release)
+        return settings, probe
 
     def sync(self, defer_verify: bool = False) -> weight_sync.SyncReport:
         return weight_sync.sync_weights(
             self.engine, self.learner.engine_weights(), *self.settings(), defer_verify=defer_verify
         )
+
+
+def sync_settings(cfg: Config) -> weight_sync.SyncSettings:
+    """The sync's settings, from ``rollout.sync`` and ``timeouts.weight_sync_s``."""
+    s = cfg.rollout.sync
+    return weight_sync.SyncSettings(
+        s.bucket_mb, s.verify, s.probe_tokens, s.probe_atol, cfg.timeouts.weight_sync_s
+    )

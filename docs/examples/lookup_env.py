@@ -2,7 +2,7 @@
 
 The task names a city; the model calls ``lookup_population(city)`` (a JSON tool call), reads the
 result, and answers with the number in ``\\boxed{}``. This file is the example of
-docs/environments.md; tests/test_guide_example.py checks it and trains on it.
+docs/environments.md; tests/env/test_guide_example.py checks it and trains on it.
 """
 
 import random

@@ -1,0 +1,109 @@
+"""Configs and launch commands shared by several test files."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+from agentrl.config import load_config
+from tests.helpers import HELPERS
+from tests.helpers import envs as _envs  # noqa: F401  (registers test_chatter and test_all_correct)
+
+ENVS = HELPERS / "distributed_envs.py"
+TORCHRUN_ENV = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
+"""``test_crashy`` and the other environments the subprocess and Ray tests load with ``env.module``."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def small_config(tmp_path: Path, model_dir: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            "env.name=test_chatter",
+            f"run.output_dir={tmp_path / 'run'}",
+            "run.device=cpu",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=4",
+            "rollout.max_tokens_per_turn=8",
+            "rollout.max_episode_tokens=64",
+            "trainer.total_steps=2",
+            "trainer.micro_batch_size=4",
+            "trainer.lr=1e-3",
+            "trainer.weight_decay=0.0",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+            "data.num_test=4",
+            *extra,
+        ],
+    )
+
+
+def cli_args(run, model_dir, *extra: str) -> list[str]:
+    """``agentrl train`` overrides for the subprocess tests: the tiny model on ``test_crashy`` (its
+    reward varies under a random policy), 2 × 2 episodes of up to 8 tokens per step, no plots."""
+    return [
+        f"model.path={model_dir}",
+        "env.name=test_crashy",  # rewards vary with a random policy, so every step trains
+        f"env.module={ENVS}",
+        f"run.output_dir={run}",
+        "run.device=cpu",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8",
+        "algorithm.name=grpo",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+        "sft.enabled=false",
+        *extra,
+    ]
+
+
+def ray_config(tmp_path: Path, model_dir: Path, *extra: str):
+    return load_config(
+        None,
+        [
+            f"model.path={model_dir}",
+            "env.name=test_crashy",
+            f"env.module={ENVS}",
+            f"run.output_dir={tmp_path / 'run'}",
+            "run.device=cpu",
+            "rollout.workers=2",
+            "rollout.prompts_per_step=2",
+            "rollout.group_size=2",
+            "rollout.max_tokens_per_turn=8",
+            "rollout.max_episode_tokens=64",
+            "trainer.total_steps=1",
+            "trainer.micro_batch_size=4",
+            "trainer.lr=1e-2",
+            "logging.tensorboard=false",
+            "logging.plots=false",
+            "logging.transcripts=false",
+            *extra,
+        ],
+    )
+
+
+def torchrun_prefix(procs: int = 2) -> list[str]:
+    """``torch.distributed.run`` with ``procs`` ranks on this machine, on a free loopback port."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes=1",
+        f"--nproc_per_node={procs}",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+    ]
+
+
+def torchrun_cli(*args: str) -> list[str]:
+    """``agentrl`` on two ranks under torchrun."""
+    return [*torchrun_prefix(2), "-m", "agentrl.cli", *args]

@@ -1,0 +1,361 @@
+"""Sharded training (FSDP2, HSDP), LoRA, DCP checkpoints and export, proven against one process.
+
+Each comparison runs ``tests/helpers/sharded_update.py`` (a ``Trainer``-built learner updating on seeded
+synthetic episodes) once in one process and once under torchrun with gloo ranks, then compares what
+rank 0 saved: the full parameters, each step's metrics, STARE's token weights and selection mask,
+and the log-probs of the final policy. The world-size and kill -9 resumes run ``agentrl train``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from agentrl.config import ConfigError, load_config
+from agentrl.training import lora
+from agentrl.training.export import checkpoint_model
+from tests.helpers import HELPERS
+from tests.helpers.configs import TORCHRUN_ENV, torchrun_prefix
+from tests.helpers.jsonl import lines
+
+DRIVER = HELPERS / "sharded_update.py"
+STARE = ["algorithm.name=stare", "algorithm.stare.variant=C2", "algorithm.stare.P=0.3"]
+STARE_KL = [*STARE, "algorithm.kl_coef=0.05"]
+
+
+def _base(model_dir: Path, out: Path) -> list[str]:
+    return [
+        f"model.path={model_dir}",
+        f"run.output_dir={out}",
+        "run.device=cpu",
+        "trainer.lr=1e-3",
+        "trainer.micro_batch_size=1",
+        "trainer.mini_batches_per_step=2",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+    ]
+
+
+def update(tmp: Path, model_dir: Path, name: str, procs: int, *overrides: str, steps: int = 2) -> dict:
+    """Run the driver in one process (``procs=0``) or under torchrun; return what rank 0 saved."""
+    out = tmp / f"{name}.pt"
+    args = [str(DRIVER), str(out), f"--steps={steps}", *_base(model_dir, tmp / name), *overrides]
+    cmd = [*torchrun_prefix(procs), *args] if procs else [sys.executable, *args]
+    proc = subprocess.run(cmd, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return torch.load(out, weights_only=False)
+
+
+def update_variants(
+    tmp: Path, model_dir: Path, procs: int, variants: dict[str, list[str]], *common: str
+) -> dict:
+    """Several ``update`` runs in one launch (one torchrun start-up): name -> what rank 0 saved."""
+    out = tmp / "variants.pt"
+    args = [str(DRIVER), str(out), "--steps=2", *_base(model_dir, tmp / "variants"), *common]
+    cmd = [*torchrun_prefix(procs), *args] if procs else [sys.executable, *args]
+    proc = subprocess.run(
+        [*cmd, "--variants", json.dumps(variants)],
+        env=TORCHRUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return {name: torch.load(tmp / f"variants.{name}.pt", weights_only=False) for name in variants}
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[n] - b[n]).abs().max()) for n in a)
+
+
+def assert_same_update(got: dict, want: dict, initial: dict[str, torch.Tensor], tol: float = 1e-5) -> None:
+    """Parameters within ``tol``; token selection identical, weights and per-step statistics close."""
+    assert max_diff(got["params"], want["params"]) <= tol
+    assert max_diff(want["params"], initial) > 100 * tol  # the updates moved the weights
+    for g, w in zip(got["weights"], want["weights"], strict=True):
+        assert torch.equal(g["mask"], w["mask"])
+        assert torch.equal(g["weights"] != 1, w["weights"] != 1)  # STARE: the same tokens selected
+        torch.testing.assert_close(g["weights"], w["weights"], atol=1e-5, rtol=0)
+    exact = [k for k in want["metrics"][0] if k.startswith(("stare/n_", "stare/gate_on"))]
+    close = ["loss/pg_loss", "grad/norm", "entropy/mean"] + [
+        k for k in ("stare/m", "loss/kl_ref") if k in want["metrics"][0]
+    ]
+    for g, w in zip(got["metrics"], want["metrics"], strict=True):
+        assert {k: g[k] for k in exact} == {k: w[k] for k in exact}  # gate and selection counts
+        for key in close:
+            assert g[key] == pytest.approx(w[key], rel=1e-4, abs=1e-6), key
+    torch.testing.assert_close(got["logp"], want["logp"], atol=1e-5, rtol=0)
+
+
+@pytest.fixture
+def initial(tiny_model_dir):
+    from safetensors.torch import load_file
+
+    return load_file(tiny_model_dir / "model.safetensors")
+
+
+# -- one update: sharded equals one process --------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("alg", ["grpo", "stare_kl"])
+def test_fsdp2_update_equals_single_process(tmp_path, tiny_model_dir, initial, alg):
+    """Two updates (2 mini-batches each, 2 micro-batches of 1 row per rank) on 2 FSDP2 ranks equal
+    one process within 1e-5; STARE's gate, M and selection are identical (whole-batch statistics
+    from all-gathered per-token log-probs and entropies), and so is the KL reference's effect."""
+    extra = STARE_KL if alg == "stare_kl" else []
+    want = update(tmp_path, tiny_model_dir, "single", 0, *extra)
+    got = update(tmp_path, tiny_model_dir, "fsdp2", 2, "trainer.strategy=fsdp2", *extra)
+    assert got["world"] == 2
+    assert_same_update(got, want, initial)
+    if alg == "stare_kl":
+        assert any(m["stare/gate_on"] for m in want["metrics"]) or any(
+            w["mask"].any() for w in want["weights"]
+        )
+    # the engine receives the full, gathered weights
+    assert max_diff(got["engine"], got["params"]) == 0.0
+
+
+@pytest.mark.slow
+def test_ddp_update_equals_single_process(tmp_path, tiny_model_dir, initial):
+    want = update(tmp_path, tiny_model_dir, "single", 0, *STARE)
+    got = update(tmp_path, tiny_model_dir, "ddp", 2, *STARE)
+    assert_same_update(got, want, initial)
+
+
+@pytest.mark.slow
+def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(tmp_path, tiny_model_dir, initial):
+    """Per rank: 1 micro-batch of 4 rows against 4 micro-batches of 1 row, with one
+    reduce-scatter per optimizer step (``grad_reduce=step``) and one per micro-batch."""
+    fsdp = ["trainer.strategy=fsdp2", "trainer.mini_batches_per_step=1", *STARE]
+    mb1 = "trainer.micro_batch_size=1"
+    got = update_variants(tmp_path, tiny_model_dir, 2, {
+        "mb4": ["trainer.micro_batch_size=4"],
+        "mb1": [mb1],
+        "mb1_eager": [mb1, "trainer.fsdp.grad_reduce=micro_batch"],
+        # ZeRO-2: layers stay gathered from forward to backward, freed after no-grad passes
+        "mb1_keep": [mb1, "trainer.fsdp.reshard_after_forward=false"],
+    }, *fsdp)  # fmt: skip
+    whole, accum, eager, keep = got["mb4"], got["mb1"], got["mb1_eager"], got["mb1_keep"]
+    assert_same_update(accum, whole, initial)
+    assert_same_update(eager, whole, initial)
+    assert_same_update(keep, whole, initial)
+    assert whole["sharded"] and keep["sharded"]
+
+
+@pytest.mark.slow
+def test_hsdp_on_four_ranks_equals_single_process(tmp_path, tiny_model_dir, initial):
+    """A 2 × 2 mesh: 2 replicas, each sharding over 2 ranks."""
+    want = update(tmp_path, tiny_model_dir, "single", 0, *STARE, steps=1)
+    got = update(
+        tmp_path,
+        tiny_model_dir,
+        "hsdp",
+        4,
+        "trainer.strategy=fsdp2",
+        "trainer.fsdp.replicas=2",
+        *STARE,
+        steps=1,
+    )
+    assert got["world"] == 4
+    assert_same_update(got, want, initial)
+
+
+# -- LoRA ---------------------------------------------------------------------------------------------
+LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
+
+
+@pytest.mark.slow
+def test_lora_trains_only_adapters_and_fsdp2_equals_single_process(tmp_path, tiny_model_dir, initial):
+    want = update(tmp_path, tiny_model_dir, "lora", 0, *LORA, *STARE_KL)
+    ranked = update_variants(
+        tmp_path, tiny_model_dir, 2, {"fsdp2": ["trainer.strategy=fsdp2"], "ddp": []}, *LORA, *STARE_KL
+    )
+    got, ddp = ranked["fsdp2"], ranked["ddp"]
+    assert max_diff(ddp["params"], want["params"]) <= 1e-5
+    adapters = [n for n in want["params"] if "lora_" in n]
+    assert adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters)
+    for name, t in want["params"].items():
+        if "lora_B" in name:
+            assert float(t.abs().max()) > 1e-4, f"{name} did not train"  # B starts at zero
+        elif "lora_" not in name:  # base weights: frozen, bit for bit
+            base = name.removeprefix("base_model.model.").replace(".base_layer.", ".")
+            assert torch.equal(t, initial[base]), name
+    assert max_diff(got["params"], want["params"]) <= 1e-5
+    torch.testing.assert_close(got["logp"], want["logp"], atol=1e-5, rtol=0)
+    # the engine's weights: W + (alpha/r)·B·A for each adapted layer, plain names
+    assert set(want["engine"]) <= set(initial) and any("q_proj" in n for n in want["engine"])
+    assert max_diff(got["engine"], want["engine"]) <= 1e-5
+
+
+def test_lora_engine_samples_with_the_trainers_distribution(tmp_path, tiny_model_dir):
+    """After an update the HF engine holds the merged weights: the log-probs it reports while
+    sampling equal the trainer's teacher-forced log-probs of the same tokens (the adapters' forward)."""
+    from agentrl.engines.base import SamplingParams
+    from agentrl.training.trainer import Trainer
+    from tests.helpers.sharded_update import episodes
+
+    cfg = load_config(
+        None, [*_base(tiny_model_dir, tmp_path / "run"), *LORA, "trainer.mini_batches_per_step=1"]
+    )
+    trainer = Trainer(cfg, log=lambda *_: None)
+    learner = trainer.learner
+    vocab = int(learner.model.config.vocab_size)
+    for step in range(2):
+        learner.update(learner.make_batch(episodes(vocab)), step)
+    trainer.engine.load_weights(learner.engine_weights())
+    prompts = [[5, 17, 40, 9], [11, 3, 250, 7, 60, 2]]
+    outs = trainer.engine.generate(prompts, SamplingParams(max_tokens=16, temperature=1.0, seed=1))
+    worst = 0.0
+    with torch.no_grad():
+        for prompt, out in zip(prompts, outs):
+            ids = torch.tensor([prompt + out.token_ids])
+            logits = learner.model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+            ref = logits.log_softmax(-1).gather(-1, torch.tensor(out.token_ids)[:, None])[:, 0]
+            worst = max(worst, float((ref - torch.tensor(out.logprobs)).abs().max()))
+    assert worst <= 1e-5
+    # and the update changed the distribution the engine samples from
+    assert any(
+        float(p.detach().abs().max()) > 0 for n, p in learner.model.named_parameters() if "lora_B" in n
+    )
+
+
+# -- checkpoints: export, resume on another world size, bad input ------------------------------------
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["dcp", "lora"])
+def test_export_round_trips_the_trainers_log_probs(tmp_path, tiny_model_dir, fmt):
+    """A checkpoint (FSDP2's DCP shards, or LoRA's adapter) -> ``agentrl export`` -> a plain HF model
+    whose log-probs on the batch equal the trainer's."""
+    from transformers import AutoModelForCausalLM
+
+    from agentrl.training.batch import build_batch
+    from tests.helpers.sharded_update import episodes
+
+    extra = ["trainer.strategy=fsdp2"] if fmt == "dcp" else LORA
+    saved = update(tmp_path, tiny_model_dir, "run", 2 if fmt == "dcp" else 0, *extra, "--checkpoint")
+    out = tmp_path / "exported"
+    proc = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "export", str(tmp_path / "run"), str(out)],
+        env=TORCHRUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    assert not (out / "adapter_config.json").exists()  # a plain model, adapters merged
+    model = AutoModelForCausalLM.from_pretrained(out, torch_dtype=torch.float32)
+    worst = 0.0
+    batch = build_batch(episodes(int(model.config.vocab_size)), torch.zeros(8), [1.0] * 8, pad_id=0)
+    with torch.no_grad():
+        for i, n in enumerate(batch.lengths.tolist()):
+            ids = batch.ids[i : i + 1, :n]
+            logits = model(input_ids=ids).logits[0, :-1].float()
+            logp = logits.log_softmax(-1).gather(-1, ids[0, 1:, None])[:, 0]
+            mask = batch.mask[i, : n - 1] > 0
+            worst = max(worst, float((logp - saved["logp"][i, : n - 1])[mask].abs().max()))
+    assert worst <= 1e-5
+
+
+def _train(tmp: Path, model_dir: Path, procs: int, *args: str) -> subprocess.CompletedProcess:
+    cmd = (
+        [*torchrun_prefix(procs), "-m", "agentrl.cli", "train", *args]
+        if procs
+        else [sys.executable, "-m", "agentrl.cli", "train", *args]
+    )
+    return subprocess.run(cmd, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.slow
+def test_fsdp2_checkpoint_resumes_on_one_and_on_two_ranks(tmp_path, tiny_model_dir):
+    """A 2-rank FSDP2 run's step-1 checkpoint resumed on 1 process and on 2: DCP reshards the model
+    and optimizer, training continues, and the first resumed step's loss and gradient norm equal the
+    uninterrupted run's (the episodes do not depend on the world size)."""
+    envs = HELPERS / "distributed_envs.py"
+    overrides = [
+        *_base(tiny_model_dir, tmp_path / "ref"),
+        "env.name=test_crashy",
+        f"env.module={envs}",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8",
+        "rollout.max_episode_tokens=64",
+        "trainer.mini_batches_per_step=1",
+        "trainer.micro_batch_size=1",
+        "trainer.total_steps=2",
+        "trainer.checkpoint_every=1",
+        "trainer.strategy=fsdp2",
+    ]
+    ref = tmp_path / "ref"
+    proc = _train(tmp_path, tiny_model_dir, 2, *overrides)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    want = [json.loads(x) for x in lines(ref / "metrics.jsonl")]
+    assert [r["step"] for r in want] == [0, 1]
+    for procs in (1, 2):
+        run = tmp_path / f"resume_on_{procs}"
+        shutil.copytree(ref, run)
+        shutil.rmtree(run / "checkpoints" / "step_2")  # the latest checkpoint is now step 1's
+        done = _train(tmp_path, tiny_model_dir, procs if procs > 1 else 0, "--resume", str(run))
+        assert done.returncode == 0, done.stderr[-3000:]
+        assert "resumed from" in done.stdout + done.stderr
+        if procs == 1:
+            assert "reshard" in (done.stdout + done.stderr).lower()
+            # rank 1 is gone: its files end at the checkpoint, like every running rank's
+            gone = [json.loads(x)["step"] for x in lines(run / "ranks" / "1" / "metrics.jsonl")]
+            assert gone == [0]
+        got = [json.loads(x) for x in lines(run / "metrics.jsonl")]
+        assert [r["step"] for r in got] == [0, 1]  # step 1 cut and trained again, once
+        assert got[1]["reward/mean"] == want[1]["reward/mean"]
+        for key in ("loss/pg_loss", "grad/norm"):
+            assert got[1][key] == pytest.approx(want[1][key], rel=1e-5, abs=1e-7), (procs, key)
+        ids = [json.loads(x)["id"] for x in lines(run / "transcripts.jsonl")]
+        assert len(ids) == len(set(ids)) == 2 * 2 * 2
+        a, _ = checkpoint_model(run / "checkpoints" / "step_2")
+        b, _ = checkpoint_model(ref / "checkpoints" / "step_2")
+        sa, sb = a.state_dict(), b.state_dict()
+        assert max(float((sa[n] - sb[n]).abs().max()) for n in sb) <= 1e-5
+
+
+def test_unknown_strategy_names_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"trainer\.strategy.*ddp.*fsdp2"):
+        load_config(None, ["trainer.strategy=zero3"])
+
+
+def test_lora_targets_matching_nothing_fail_before_any_work(tmp_path, tiny_model_dir):
+    from agentrl.training.trainer import Trainer
+
+    cfg = load_config(
+        None,
+        [
+            *_base(tiny_model_dir, tmp_path / "run"),
+            "model.lora.rank=4",
+            "model.lora.target_modules=[qproj,c_attn]",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"model\.lora\.target_modules.*qproj.*q_proj"):
+        Trainer(cfg, log=lambda *_: None)
+    assert not (tmp_path / "run").exists()
+    model = torch.nn.Sequential(torch.nn.Linear(2, 2))
+    assert lora.linear_names(model) == ["0"]
+
+
+@pytest.mark.slow
+def test_hsdp_replicas_not_dividing_the_world_fail_before_any_work(tmp_path, tiny_model_dir):
+    proc = _train(
+        tmp_path,
+        tiny_model_dir,
+        2,
+        *_base(tiny_model_dir, tmp_path / "run"),
+        "trainer.strategy=fsdp2",
+        "trainer.fsdp.replicas=3",
+    )
+    assert proc.returncode != 0
+    assert "exitcode: 2" in proc.stderr  # each rank's config error (torchrun itself exits 1)
+    assert proc.stderr.count("config error: trainer.fsdp.replicas=3 does not divide the world size 2") == 2
+    assert "Valid replicas for 2 ranks: [1, 2]" in proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -1,0 +1,208 @@
+"""`agentrl study`: a micro study (one family, two methods, one seed, two steps) end to end, the
+report's structure, resuming without rerunning, and config errors. The science is not checked here
+(docs/results.md holds the measured study)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+
+from agentrl.config import ConfigError
+from agentrl.study import load_study, run_study
+from agentrl.study.report import band_fraction
+from tests.helpers import ROOT
+from tests.helpers.user_files import one_turn_env
+
+
+def test_paired_differences_and_what_the_seeds_support():
+    from agentrl.study.report import paired_differences, supported
+
+    runs = {
+        "base": [{"seed": 0, "x": 1.0}, {"seed": 1, "x": 2.0}, {"seed": 2, "x": 3.0}],
+        "m": [{"seed": 2, "x": 3.5}, {"seed": 0, "x": 1.4}, {"seed": 1, "x": 2.6}],  # order differs
+        "partial": [{"seed": 1, "x": 1.0}],
+    }
+    diffs = paired_differences(runs, "base", "x")
+    assert diffs["m"] == pytest.approx([0.5, 0.4, 0.6]) and diffs["partial"] == [-1.0]
+    assert supported([0.5, 0.4, 0.6])  # same sign, mean 0.5, sd 0.1: far beyond 2 standard errors
+    assert not supported([0.5, -0.1, 0.6])  # one seed disagrees
+    assert not supported([0.01, 1.0, 0.02])  # same sign but the spread swamps the mean
+    assert not supported([-1.0])  # one seed supports nothing
+
+
+def test_extra_methods_run_after_every_required_run(tmp_path, tiny_model_dir, varied_env):
+    from agentrl.study import plan
+
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
+    study = load_study(path, ["seeds=[0,1]", "extra_methods={steer: [algorithm.name=steer]}"])
+    order = [(r.method, r.seed) for r in plan(study, {"calc": 0.1})]
+    assert order == [
+        ("grpo_ds", 0),
+        ("stare_pi", 0),
+        ("grpo_ds", 1),
+        ("stare_pi", 1),
+        ("steer", 0),
+        ("steer", 1),
+    ]
+    reduced = load_study(
+        path, ["extra_methods={steer: [algorithm.name=steer]}", "reduced.methods=[steer]"], reduced=True
+    )
+    assert list(reduced.methods) == ["steer"] and not reduced.extra_methods
+    with pytest.raises(ValueError, match="both 'methods' and 'extra_methods'"):
+        load_study(path, ["extra_methods={grpo_ds: [algorithm.name=grpo]}"])
+
+
+def test_band_fraction_hand_values():
+    # target 1, band [0.5, 1.5], warm-up 1: steps 1..4 -> 0.7 in, 2.0 out, None out, 1.5 in
+    assert band_fraction([9.0, 0.7, 2.0, None, 1.5], 1.0, (0.5, 1.5), 1) == pytest.approx(0.5)
+    assert math.isnan(band_fraction([1.0], 1.0, (0.5, 1.5), 3))
+
+
+@pytest.fixture(scope="module")
+def varied_env(tmp_path_factory) -> Path:
+    """One file for the module's tests (an environment name registered from two files is refused)."""
+    path = tmp_path_factory.mktemp("env") / "varied_env.py"
+    path.write_text(one_turn_env("study_test_varied"))
+    return path
+
+
+def _write_study(tmp_path: Path, model_dir: Path, methods: dict, env_file: Path) -> Path:
+    family = {
+        "model": {"path": str(model_dir)},
+        "env": {"name": "study_test_varied", "module": str(env_file)},
+        "data": {"num_test": 4, "num_train": 16},
+        "rollout": {
+            "prompts_per_step": 2,
+            "group_size": 4,
+            "max_turns": 2,
+            "max_tokens_per_turn": 12,
+            "max_episode_tokens": 400,
+        },
+        "trainer": {"lr": 1e-3, "micro_batch_size": 8},
+        "logging": {"tensorboard": False, "plots": False},
+    }
+    (tmp_path / "family.yaml").write_text(yaml.safe_dump(family))
+    study = {
+        "name": "micro",
+        "output_dir": str(tmp_path / "runs"),
+        "report_dir": str(tmp_path / "report"),
+        "seeds": [0],
+        "steps": 2,
+        "parallel": 2,
+        "eval_k": 2,
+        "eval_tasks": 2,
+        "warmup_steps": 0,
+        "target": {"rule": "initial", "scale": 1.0, "probe_prompts": 2},
+        "families": {"calc": str(tmp_path / "family.yaml")},
+        "methods": methods,
+    }
+    path = tmp_path / "study.yaml"
+    path.write_text(yaml.safe_dump(study))
+    return path
+
+
+METHODS = {
+    "grpo_ds": ["algorithm.name=grpo", "algorithm.loss_agg=token-mean", "algorithm.dynamic_sampling=true"],
+    "stare_pi": ["algorithm.name=stare", "algorithm.stare.controller=pi"],
+}
+
+
+def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_model_dir, varied_env):
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
+    logs: list[str] = []
+    report = run_study(load_study(path), log=logs.append)
+    text = report.read_text()
+    assert report == tmp_path / "report" / "results.md"
+    assert "## calc" in text and "H_tgt" in text
+    rows = [
+        line for line in text.splitlines() if line.startswith("| grpo_ds") or line.startswith("| stare_pi")
+    ]
+    rows = [line for line in rows if line.count("|") == 16]  # the main table (not the per-seed rows)
+    assert len(rows) == 2, text
+    for panel in ("entropy", "entropy_rollout", "entropy_branching", "reward", "length", "pass_at_k"):
+        assert (tmp_path / "report" / "img" / f"study_calc_{panel}.png").stat().st_size > 1000
+    assert "| grpo_ds | 0 |" in text and "| stare_pi | 0 |" in text  # the per-seed rows
+    assert "Paired by seed against `grpo_ds`" in text and "| stare_pi | " in text
+    assert "collapsed (final entropy < 0.5 × H0) on **" in text
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    prep = summary["calc"]["prep"]
+    assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(prep["h0"])
+    assert prep["h0_branching"] >= prep["h0"]  # the top 10 % of tokens are at least the mean
+    assert sorted(int(j) for j in prep["initial_pass_curve"]) == [1, 2]
+    for method in METHODS:
+        (run,) = summary["calc"]["methods"][method]
+        assert run["steps"] == 2 and run["seed"] == 0
+        assert 0.0 <= run["mean_at_k"] <= run["pass_at_k"] <= 1.0
+        assert run["pass_curve"]["1"] == pytest.approx(run["mean_at_k"])  # pass@1 is the mean accuracy
+        assert run["pass_curve"]["2"] == pytest.approx(run["pass_at_k"])
+        assert run["policy_tokens"] > 0
+    # the runs' configs carry the measured target and the shared warm-start seed
+    cfg = yaml.safe_load((tmp_path / "runs" / "calc" / "stare_pi" / "s0" / "config.yaml").read_text())
+    assert cfg["algorithm"]["stare"]["target_entropy"] == pytest.approx(prep["target_entropy"], rel=1e-5)
+    assert cfg["sft"]["seed"] == 0 and cfg["run"]["seed"] == 0
+    assert not (tmp_path / "runs" / "calc" / "grpo_ds" / "s0" / "failed.json").exists()
+    # rerun: nothing is trained again, the report is rewritten
+    logs.clear()
+    run_study(load_study(path), log=logs.append)
+    assert any("2 runs, 2 already done" in line for line in logs), logs
+
+
+def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir, varied_env):
+    path = _write_study(tmp_path, tiny_model_dir, {"bad": ["algorithm.name=grpoo"]}, varied_env)
+    with pytest.raises(ValueError, match="stepz"):
+        load_study(path, ["stepz=3"])
+    with pytest.raises(ValueError, match=r"reduced.methods names \['nope'\]"):
+        load_study(path, ["reduced.methods=[nope]"], reduced=True)
+    with pytest.raises(ConfigError, match="grpoo"):  # a method's override is checked before any work
+        run_study(load_study(path), log=lambda *_: None)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.study
+@pytest.mark.slow
+def test_reduced_study_command_end_to_end(tmp_path):
+    """The literal `agentrl study configs/study.yaml --reduced` through the CLI (real tiny model;
+    countdown, 3 methods, 8 steps: measured 39 s by hand and 118 s as `pytest -m study` with the
+    warm start cached, ~2.5 min more when it has to be built)."""
+    import subprocess
+    import sys
+
+    root = ROOT
+    out = subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", "study", "configs/study.yaml", "--reduced",
+         f"output_dir={tmp_path / 'runs'}", f"report_dir={tmp_path / 'report'}"],
+        cwd=root, capture_output=True, text=True, timeout=1200,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    study = load_study(root / "configs" / "study.yaml", reduced=True)
+    text = (tmp_path / "report" / "results.md").read_text()
+    for family in study.families:
+        assert f"## {family}" in text
+        for method in study.methods:
+            main_rows = [line for line in text.splitlines() if line.startswith(f"| {method} |")]
+            assert sum(line.count("|") == 16 for line in main_rows) == 1, method  # + its per-seed row
+            summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+            (run,) = summary[family]["methods"][method]
+            assert run["steps"] == study.steps and 0 <= run["mean_at_k"] <= 1
+    assert "Runs without a result" not in text
+
+
+def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_dir, varied_env):
+    from agentrl.config import load_config
+    from agentrl.rollout import components
+    from agentrl.study import family_overrides, probe_tasks
+
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
+    study = load_study(path, ["seeds=[0,1,2]", "target.probe_prompts=4"])
+    cfg = load_config(study.families["calc"], family_overrides(study, "calc"))
+    by_seed = {s: components.load_tasks(cfg, "train", seed=s) for s in (0, 1, 2)}
+    assert by_seed[0][:2] != by_seed[1][:2]  # the seeds really draw different lists
+    got = [t.id for t in probe_tasks(cfg, study)]
+    # ceil(4 / 3) = 2 from each seed in order, cut to 4: seed 0's first two, then seed 1's
+    assert got == [t.id for t in by_seed[0][:2] + by_seed[1][:2]]
+    study.target.probe = "sft_seed"
+    assert [t.id for t in probe_tasks(cfg, study)] == [t.id for t in by_seed[0][:4]]
