@@ -313,6 +313,12 @@ def _batch_problems(cfg: Config) -> Iterator[tuple[str, str]]:
 def _mode_problems(cfg: Config) -> Iterator[tuple[str, str]]:
     """Sync or async, the weight transport, colocation and the method's own rules."""
     ro = cfg.rollout
+    if cfg.trainer.chunked_head == "always" and cfg.trainer.strategy == "fsdp2":
+        yield (
+            "trainer.chunked_head",
+            "trainer.chunked_head=always applies the output head outside the model's forward, where FSDP2 "
+            "has not gathered it: use trainer.chunked_head=auto (the whole logits under FSDP2) or trainer.strategy=ddp",
+        )
     if cfg.trainer.mode == "async" and ro.on_stale == "drop" and ro.max_staleness == 0:
         yield (
             "rollout.on_stale",

@@ -279,6 +279,8 @@ class TrainerConfig:
     """FSDP2 settings (``strategy: fsdp2``)."""
     micro_batch_size: int = knob(8, ge=1)
     """Episodes per forward/backward; gradients accumulate up to a mini-batch (same result at any size)."""
+    chunked_head: Literal["auto", "always", "never"] = "auto"
+    """Token log-probs and entropies from the last hidden states, the output head applied a chunk of positions at a time, so the [B, T, V] logits never exist whole, in the forward or the backward (at a 151 k vocabulary, 8 k tokens of logits take 5 GB in fp32 and their gradient as much again). ``auto``: on from a 32 k vocabulary when the head allows it (a plain linear head; not under FSDP2, whose root gathers the head only inside the model's forward); ``always``: an error where the head does not allow it; ``never``: the whole logits."""
     share_prefix: bool = True
     """Run the prompt prefix a micro-batch shares (system prompt, tool schemas) once per forward instead of once per episode: same losses and gradients, less compute. Off in the gradient pass under DDP and gradient checkpointing, and in every pass under FSDP2."""
     bf16: bool = False

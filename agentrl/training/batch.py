@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from agentrl import algorithms as alg
 from agentrl.episode import Episode
-from agentrl.training.forward import first_loss_column, prefix_plan, suffix_logits
+from agentrl.training.forward import first_loss_column, hidden_states_out, prefix_plan, suffix_logits
 
 
 @dataclass
@@ -128,6 +129,7 @@ def batch_forward(
     grad: bool = False,
     bf16: bool = False,
     share_prefix: bool = True,
+    head: torch.nn.Linear | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Log-probs of the target tokens and full-vocabulary entropies, [B, T-1] each, in micro-batches
     (each trimmed to its own longest sequence), on the batch's device (``Batch.to``: the model's;
@@ -136,7 +138,11 @@ def batch_forward(
     ``share_prefix``: each distinct prompt prefix of a micro-batch is run once (``agentrl.training.forward``:
     the system prompt all rows share, or a group's whole prompt); the shared columns, all before the
     micro-batch's first policy token, are then left at 0 (prompt tokens: no loss,
-    no metric or overlay reads them)."""
+    no metric or overlay reads them).
+
+    ``head``: the model's output head (``forward.output_head``); the model then stops at its last
+    hidden states and the head is applied a chunk of positions at a time, so the [b, t, V] logits never
+    exist whole, in the forward or the backward (``trainer.chunked_head``)."""
     B, T = batch.ids.shape
     logp = torch.zeros((B, T - 1), device=batch.device)
     ent = torch.zeros((B, T - 1), device=batch.device)
@@ -153,9 +159,8 @@ def batch_forward(
             )
             plan = prefix_plan(ids, batch.lengths[idx], limit=limit)
             share, owners = plan.share, plan.owners
-        with torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=bf16):
-            logits = suffix_logits(model, ids, share, owners)[:, :-1]  # [b, t-1-share, V]
-        lp, h = alg.token_logprobs_and_entropy(logits, ids[:, share + 1 :], temperature)
+        autocast = torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=bf16)
+        lp, h = _suffix_stats(model, ids, share, owners, temperature, head, autocast)
         if grad:
             parts.append((idx, t, share, lp, h))
         else:
@@ -170,6 +175,30 @@ def batch_forward(
             torch.cat([pad(p[4], p[2], p[1]) for p in parts]),
         )
     return logp, ent
+
+
+def _suffix_stats(
+    model: torch.nn.Module,
+    ids: Tensor,
+    share: int,
+    owners: Tensor | None,
+    temperature: float,
+    head: torch.nn.Linear | None,
+    autocast: Any,
+) -> tuple[Tensor, Tensor]:
+    """Log-probs and entropies [b, t-1-share] of ``ids``'s positions past ``share``: from the whole
+    logits (the model under ``autocast``, the log-softmax in fp32), or from the last hidden states
+    with ``head`` applied in chunks (under ``autocast`` too, as the head is inside the model)."""
+    targets = ids[:, share + 1 :]
+    if head is None:
+        with autocast:
+            logits = suffix_logits(model, ids, share, owners)[:, :-1]  # [b, t-1-share, V]
+        return alg.token_logprobs_and_entropy(logits, targets, temperature)
+    with autocast, hidden_states_out(head):
+        hidden = suffix_logits(model, ids, share, owners)[:, :-1]  # [b, t-1-share, D]
+        return alg.token_logprobs_and_entropy_from_hidden(
+            hidden, head.weight, targets, temperature, lm_head_bias=head.bias
+        )
 
 
 def token_metrics(logp_old: torch.Tensor, entropy: torch.Tensor, batch: Batch) -> dict[str, float]:

@@ -6,7 +6,7 @@ a batch of B episodes pays for that prefix B times in the forward and again in t
 Here the common prefix is run once, with gradient, its key/value cache is repeated along the batch,
 and only the suffixes are run as a batch on top of it. The logits of the suffix positions are the
 same function of the weights as in a full forward (same positions, same causal attention), so
-losses and gradients agree up to float rounding (tests/test_forward.py checks both).
+losses and gradients agree up to float rounding (tests/training/test_forward.py checks both).
 
 Prefixes shared by groups of rows count too: a GRPO group's episodes all start with the same
 prompt, so a micro-batch of 4 groups × 8 holds 4 distinct prompts. ``prefix_plan`` picks the
@@ -19,10 +19,13 @@ attention never lets a real position see them (as in the full forward).
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 
 def shared_prefix_len(ids: Tensor, lengths: Tensor | None = None, limit: int | None = None) -> int:
@@ -109,3 +112,36 @@ def suffix_logits(model: torch.nn.Module, ids: Tensor, share: int, owners: Tenso
     else:
         cache.reorder_cache(index)  # index_select along the batch (differentiable)
     return model(input_ids=ids[:, share:], past_key_values=cache, use_cache=False).logits
+
+
+def output_head(model: nn.Module) -> nn.Linear | None:
+    """The model's output head (``lm_head``) when it is a plain linear layer, through a DDP or peft
+    wrapper; None when it is anything else (a LoRA-adapted head, a sharded one), so that a caller
+    that applies the head itself never skips what the head's own forward would do."""
+    inner: Any = getattr(model, "module", model)  # DDP
+    if hasattr(inner, "get_base_model"):  # peft
+        inner = inner.get_base_model()
+    config = getattr(inner, "config", None)
+    if getattr(config, "final_logit_softcapping", None) or getattr(config, "logit_scale", None):
+        return None  # the logits are transformed after the head (Gemma 2, Cohere)
+    get: Any = getattr(inner, "get_output_embeddings", None)
+    head = get() if callable(get) else None
+    return head if type(head) is nn.Linear else None
+
+
+@contextlib.contextmanager
+def hidden_states_out(head: nn.Linear) -> Iterator[None]:
+    """Inside, ``head`` passes its input through, so the model's ``.logits`` are its last hidden
+    states [B, T, D]: the caller applies the head a chunk of positions at a time
+    (``token_logprobs_and_entropy_from_hidden``) and the [B, T, V] logits never exist whole.
+    Llama/Qwen-style heads only: a model that transforms its logits after the head (soft-capping,
+    scaling) would need that too."""
+    head.forward = _identity  # type: ignore[method-assign, assignment]
+    try:
+        yield
+    finally:
+        del head.forward
+
+
+def _identity(x: Tensor) -> Tensor:
+    return x

@@ -7,9 +7,14 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.config import Config
+from agentrl.config import Config, ConfigError
 from agentrl.parallel import ranks, sharding
 from agentrl.training.batch import Batch, batch_forward
+from agentrl.training.forward import output_head
+
+CHUNKED_HEAD_VOCAB = 32768
+"""``trainer.chunked_head: auto`` applies the head in chunks from this vocabulary size up; below it
+the whole logits are small and one matrix multiplication is faster."""
 
 
 class Passes:
@@ -34,7 +39,25 @@ class Passes:
             grad=grad,
             bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
             share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
+            head=self.chunked_head(model),
         )
+
+    def chunked_head(self, model: torch.nn.Module) -> torch.nn.Linear | None:
+        """The head ``batch_forward`` applies in chunks (``trainer.chunked_head``), or None for the
+        whole logits."""
+        mode = self.cfg.trainer.chunked_head
+        if mode == "never":
+            return None
+        head = None if self.strategy.equal_forwards else output_head(model)
+        if head is None and mode == "always":
+            raise ConfigError(
+                "trainer.chunked_head=always: this model's output head cannot be applied outside its forward "
+                "(not a plain linear layer: adapted by LoRA, or logits transformed after it); use "
+                "trainer.chunked_head=auto or off"
+            )
+        if head is not None and mode == "auto" and head.out_features < CHUNKED_HEAD_VOCAB:
+            return None
+        return head
 
     def no_grad(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies [B, T] of the whole batch with no gradient. Under W ranks each

@@ -43,7 +43,8 @@ The trainer's budget (or the whole GPU's):
   up, SiLU and product (4i), plus the attention's log-sum-exp. With gradient checkpointing only each
   layer's input stays, r·h (r = 4 for an fp32 residual stream, 2 for bf16), plus one layer
   recomputed in the backward. The logits and their gradient: t·V·2c (the log-softmax runs in
-  checkpointed chunks);
+  checkpointed chunks); with the head applied in chunks (``trainer.chunked_head``: from a 32 k
+  vocabulary, outside FSDP2) only one chunk's exist, min(t, ⌊2²³/V⌋)·V·4·k, k = ``CHUNK_COPIES``;
 - the KL reference (``kl_coef`` > 0; not with LoRA, whose reference is the base itself): N·b/S;
 - the colocated HF engine (same budget): its copy of the weights, N·e, and the KV cache of its
   running sequences, q·ctx·L·2·kv·e with q = min(64, ``max_concurrent_episodes``, episodes per
@@ -80,6 +81,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from agentrl.algorithms.token_stats import default_chunk
 from agentrl.config import Config, ConfigError
 from agentrl.parallel.sharding import check_mesh
 
@@ -384,12 +386,35 @@ def _compute_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
     else:
         act = tokens * a.layers * per_token_layer
         how = f"t·L·(16h + c·({k}h+2kv+4i) + 4·heads) = {tokens:,}·{a.layers}·{per_token_layer:,}"
-    return [
-        Term("activations (one micro-batch)", act, how),
-        Term(
+    if chunked_head(cfg, a.vocab):
+        rows = min(tokens, default_chunk(a.vocab))
+        logits = Term(
+            "logits (the head in chunks)",
+            rows * a.vocab * 4 * CHUNK_COPIES,
+            f"min(t, ⌊2²³/V⌋)·V·4·{CHUNK_COPIES} = {rows:,}·{a.vocab:,}·{4 * CHUNK_COPIES}",
+        )
+    else:
+        logits = Term(
             "logits and their gradient", tokens * a.vocab * 2 * c, f"t·V·2c = {tokens:,}·{a.vocab:,}·{2 * c}"
-        ),
-    ]
+        )
+    return [Term("activations (one micro-batch)", act, how), logits]
+
+
+CHUNK_COPIES = 6
+"""fp32 [rows, V] tensors one chunk of the head holds at its peak (its logits, their scaled copy,
+the softmax and its product, the gradient in the backward), measured with bench/logits_memory.py."""
+
+
+def chunked_head(cfg: Config, vocab: int) -> bool:
+    """Whether the update applies the output head in chunks (``trainer.chunked_head``; the learner's
+    ``Passes.chunked_head`` decides the same from the model itself)."""
+    from agentrl.training.passes import CHUNKED_HEAD_VOCAB
+
+    t, lora = cfg.trainer, cfg.model.lora
+    possible = t.strategy != "fsdp2" and not (lora.rank > 0 and "lm_head" in lora.target_modules)
+    if t.chunked_head == "always":
+        return True
+    return t.chunked_head == "auto" and possible and vocab >= CHUNKED_HEAD_VOCAB
 
 
 def _hf_engine_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:

@@ -14,7 +14,7 @@ import torch
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
-from agentrl.training.plan import GIB, architecture, plan, render
+from agentrl.training.plan import CHUNK_COPIES, GIB, architecture, plan, render, sizes
 from tests.helpers import ROOT
 
 # tiny:h128-L8: hidden 128, 8 layers, 4 heads (head_dim 32), 2 KV heads (kv width 64), MLP 448, vocab 1024
@@ -337,3 +337,46 @@ def test_each_gpu_config_fits_the_hardware_it_names(path, capsys):
     assert (ROOT / found.group(1)).resolve() == path.resolve()
     assert main(["plan", str(path), *shlex.split(found.group(2))]) == 0, capsys.readouterr().out
     assert "fits" in capsys.readouterr().out
+
+
+R1_DISTILL = ROOT / "configs" / "gpu" / "long_cot_r1-distill-qwen-1.5b.yaml"
+
+
+def test_a_real_vocabulary_counts_one_chunk_of_the_head():
+    """R1-Distill-Qwen-1.5B (V = 151,936) under DDP: the head is applied in chunks of
+    ⌊2²³/V⌋ = 55 positions, so the logits term is 55·151,936·4·CHUNK_COPIES, whatever the tokens per
+    micro-batch; with trainer.chunked_head=never it is the whole t·V·2c again."""
+    chunked = plan(load_config(str(R1_DISTILL), []), gpus=1, gpu_memory_gib=78)
+    whole = plan(load_config(str(R1_DISTILL), ["trainer.chunked_head=never"]), gpus=1, gpu_memory_gib=78)
+    s = sizes(load_config(str(R1_DISTILL), []), architecture(load_config(str(R1_DISTILL), [])), 1, 1)
+    assert terms(chunked)["logits (the head in chunks)"] == 55 * 151_936 * 4 * CHUNK_COPIES
+    assert terms(whole)["logits and their gradient"] == s.tokens * 151_936 * 2 * s.c
+    assert "logits and their gradient" not in terms(chunked)
+    fsdp = plan(load_config(str(R1_DISTILL), ["trainer.strategy=fsdp2"]), gpus=1, gpu_memory_gib=78)
+    assert "logits and their gradient" in terms(fsdp)  # FSDP2 gathers the head only inside the forward
+
+
+@pytest.mark.slow
+def test_the_logits_terms_match_a_measurement():
+    """bench/logits_memory.py's measurement (peak resident memory of a fresh process, above the same
+    pass at a 1 k vocabulary) against the plan's two logits terms, at V = 151,669 and T = 1,024 with
+    gradient: the whole logits t·V·2c within 10 %, the chunked head under its term and above a third of it."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    def peak(vocab: int, chunked: bool) -> int:
+        spec = {"vocab": vocab, "tokens": 1024, "chunked": chunked, "grad": True, "hidden": 64}
+        env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": str(1 << 17)}
+        out = subprocess.run(
+            [sys.executable, str(ROOT / "bench" / "logits_memory.py"), "--one", json.dumps(spec)],
+            capture_output=True, text=True, env=env, check=True,
+        )  # fmt: skip
+        return json.loads(out.stdout.strip().splitlines()[-1])["peak_bytes"]
+
+    base = peak(1024, False)
+    whole, chunked = peak(151_669, False) - base, peak(151_669, True) - base
+    assert whole == pytest.approx(1023 * 151_669 * 2 * 4, rel=0.10)
+    term = 55 * 151_669 * 4 * CHUNK_COPIES
+    assert term / 3 < chunked <= term, (chunked, term)
