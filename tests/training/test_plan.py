@@ -356,7 +356,7 @@ def test_a_real_vocabulary_counts_one_chunk_of_the_head():
     assert "logits and their gradient" in terms(fsdp)  # FSDP2 gathers the head only inside the forward
 
 
-@pytest.mark.slow
+@pytest.mark.study  # a measurement of a documented result (docs/performance.md), ~45 s
 def test_the_logits_terms_match_a_measurement():
     """bench/logits_memory.py's measurement (peak resident memory of a fresh process, above the same
     pass at a 1 k vocabulary) against the plan's two logits terms, at V = 151,669 and T = 1,024 with
