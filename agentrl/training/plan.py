@@ -402,8 +402,8 @@ def _compute_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
 
 CHUNK_COPIES = 7
 """fp32 [rows, V] tensors counted for one chunk of the head at its peak (its logits, the softmax
-and its product with the logits, the gradients in the backward): bench/logits_memory.py measured 5.4
-to 6.1 of them (181 to 205 MB at V = 151,669), so 7 bounds it from above."""
+and its product with the logits, the gradients in the backward): bench/logits_memory.py measured 5.1
+to 6.1 of them (172 to 205 MB at V = 151,669), so 7 bounds it from above."""
 
 
 def chunked_head(cfg: Config, vocab: int) -> bool:
