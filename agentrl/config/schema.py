@@ -412,7 +412,7 @@ class LoggingConfig:
     tensorboard: bool = True
     """Write TensorBoard event files."""
     wandb: bool = False
-    """Log to Weights & Biases (needs ``wandb`` installed and a login)."""
+    """Log to Weights & Biases (needs the wandb extra, ``pip install 'agentrl[wandb]'``, and a login)."""
     wandb_project: str = "agentrl"
     """W&B project name."""
     plots: bool = True

@@ -151,7 +151,7 @@ class MetricsLogger:
                 import wandb
             except ImportError as e:
                 raise RuntimeError(
-                    "logging.wandb is on but the wandb package is not installed: pip install wandb"
+                    "logging.wandb is on but the wandb package is not installed: pip install 'agentrl[wandb]'"
                 ) from e
             self.wandb = wandb.init(project=wandb_project, config=config, dir=str(run_dir), resume="allow")
 
