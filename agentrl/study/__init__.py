@@ -16,6 +16,8 @@ What is shared and what varies:
 Execution: every run is its own subprocess (a crash marks that run failed and the study goes on;
 its log is in ``RUN/log.txt``), ``parallel`` at a time, each with ``cores / parallel`` torch threads.
 A finished run leaves ``result.json`` and is not rerun, so a killed study resumes where it stopped.
+Every run starts as a resume (``run.resume=true``): a run cut short continues from its newest
+checkpoint (every ``checkpoint_every`` steps), or starts over when it has none, its partial lines cut.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from agentrl.training import build
 from agentrl.training.batch import batch_forward, build_batch
 from agentrl.training.evaluation import evaluate, pass_at_k_curve
 from agentrl.training.trainer import Trainer
+from agentrl.transcripts import read_metrics
 
 
 @dataclass
@@ -107,6 +110,10 @@ class StudyConfig:
     eval_tasks: int = 32
     parallel: int = 2
     """Runs at once."""
+    checkpoint_every: int = 0
+    """RL steps between checkpoints of each run: a run the study was stopped in continues from its
+    newest one. 0 = none: a stopped run starts over (the tiny-model runs take minutes; a real model's
+    take hours, so its studies set this)."""
     reduced: Reduced = field(default_factory=Reduced)
 
 
@@ -224,7 +231,8 @@ def _plan_group(
                             f"algorithm.stare.target_entropy={targets[family]:.6g}",
                             f"run.output_dir={out}",
                             f"run.name={study.name}-{family}-{method}-s{seed}",
-                            "trainer.checkpoint_every=0",
+                            f"trainer.checkpoint_every={study.checkpoint_every}",
+                            "run.resume=true",  # continue a stopped run, or start over without a checkpoint
                         ],
                         out,
                     )
@@ -336,7 +344,8 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg = load_config(config_path, spec.overrides)
     trainer = Trainer(cfg, log=lambda s: print(s, flush=True))
-    history = trainer.train()
+    trainer.train()
+    history = read_metrics(trainer.run_dir)  # every step, those before a resume included
     train_seconds = time.perf_counter() - t0
     tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
     final, episodes = evaluate(cfg, trainer.engine, trainer.tokenizer, tasks, k=cfg.eval.k)
@@ -359,7 +368,7 @@ def _launch(spec: RunSpec, config_path: str, threads: int) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     env["AGENTRL_TORCH_THREADS"] = str(threads)
     payload = json.dumps({"spec": asdict(spec), "config": config_path})
-    log = open(Path(spec.out) / "log.txt", "w")  # noqa: SIM115 - closed with the process below
+    log = open(Path(spec.out) / "log.txt", "a")  # noqa: SIM115 - closed with the process below
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentrl.study", payload], stdout=log, stderr=subprocess.STDOUT, env=env
     )

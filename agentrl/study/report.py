@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.study.tokens import token_lines
 from agentrl.transcripts import read_metrics
 
 SERIES = {
@@ -112,7 +113,22 @@ def summarize_run(
         "h_ratio": _tail_mean(series["entropy"], n_tail) / h0 if h0 else math.nan,
         "seconds": result.get("seconds", math.nan),
         "policy_tokens": result.get("policy_tokens", math.nan),
+        "entropy_slope": entropy_slope(series["entropy"], warmup),
+        "run_dir": str(run_dir),
     }
+
+
+def entropy_slope(xs: Sequence[float | None], warmup: int, per: int = 10) -> float:
+    """The least-squares slope of the batch entropy against the step after ``warmup``, per ``per``
+    steps (NaN with fewer than 3 points): the trend where the run is too short to collapse."""
+    pts = [(i, x) for i, x in enumerate(xs) if i >= warmup and x is not None]
+    if len(pts) < 3:
+        return math.nan
+    mx = statistics.fmean(i for i, _ in pts)
+    my = statistics.fmean(x for _, x in pts)
+    num = sum((i - mx) * (x - my) for i, x in pts)
+    den = sum((i - mx) ** 2 for i, _ in pts)
+    return per * num / den
 
 
 def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
@@ -314,6 +330,11 @@ def _verdict_lines(by_method: dict[str, list[dict]], base: str, study: Any, pass
         n_ok = sum(r["in_band"] >= 0.8 for r in runs if not math.isnan(r["in_band"]))
         held.append(f"`{method}` {n_ok}/{len(runs)}")
     lines.append("- In band on ≥ 80 % of post-warm-up steps, seeds: " + ", ".join(held) + ".")
+    slopes = [f"`{m}` {_cell([r['entropy_slope'] for r in rs], '{:+.4f}')}" for m, rs in by_method.items()]
+    lines.append(
+        f"- Entropy trend after step {study.warmup_steps} (least-squares slope, nats per 10 steps, "
+        "mean ± sd over seeds): " + ", ".join(slopes) + "."
+    )
     for key, name in (("pass_at_k", f"pass@{pass_k}"), ("mean_at_k", f"mean@{study.eval_k}")):
         diffs = paired_differences(by_method, base, key)
         better = [m for m, d in diffs.items() if supported(d) and statistics.fmean(d) > 0]
@@ -500,12 +521,22 @@ def _family_lines(
     lines += _verdict_lines(by_method, base, study, pass_k)
     lines += _comparison_lines(by_method, base, k, pass_k)
     lines += _per_run_lines(by_method, k, pass_k)
+    lines += _token_lines(prep, by_method)
     if failed:
         lines += ["", f"Runs without a result (failed or not run): {', '.join(failed)}."]
     pngs = _plot_family(family, target, study.band, by_method, img) if by_method else []
     curve_png = _plot_pass_curves(family, prep, by_method, img) if by_method else None
     pngs += [curve_png] if curve_png else []
     return lines + [""] + [f"![{p.stem}](img/{p.name})" for p in pngs] + [""]
+
+
+def _token_lines(prep: dict, by_method: dict[str, list[dict]]) -> list[str]:
+    """Which tokens each weighting method selected, decoded with the warm start's tokenizer."""
+    from transformers import AutoTokenizer
+
+    dirs = {m: [Path(r["run_dir"]) for r in rs] for m, rs in by_method.items()}
+    tokenizer = AutoTokenizer.from_pretrained(prep["policy"])
+    return token_lines(dirs, lambda tok: tokenizer.decode([tok]))
 
 
 def _method_row(method: str, rs: list[dict]) -> str:

@@ -63,3 +63,28 @@ def test_no_grad_path_and_dtype():
         logp, ent = token_logprobs_and_entropy(logits, torch.zeros(2, 3, dtype=torch.long), chunk_size=2)
     assert logp.dtype == ent.dtype == torch.float32 and logp.shape == (2, 3)
     assert (ent >= 0).all() and (ent <= math.log(5) + 1e-5).all()
+
+
+def test_from_hidden_under_bf16_autocast_follows_the_autocast_reference():
+    """``trainer.bf16``: the head's products run in bf16 in the forward and in the written-out
+    backward (the forward's autocast state is restored there), the statistics in fp32; values and
+    gradients agree with autograd through the same autocast computation, within bf16 rounding."""
+    g = torch.Generator().manual_seed(2)
+    hidden = torch.randn(20, 16, generator=g, requires_grad=True)
+    weight = (0.5 * torch.randn(50, 16, generator=g)).requires_grad_()
+    ids = torch.randint(50, (20,), generator=g)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        logp, ent = token_logprobs_and_entropy_from_hidden(hidden[None], weight, ids[None], chunk_size=6)
+    (logp.sum() + 0.5 * ent.sum()).backward()
+    g_h, g_w = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        z = torch.nn.functional.linear(hidden, weight).float()
+    ref_logp = torch.log_softmax(z, -1).gather(-1, ids[:, None]).squeeze(-1)
+    ref_ent = -(torch.softmax(z, -1) * torch.log_softmax(z, -1)).sum(-1)
+    (ref_logp.sum() + 0.5 * ref_ent.sum()).backward()
+    assert logp.dtype == torch.float32 and g_h.dtype == g_w.dtype == torch.float32
+    torch.testing.assert_close(logp[0], ref_logp.detach(), rtol=0, atol=1e-5)  # same bf16 logits
+    torch.testing.assert_close(ent[0], ref_ent.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(g_h, hidden.grad, rtol=2e-2, atol=2e-2)  # bf16 products in the backward
+    torch.testing.assert_close(g_w, weight.grad, rtol=2e-2, atol=2e-2)

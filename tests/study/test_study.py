@@ -4,8 +4,10 @@ report's structure, resuming without rerunning, and config errors. The science i
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import yaml
 from agentrl.config import ConfigError
 from agentrl.study import load_study, run_study
 from agentrl.study.report import band_fraction
+from agentrl.transcripts import read_metrics
 from tests.helpers import ROOT
 from tests.helpers.user_files import one_turn_env
 
@@ -60,6 +63,14 @@ def test_band_fraction_hand_values():
     # target 1, band [0.5, 1.5], warm-up 1: steps 1..4 -> 0.7 in, 2.0 out, None out, 1.5 in
     assert band_fraction([9.0, 0.7, 2.0, None, 1.5], 1.0, (0.5, 1.5), 1) == pytest.approx(0.5)
     assert math.isnan(band_fraction([1.0], 1.0, (0.5, 1.5), 3))
+
+
+def test_entropy_slope_hand_values():
+    from agentrl.study.report import entropy_slope
+
+    # after warm-up 1: points (1, 1.0), (2, 0.9), (3, None), (4, 0.7): slope -0.1 a step, -1.0 per 10
+    assert entropy_slope([5.0, 1.0, 0.9, None, 0.7], 1) == pytest.approx(-1.0)
+    assert math.isnan(entropy_slope([1.0, 0.9, None], 0))  # two points are no trend
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +125,8 @@ METHODS = {
 def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_model_dir, varied_env):
     path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
     logs: list[str] = []
-    report = run_study(load_study(path), log=logs.append)
+    over = ["target.scale=3.0"]  # H_tgt above the entropy: STARE's gate opens and it selects tokens
+    report = run_study(load_study(path, over), log=logs.append)
     text = report.read_text()
     assert report == tmp_path / "report" / "results.md"
     assert "## calc" in text and "H_tgt" in text
@@ -128,9 +140,15 @@ def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_mode
     assert "| grpo_ds | 0 |" in text and "| stare_pi | 0 |" in text  # the per-seed rows
     assert "Paired by seed against `grpo_ds`" in text and "| stare_pi | " in text
     assert "collapsed (final entropy < 0.5 × H0) on **" in text
+    assert "- Entropy trend after step 0" in text and "`stare_pi` " in text
+    # STARE's selections, read back from the transcripts and decoded; GRPO-ds selects nothing
+    (tokens,) = [ln for ln in text.splitlines() if ln.startswith("| stare_pi | ") and "`'" in ln]
+    assert not any(line.startswith("| grpo_ds | ") and "`'" in line for line in text.splitlines())
+    trained, boosted = tokens.split(" | ")[1:3]
+    assert int(trained) > 0 and float(boosted.rstrip("%")) > 0
     summary = json.loads((tmp_path / "report" / "summary.json").read_text())
     prep = summary["calc"]["prep"]
-    assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(prep["h0"])
+    assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(3.0 * prep["h0"])
     assert prep["h0_branching"] >= prep["h0"]  # the top 10 % of tokens are at least the mean
     assert sorted(int(j) for j in prep["initial_pass_curve"]) == [1, 2]
     for method in METHODS:
@@ -147,8 +165,33 @@ def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_mode
     assert not (tmp_path / "runs" / "calc" / "grpo_ds" / "s0" / "failed.json").exists()
     # rerun: nothing is trained again, the report is rewritten
     logs.clear()
-    run_study(load_study(path), log=logs.append)
+    run_study(load_study(path, over), log=logs.append)
     assert any("2 runs, 2 already done" in line for line in logs), logs
+
+
+def test_a_stopped_run_continues_from_its_checkpoint_or_starts_over(tmp_path, tiny_model_dir, varied_env):
+    """A study stopped inside a run: with a checkpoint the run continues from it (no step twice in its
+    metrics); without one it starts over, instead of refusing the directory it left."""
+    from agentrl.study import plan, prepare_family, run_one
+
+    path = _write_study(tmp_path, tiny_model_dir, {"grpo_ds": METHODS["grpo_ds"]}, varied_env)
+    study = load_study(path, ["checkpoint_every=1"])
+    prep = prepare_family(study, "calc", log=lambda _: None)
+    (spec,) = plan(study, {"calc": prep["target_entropy"]})
+    first = dataclasses.replace(spec, overrides=[*spec.overrides, "trainer.total_steps=1"])
+    run_one(first, study.families["calc"])  # "stopped" after step 0, its checkpoint written
+    assert (Path(spec.out) / "checkpoints").is_dir()
+    result = run_one(spec, study.families["calc"])
+    assert [row["step"] for row in read_metrics(spec.out)] == [0, 1] and result["steps"] == 2
+
+    # a run stopped before its first checkpoint left lines behind: the study starts it over
+    other = tmp_path / "runs" / "calc" / "grpo_ds" / "s0"
+    shutil.rmtree(other / "checkpoints")
+    (other / "result.json").unlink()
+    logs: list[str] = []
+    run_study(load_study(path), log=logs.append)
+    assert any("grpo_ds seed 0: ok" in line for line in logs), logs
+    assert [row["step"] for row in read_metrics(other)] == [0, 1]
 
 
 def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir, varied_env):
@@ -206,3 +249,11 @@ def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_d
     assert got == [t.id for t in by_seed[0][:2] + by_seed[1][:2]]
     study.target.probe = "sft_seed"
     assert [t.id for t in probe_tasks(cfg, study)] == [t.id for t in by_seed[0][:4]]
+
+
+def test_token_text_stays_inside_its_table_cell():
+    from agentrl.study.tokens import _code
+
+    assert _code(" the") == "`' the'`"
+    assert _code("a|b") == "`'a\\|b'`"  # a pipe would end the cell
+    assert _code("x`y") == "`` 'x`y' ``"  # a backtick would end a single-backtick span

@@ -58,23 +58,29 @@ def test_chunked_head_equals_the_whole_logits(share_prefix, grad):
 
 
 def test_the_head_is_really_applied_in_chunks(monkeypatch):
-    """No tensor of B·T·V elements is made on the chunked path: the head's output is one chunk."""
+    """No tensor of B·T·V elements is made on the chunked path, in the forward or the backward: the
+    head's output is one chunk at a time, and the backward recomputes each chunk once."""
     import agentrl.algorithms.token_stats as ts
 
     model = llama()
     batch = synthetic_batch(VOCAB, n=6, seed=2)
     monkeypatch.setattr(ts, "CHUNK_ELEMENTS", 8 * VOCAB)  # 8 positions a chunk
-    widest = []
-    real = ts._stats_from_logits
+    widest: list[int] = []
+    real = ts._head_logits
 
-    def recording(logits, ids, temperature):
-        widest.append(logits.shape[0])
-        return real(logits, ids, temperature)
+    def recording(hidden, weight, bias, temperature):
+        widest.append(hidden.shape[0])
+        return real(hidden, weight, bias, temperature)
 
-    monkeypatch.setattr(ts, "_stats_from_logits", recording)
+    monkeypatch.setattr(ts, "_head_logits", recording)
+    positions = 6 * (batch.ids.shape[1] - 1)
     with torch.no_grad():
         batch_forward(model, batch, 6, 1.0, head=output_head(model))
-    assert widest and max(widest) <= 8 and sum(widest) == 6 * (batch.ids.shape[1] - 1)
+    assert widest and max(widest) <= 8 and sum(widest) == positions
+    widest.clear()
+    lp, h = batch_forward(model, batch, 6, 1.0, grad=True, head=output_head(model))
+    (lp.sum() + h.sum()).backward()
+    assert max(widest) <= 8 and sum(widest) == 2 * positions  # the forward, then the backward's recompute
 
 
 def test_lora_policy_keeps_a_plain_head_and_matches(tmp_path):
