@@ -39,6 +39,16 @@ def timed(fn, reps: int) -> list[float]:
     return out
 
 
+def matmul_peak(n: int = 2048, reps: int = 10) -> None:
+    """GFLOPS of a square [n, n] x [n, n] product, float32 and bfloat16: what the step's GFLOPS are
+    measured against."""
+    for dtype in (torch.float32, torch.bfloat16):
+        a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+        torch.mm(a, b)  # warm-up
+        best = min(timed(lambda a=a, b=b: torch.mm(a, b), reps))
+        print(f"matmul {n}x{n} {str(dtype).removeprefix('torch.'):9s} {2 * n**3 / best / 1e9:7.1f} GFLOPS")
+
+
 def checkpointed_head(hidden, weight, ids):
     """The head's statistics as autograd computes them, each chunk checkpointed (the first version
     of the chunked head): log-sum-exp, softmax and their product per chunk."""
@@ -64,7 +74,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--preset", default="h128-L8")
     ap.add_argument("--model", help="a real checkpoint instead of the tiny preset")
+    ap.add_argument("--peak", action="store_true", help="only the matmul peak, fp32 and bf16")
     args = ap.parse_args()
+    if args.peak:
+        return matmul_peak()
 
     from transformers import DynamicCache
 

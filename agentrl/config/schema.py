@@ -126,7 +126,7 @@ class SyncConfig:
     probe_tokens: int = knob(32, ge=2)
     """Length of the probe sequence whose log-probs the engine and the trainer compare."""
     probe_atol: float | None = knob(None, gt=0)
-    """Largest allowed |engine − trainer| probe log-prob difference. None = 1e-3 when the engine and the trainer's probe forward both compute in float32, 5e-2 when either computes in a 16-bit dtype (a bfloat16 engine, FSDP2's bf16 mixed precision)."""
+    """Largest allowed |engine − trainer| probe log-prob difference. None = 1e-3 when the engine and the trainer's probe forward both compute in float32, 0.5 when either computes in a 16-bit dtype (a bfloat16 engine, FSDP2's bf16 mixed precision: on SmolLM2-135M a correct bf16 engine differs from the fp32 trainer by up to 0.36, measured by bench/bf16_numerics.py)."""
     transport: Literal["object_store", "broadcast"] = "object_store"
     """How the buckets reach Ray rollout workers (``rollout.workers`` > 0; with in-process engines it is an error): ``object_store`` = each bucket is put in Ray's object store once and every worker copies it; ``broadcast`` = a collective broadcast from the trainer (rank 0) to the workers (ranks 1..N) in a process group of the sync's own, built at the first sync from a TCPStore the trainer hosts (torch.distributed's default group is not touched): gloo when the trainer's weights are on the CPU, NCCL on a GPU (the NCCL path has not yet run on a GPU). The group is rebuilt when a worker is replaced; its timeout is ``timeouts.weight_sync_s``, and the workers must join within half of it."""
 
