@@ -35,6 +35,8 @@ def _imports() -> dict[str, set[str]]:
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
                     names = [node.module]
+                elif _required(node):
+                    names = [_required(node)[0]]  # type: ignore[index]
                 else:
                     continue
                 for name in names:
@@ -42,6 +44,29 @@ def _imports() -> dict[str, set[str]]:
                     if top not in sys.stdlib_module_names and top not in FIRST_PARTY | {"__future__"}:
                         found.setdefault(top, set()).add(str(path.relative_to(ROOT)))
     return found
+
+
+def _required(node: ast.AST) -> tuple[str, str] | None:
+    """(module, extra) of an adapter's lazy import, ``require("module", "extra", env)``."""
+    if not (
+        isinstance(node, ast.Call) and getattr(node.func, "id", None) == "require" and len(node.args) >= 2
+    ):
+        return None
+    module, extra = node.args[:2]
+    if isinstance(module, ast.Constant) and isinstance(extra, ast.Constant):
+        return module.value, extra.value
+    return None
+
+
+def _requires() -> list[tuple[str, str, str]]:
+    """(module, extra, file) for every ``require`` call with literal arguments."""
+    out = []
+    for path in (ROOT / "environments").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            found = _required(node)
+            if found:
+                out.append((*found, str(path.relative_to(ROOT))))
+    return out
 
 
 def _declared() -> dict[str, str]:
@@ -83,3 +108,24 @@ def test_the_scan_sees_imports_inside_functions():
     found = _imports()
     assert "sandboxes/e2b.py" in found["e2b_code_interpreter"]
     assert "agentrl/training/metrics.py" in found["wandb"]
+
+
+def test_every_adapter_names_an_extra_that_brings_its_package():
+    """``require(module, extra, env)`` tells the user to ``pip install 'agentrl[extra]'``: that
+    extra exists and holds the distribution that provides ``module``."""
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    dists = md.packages_distributions()
+    calls = _requires()
+    assert {m for m, _, _ in calls} >= {"reasoning_gym", "textarena"}
+    problems = []
+    for module, extra, path in calls:
+        if extra not in extras:
+            problems.append(f"{path}: require({module!r}, {extra!r}): pyproject.toml has no extra {extra!r}")
+            continue
+        held = {_normal(re.match(r"[A-Za-z0-9][A-Za-z0-9._-]*", r).group()) for r in extras[extra]}  # type: ignore[union-attr]
+        providers = {_normal(d) for d in dists.get(module.split(".")[0], [])}
+        if providers and not providers & held:
+            problems.append(
+                f"{path}: {module} comes from {sorted(providers)}, not in extra {extra!r}: {sorted(held)}"
+            )
+    assert not problems, "\n".join(problems)

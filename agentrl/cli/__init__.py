@@ -380,6 +380,9 @@ def cmd_envs(args: argparse.Namespace) -> int:
     failed = 0
     for name in names:
         report = check_environment(name, options)
+        if args.all and report.missing:  # an adapter whose package is not installed
+            print(f"environment {name!r}: SKIPPED: {report.missing}")
+            continue
         print(format_report(report))
         failed += not report.ok
     return 1 if failed else 0
@@ -571,7 +574,7 @@ def build_parser() -> argparse.ArgumentParser:
     sp = sub.add_parser("envs", help="list or check environments")
     sp.add_argument("action", choices=["list", "check"])
     sp.add_argument("names", nargs="*")
-    sp.add_argument("--all", action="store_true", help="check every registered environment")
+    sp.add_argument("--all", action="store_true", help="check all (skips adapters not installed)")
     sp.add_argument("--options", help="JSON object of environment options")
     sp.add_argument("--module", help="your environment's module or .py file, imported first")
     sp.set_defaults(fn=cmd_envs)

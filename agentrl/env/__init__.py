@@ -171,6 +171,10 @@ class Environment:
     mcp_servers: ClassVar[Sequence[MCPServer]] = ()
     """MCP tool servers (``agentrl.env.mcp_tools.MCPServer``) whose tools join the ``@tool`` methods:
     started once per process and environment class, shared by its episodes (docs/environments.md)."""
+    task_options: ClassVar[tuple[str, ...]] = ()
+    """Options that also choose the tasks: those of ``env.options`` named here are passed to
+    ``load_tasks`` as well (beside ``data.options``), so one setting names both the tasks and how
+    they are scored (a reasoning-gym dataset, say). Not an option itself."""
 
     def __init__(self, *, sandbox: SandboxSpec | None = None, **options: Any) -> None:
         """``options`` (the config's ``env.options``) set class attributes of the same name; an
@@ -316,7 +320,7 @@ def declared_options(cls: type[Environment]) -> list[str]:
     found = set()
     for klass in cls.__mro__[:-1]:  # not object
         for key, value in vars(klass).items():
-            if key.startswith("_") or key == "name":
+            if key.startswith("_") or key in ("name", "task_options"):
                 continue
             if callable(value) or isinstance(value, (property, classmethod, staticmethod)):
                 continue
@@ -353,6 +357,24 @@ def _option_type_problem(cls: type[Environment], options: Mapping[str, Any]) -> 
                 f"like its default {default!r}; got {value!r} ({type(value).__name__})"
             )
     return None
+
+
+def task_loading_options(
+    cls: type[Environment], env_options: Mapping[str, Any], data_options: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The keyword arguments of ``cls.load_tasks``: ``data_options`` plus the ``env_options`` that
+    ``cls.task_options`` names. The same key set differently in both is an error naming both."""
+    out = dict(data_options)
+    for key in cls.task_options:
+        if key not in env_options:
+            continue
+        if key in out and out[key] != env_options[key]:
+            raise ValueError(
+                f"env.options.{key}={env_options[key]!r} and data.options.{key}={out[key]!r} disagree: "
+                f"environment {cls.name!r} reads {key!r} from env.options; drop it from data.options"
+            )
+        out[key] = env_options[key]
+    return out
 
 
 def tool_result_text(out: Any) -> str:

@@ -25,6 +25,7 @@ from agentrl.env import (
     checked_messages,
     checked_step,
     make_env,
+    task_loading_options,
 )
 
 SCRIPTED_BAD_ACTIONS = {
@@ -43,6 +44,9 @@ class CheckReport:
     passed: list[str] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    missing: str | None = None
+    """Set when the environment could not be built because a package is missing (an adapter whose
+    extra is not installed): ``agentrl envs check --all`` skips it, a named check fails."""
 
     @property
     def ok(self) -> bool:
@@ -85,8 +89,10 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
         env_cls = type(make_env(name, **options))
     except Exception as e:  # the constructor is user code: a FAIL line, like reset and step
         report.problems.append(f"constructing the environment raised {type(e).__name__}: {e}")
+        if isinstance(e, ImportError):
+            report.missing = str(e)
         return report
-    tasks = _check_tasks(report, env_cls, seed)
+    tasks = _check_tasks(report, env_cls, seed, task_loading_options(env_cls, options, {}))
     task = tasks[0] if tasks else Task(id="check", prompt="What is 1 + 1?", answer=2)
     from agentrl.agents import AgentEnvironment
 
@@ -124,12 +130,15 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
     return report
 
 
-def _check_tasks(report: CheckReport, env_cls: type[Environment], seed: int) -> list[Task] | None:
-    """The built-in splits load and do not overlap; returns a few training tasks to check with."""
+def _check_tasks(
+    report: CheckReport, env_cls: type[Environment], seed: int, task_options: dict[str, Any]
+) -> list[Task] | None:
+    """The built-in splits load and do not overlap; returns a few training tasks to check with.
+    ``task_options``: the environment options that choose its tasks (``Environment.task_options``)."""
     try:
         # the default sizes a run loads: a small sample would miss a split that shares a few problems
-        train = env_cls.load_tasks("train", n=None, seed=seed)
-        test = env_cls.load_tasks("test", n=None, seed=seed)
+        train = env_cls.load_tasks("train", n=None, seed=seed, **task_options)
+        test = env_cls.load_tasks("test", n=None, seed=seed, **task_options)
     except NotImplementedError:
         report.notes.append("no built-in tasks: checked with a placeholder task")
         return None

@@ -19,7 +19,14 @@ from agentrl.agents import AgentEnvironment
 from agentrl.config import Config, ConfigError
 from agentrl.engines.base import Engine, SamplingParams
 from agentrl.engines.hf import HFEngine
-from agentrl.env import Environment, Task, import_environment_module, make_env, registered
+from agentrl.env import (
+    Environment,
+    Task,
+    import_environment_module,
+    make_env,
+    registered,
+    task_loading_options,
+)
 from agentrl.env.data import HeldOut, load_tasks_from_source
 from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.models.tokenizer import load_tokenizer
@@ -111,7 +118,9 @@ def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
         if cfg.env.module:
             import_environment_module(cfg.env.module)
         env_cls = registered()[cfg.env.name]
-        return env_cls.load_tasks(split, n=n, seed=seed, **d.options)
+        return env_cls.load_tasks(
+            split, n=n, seed=seed, **task_loading_options(env_cls, cfg.env.options, d.options)
+        )
     shared = shared_rows(cfg)
     if split == "test" and shared and d.test_fraction == 0:
         raise ValueError(
