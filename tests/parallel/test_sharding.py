@@ -102,15 +102,27 @@ def initial(tiny_model_dir):
 
 
 # -- one update: sharded equals one process --------------------------------------------------------
+@pytest.fixture(scope="module")
+def equal_updates(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
+    """The updates the next three tests compare, in two launches (one process, then 2 torchrun
+    ranks) instead of six: each launch runs its variants one after another in one process group."""
+    single = update_variants(tmp_path_factory.mktemp("single"), tiny_model_dir, 0,
+                             {"grpo": [], "stare_kl": STARE_KL, "stare": STARE})  # fmt: skip
+    ranked = update_variants(tmp_path_factory.mktemp("ranked"), tiny_model_dir, 2, {
+        "fsdp2_grpo": ["trainer.strategy=fsdp2"],
+        "fsdp2_stare_kl": ["trainer.strategy=fsdp2", *STARE_KL],
+        "ddp_stare": STARE,
+    })  # fmt: skip
+    return {**{f"single_{k}": v for k, v in single.items()}, **ranked}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("alg", ["grpo", "stare_kl"])
-def test_fsdp2_update_equals_single_process(tmp_path, tiny_model_dir, initial, alg):
+def test_fsdp2_update_equals_single_process(equal_updates, initial, alg):
     """Two updates (2 mini-batches each, 2 micro-batches of 1 row per rank) on 2 FSDP2 ranks equal
     one process within 1e-5; STARE's gate, M and selection are identical (whole-batch statistics
     from all-gathered per-token log-probs and entropies), and so is the KL reference's effect."""
-    extra = STARE_KL if alg == "stare_kl" else []
-    want = update(tmp_path, tiny_model_dir, "single", 0, *extra)
-    got = update(tmp_path, tiny_model_dir, "fsdp2", 2, "trainer.strategy=fsdp2", *extra)
+    want, got = equal_updates[f"single_{alg}"], equal_updates[f"fsdp2_{alg}"]
     assert got["world"] == 2
     assert_same_update(got, want, initial)
     if alg == "stare_kl":
@@ -122,10 +134,8 @@ def test_fsdp2_update_equals_single_process(tmp_path, tiny_model_dir, initial, a
 
 
 @pytest.mark.slow
-def test_ddp_update_equals_single_process(tmp_path, tiny_model_dir, initial):
-    want = update(tmp_path, tiny_model_dir, "single", 0, *STARE)
-    got = update(tmp_path, tiny_model_dir, "ddp", 2, *STARE)
-    assert_same_update(got, want, initial)
+def test_ddp_update_equals_single_process(equal_updates, initial):
+    assert_same_update(equal_updates["ddp_stare"], equal_updates["single_stare"], initial)
 
 
 @pytest.mark.slow
