@@ -1,8 +1,8 @@
 """Sharded training (FSDP2, HSDP), LoRA, DCP checkpoints and export, proven against one process.
 
 Each comparison runs ``tests/helpers/sharded_update.py`` (a ``Trainer``-built learner updating on seeded
-synthetic episodes) once in one process and once under torchrun with gloo ranks, then compares what
-rank 0 saved: the full parameters, each step's metrics, STARE's token weights and selection mask,
+synthetic episodes) once in one process and once under torchrun with gloo ranks (most of them share
+two launches, ``equal_updates``), then compares what rank 0 saved: the full parameters, each step's metrics, STARE's token weights and selection mask,
 and the log-probs of the final policy. The world-size and kill -9 resumes run ``agentrl train``.
 """
 
@@ -27,6 +27,9 @@ from tests.helpers.jsonl import lines
 DRIVER = HELPERS / "sharded_update.py"
 STARE = ["algorithm.name=stare", "algorithm.stare.variant=C2", "algorithm.stare.P=0.3"]
 STARE_KL = [*STARE, "algorithm.kl_coef=0.05"]
+LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
+FSDP2_ONE_MINI = ["trainer.strategy=fsdp2", "trainer.mini_batches_per_step=1", *STARE]
+MB1 = "trainer.micro_batch_size=1"
 
 
 def _base(model_dir: Path, out: Path) -> list[str]:
@@ -104,14 +107,24 @@ def initial(tiny_model_dir):
 # -- one update: sharded equals one process --------------------------------------------------------
 @pytest.fixture(scope="module")
 def equal_updates(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
-    """The updates the next three tests compare, in two launches (one process, then 2 torchrun
-    ranks) instead of six: each launch runs its variants one after another in one process group."""
-    single = update_variants(tmp_path_factory.mktemp("single"), tiny_model_dir, 0,
-                             {"grpo": [], "stare_kl": STARE_KL, "stare": STARE})  # fmt: skip
+    """The updates the tests below compare (all but HSDP's), in two launches, one process and then 2
+    torchrun ranks, instead of ten: each launch runs its variants one after another, each variant
+    a fresh trainer from the same initial weights on the same seeded episodes."""
+    single = update_variants(tmp_path_factory.mktemp("single"), tiny_model_dir, 0, {
+        "grpo": [], "stare_kl": STARE_KL, "stare": STARE, "lora": [*LORA, *STARE_KL],
+    })  # fmt: skip
     ranked = update_variants(tmp_path_factory.mktemp("ranked"), tiny_model_dir, 2, {
         "fsdp2_grpo": ["trainer.strategy=fsdp2"],
         "fsdp2_stare_kl": ["trainer.strategy=fsdp2", *STARE_KL],
         "ddp_stare": STARE,
+        "lora_fsdp2": ["trainer.strategy=fsdp2", *LORA, *STARE_KL],
+        "lora_ddp": [*LORA, *STARE_KL],
+        # per rank: 1 micro-batch of 4 rows against 4 of 1 row, reduce-scattered per step or per micro-batch
+        "mb4": [*FSDP2_ONE_MINI, "trainer.micro_batch_size=4"],
+        "mb1": [*FSDP2_ONE_MINI, MB1],
+        "mb1_eager": [*FSDP2_ONE_MINI, MB1, "trainer.fsdp.grad_reduce=micro_batch"],
+        # ZeRO-2: layers stay gathered from forward to backward, freed after no-grad passes
+        "mb1_keep": [*FSDP2_ONE_MINI, MB1, "trainer.fsdp.reshard_after_forward=false"],
     })  # fmt: skip
     return {**{f"single_{k}": v for k, v in single.items()}, **ranked}
 
@@ -139,19 +152,11 @@ def test_ddp_update_equals_single_process(equal_updates, initial):
 
 
 @pytest.mark.slow
-def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(tmp_path, tiny_model_dir, initial):
+def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(equal_updates, initial):
     """Per rank: 1 micro-batch of 4 rows against 4 micro-batches of 1 row, with one
     reduce-scatter per optimizer step (``grad_reduce=step``) and one per micro-batch."""
-    fsdp = ["trainer.strategy=fsdp2", "trainer.mini_batches_per_step=1", *STARE]
-    mb1 = "trainer.micro_batch_size=1"
-    got = update_variants(tmp_path, tiny_model_dir, 2, {
-        "mb4": ["trainer.micro_batch_size=4"],
-        "mb1": [mb1],
-        "mb1_eager": [mb1, "trainer.fsdp.grad_reduce=micro_batch"],
-        # ZeRO-2: layers stay gathered from forward to backward, freed after no-grad passes
-        "mb1_keep": [mb1, "trainer.fsdp.reshard_after_forward=false"],
-    }, *fsdp)  # fmt: skip
-    whole, accum, eager, keep = got["mb4"], got["mb1"], got["mb1_eager"], got["mb1_keep"]
+    whole, accum = equal_updates["mb4"], equal_updates["mb1"]
+    eager, keep = equal_updates["mb1_eager"], equal_updates["mb1_keep"]
     assert_same_update(accum, whole, initial)
     assert_same_update(eager, whole, initial)
     assert_same_update(keep, whole, initial)
@@ -177,16 +182,9 @@ def test_hsdp_on_four_ranks_equals_single_process(tmp_path, tiny_model_dir, init
 
 
 # -- LoRA ---------------------------------------------------------------------------------------------
-LORA = ["model.lora.rank=4", "model.lora.alpha=8"]
-
-
 @pytest.mark.slow
-def test_lora_trains_only_adapters_and_fsdp2_equals_single_process(tmp_path, tiny_model_dir, initial):
-    want = update(tmp_path, tiny_model_dir, "lora", 0, *LORA, *STARE_KL)
-    ranked = update_variants(
-        tmp_path, tiny_model_dir, 2, {"fsdp2": ["trainer.strategy=fsdp2"], "ddp": []}, *LORA, *STARE_KL
-    )
-    got, ddp = ranked["fsdp2"], ranked["ddp"]
+def test_lora_trains_only_adapters_and_fsdp2_equals_single_process(equal_updates, initial):
+    want, got, ddp = equal_updates["single_lora"], equal_updates["lora_fsdp2"], equal_updates["lora_ddp"]
     assert max_diff(ddp["params"], want["params"]) <= 1e-5
     adapters = [n for n in want["params"] if "lora_" in n]
     assert adapters and all(".lora_A." in n or ".lora_B." in n for n in adapters)
