@@ -56,11 +56,18 @@ def update(tmp: Path, model_dir: Path, name: str, procs: int, *overrides: str, s
 
 
 def update_variants(
-    tmp: Path, model_dir: Path, procs: int, variants: dict[str, list[str]], *common: str
+    tmp: Path,
+    model_dir: Path,
+    procs: int,
+    variants: dict[str, list[str]],
+    *common: str,
+    checkpoint: bool = False,
 ) -> dict:
-    """Several ``update`` runs in one launch (one torchrun start-up): name -> what rank 0 saved."""
+    """Several ``update`` runs in one launch (one torchrun start-up): name -> what rank 0 saved. Each
+    variant's run directory is ``tmp/name``; ``checkpoint``: each writes a checkpoint there."""
     out = tmp / "variants.pt"
     args = [str(DRIVER), str(out), "--steps=2", *_base(model_dir, tmp / "variants"), *common]
+    args += ["--checkpoint"] if checkpoint else []
     cmd = [*torchrun_prefix(procs), *args] if procs else [sys.executable, *args]
     proc = subprocess.run(
         [*cmd, "--variants", json.dumps(variants)],
@@ -108,11 +115,12 @@ def initial(tiny_model_dir):
 @pytest.fixture(scope="module")
 def equal_updates(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
     """The updates the tests below compare (all but HSDP's), in two launches, one process and then 2
-    torchrun ranks, instead of ten: each launch runs its variants one after another, each variant
-    a fresh trainer from the same initial weights on the same seeded episodes."""
+    torchrun ranks, instead of twelve: each launch runs its variants one after another, each variant
+    a fresh trainer from the same initial weights on the same seeded episodes, and each writes its
+    checkpoint (the export tests read two of them)."""
     single = update_variants(tmp_path_factory.mktemp("single"), tiny_model_dir, 0, {
         "grpo": [], "stare_kl": STARE_KL, "stare": STARE, "lora": [*LORA, *STARE_KL],
-    })  # fmt: skip
+    }, checkpoint=True)  # fmt: skip
     ranked = update_variants(tmp_path_factory.mktemp("ranked"), tiny_model_dir, 2, {
         "fsdp2_grpo": ["trainer.strategy=fsdp2"],
         "fsdp2_stare_kl": ["trainer.strategy=fsdp2", *STARE_KL],
@@ -125,7 +133,7 @@ def equal_updates(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
         "mb1_eager": [*FSDP2_ONE_MINI, MB1, "trainer.fsdp.grad_reduce=micro_batch"],
         # ZeRO-2: layers stay gathered from forward to backward, freed after no-grad passes
         "mb1_keep": [*FSDP2_ONE_MINI, MB1, "trainer.fsdp.reshard_after_forward=false"],
-    })  # fmt: skip
+    }, checkpoint=True)  # fmt: skip
     return {**{f"single_{k}": v for k, v in single.items()}, **ranked}
 
 
@@ -164,21 +172,13 @@ def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(equal_updates
 
 
 @pytest.mark.slow
-def test_hsdp_on_four_ranks_equals_single_process(tmp_path, tiny_model_dir, initial):
+def test_hsdp_on_four_ranks_equals_single_process(tmp_path, tiny_model_dir, initial, equal_updates):
     """A 2 × 2 mesh: 2 replicas, each sharding over 2 ranks."""
-    want = update(tmp_path, tiny_model_dir, "single", 0, *STARE, steps=1)
     got = update(
-        tmp_path,
-        tiny_model_dir,
-        "hsdp",
-        4,
-        "trainer.strategy=fsdp2",
-        "trainer.fsdp.replicas=2",
-        *STARE,
-        steps=1,
+        tmp_path, tiny_model_dir, "hsdp", 4, "trainer.strategy=fsdp2", "trainer.fsdp.replicas=2", *STARE
     )
     assert got["world"] == 4
-    assert_same_update(got, want, initial)
+    assert_same_update(got, equal_updates["single_stare"], initial)
 
 
 # -- LoRA ---------------------------------------------------------------------------------------------
@@ -236,19 +236,19 @@ def test_lora_engine_samples_with_the_trainers_distribution(tmp_path, tiny_model
 # -- checkpoints: export, resume on another world size, bad input ------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["dcp", "lora"])
-def test_export_round_trips_the_trainers_log_probs(tmp_path, tiny_model_dir, fmt):
-    """A checkpoint (FSDP2's DCP shards, or LoRA's adapter) -> ``agentrl export`` -> a plain HF model
-    whose log-probs on the batch equal the trainer's."""
+def test_export_round_trips_the_trainers_log_probs(tmp_path, equal_updates, fmt):
+    """A checkpoint (FSDP2's DCP shards on 2 ranks, or LoRA's adapter) -> ``agentrl export`` -> a plain
+    HF model whose log-probs on the batch equal the trainer's."""
     from transformers import AutoModelForCausalLM
 
     from agentrl.training.batch import build_batch
     from tests.helpers.sharded_update import episodes
 
-    extra = ["trainer.strategy=fsdp2"] if fmt == "dcp" else LORA
-    saved = update(tmp_path, tiny_model_dir, "run", 2 if fmt == "dcp" else 0, *extra, "--checkpoint")
+    saved = equal_updates["fsdp2_grpo" if fmt == "dcp" else "single_lora"]
+    run = Path(saved["checkpoint"]).parents[1]  # RUN/checkpoints/step_2
     out = tmp_path / "exported"
     proc = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "export", str(tmp_path / "run"), str(out)],
+        [sys.executable, "-m", "agentrl.cli", "export", str(run), str(out)],
         env=TORCHRUN_ENV,
         capture_output=True,
         text=True,
