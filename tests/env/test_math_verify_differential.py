@@ -2,7 +2,7 @@
 
 math_equiv stays ours: math-verify's timeout uses ``signal.alarm``, which works only on the main
 thread, and agentrl scores rewards in worker threads. This test runs both on the hand-checked pairs
-of test_math_equiv.py and on the 100 real GSM8K answers (GSM-Symbolic's originals, with the forms a
+of tests/helpers/math_pairs.py and on the 100 real GSM8K answers (GSM-Symbolic's originals, with the forms a
 model writes them in: ``18.0``, ``$18``, ``1,800``), and holds every disagreement to the list below,
 each with its reason. A new disagreement fails the test: fix it, or add it here with its reason.
 """
@@ -14,7 +14,7 @@ import importlib.util
 import pytest
 
 from environments.math_equiv import is_equivalent
-from tests.env.test_math_equiv import EQUIVALENT, NOT_EQUIVALENT
+from tests.helpers.math_pairs import EQUIVALENT, NOT_EQUIVALENT
 
 math_verify = pytest.importorskip(
     "math_verify", reason="math-verify is not installed: pip install 'agentrl[dev]' (scripts/test.sh does)"
