@@ -36,7 +36,14 @@ bash .ci/browser_setup.sh .venv/bin/python >&2
 phase "install and setup"
 status=0
 t=$SECONDS
-.venv/bin/python -m pytest -m "not vllm and not study" -q --durations=25 "$@" || status=$?
+# A -m among the extra arguments narrows the default selection instead of replacing it (pytest keeps
+# only the last -m): `-m "not slow"` runs "(not slow) and not vllm and not study".
+marks="not vllm and not study"
+args=()
+while [ "$#" -gt 0 ]; do
+  if [ "$1" = "-m" ] && [ "$#" -gt 1 ]; then marks="($2) and $marks"; shift 2; else args+=("$1"); shift; fi
+done
+.venv/bin/python -m pytest -m "$marks" -q --durations=25 ${args[@]+"${args[@]}"} || status=$?
 bash .ci/docker_setup.sh stop
 phase "test suite" "$t"
 if [ -n "$vllm_pid" ]; then
