@@ -8,6 +8,8 @@
 #   MODEL=path/to/SmolLM2-135M-Instruct.Q4_1.gguf bash scripts/gpu_bench.sh tiny full lora
 # Environment: MODEL (default pypi:smollm2-135m-instruct), STEPS (4: the first is a warm-up), ROUNDS (2),
 # OUT_DIR ($OUT or runs/gpu_bench). Uses .venv when present, else python3 (the GPU machine's own).
+# Run on a GPU once (H200, 2026-11-27): `full` only (docs/performance.md); `lora` and `tiny` have not
+# yet run on a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
