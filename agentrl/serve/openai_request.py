@@ -1,53 +1,38 @@
-"""The OpenAI Chat Completions request: its types, and the validation behind every 400.
+"""The OpenAI Chat Completions request: its schema, and the validation behind every 400.
 
-``parse_chat_request`` turns a JSON body and its headers into a ``ChatRequest``, or raises an
-``APIError`` naming the offending ``param`` the way OpenAI does. ``ChatResult`` is what a
-``ChatBackend`` returns for one turn; ``agentrl.serve.openai_api`` writes it back over HTTP.
+The request is declared as pydantic models (``ChatBody`` and the message, tool and tool-call models it
+holds), strict: a string is never coerced to a number, an unknown field is refused, never dropped.
+``parse_chat_request`` validates a JSON body with them and turns it into a ``ChatRequest``; a
+validation failure becomes an ``APIError`` whose ``param`` is OpenAI's path to the offending field
+(``messages[2].tool_call_id``) and whose message says what was expected and what came.
+``ChatResult`` is what a ``ChatBackend`` returns for one turn; ``agentrl.serve.openai_api`` writes it
+back over HTTP.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Annotated, Any, ClassVar, Literal, Protocol
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_TOP_LOGPROBS = 20
-TOOL_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
-
-# Accepted and ignored: bookkeeping fields that do not change what the policy samples.
-IGNORED_FIELDS = frozenset({"user", "metadata", "store", "parallel_tool_calls", "service_tier"})
-CHECKED_FIELDS = frozenset(
-    {
-        "model",
-        "messages",
-        "tools",
-        "tool_choice",
-        "max_tokens",
-        "max_completion_tokens",
-        "stop",
-        "temperature",
-    }
-    | {"top_p", "seed", "logprobs", "top_logprobs", "stream", "stream_options", "n", "response_format"}
-    | {"frequency_penalty", "presence_penalty", "logit_bias", "functions", "function_call"}
-)
-# Fields a message of each role may carry. The assistant's last four are what openai's
-# ``ChatCompletionMessage.model_dump()`` adds; they must be empty and are dropped.
-MESSAGE_FIELDS = {
-    "system": {"role", "content", "name"},
-    "user": {"role", "content", "name"},
-    "tool": {"role", "content", "tool_call_id", "name"},
-    "assistant": {"role", "content", "name", "tool_calls", "reasoning_content"}
-    | {"refusal", "annotations", "audio", "function_call"},
-}
-MUST_BE_EMPTY = {
-    "refusal": "refusal messages are not supported",
-    "audio": "audio output is not supported",
-    "function_call": "the legacy function_call field is not supported; use tool_calls",
-}
+TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
 class APIError(Exception):
@@ -75,7 +60,7 @@ class APIError(Exception):
 
 @dataclass
 class ChatRequest:
-    """A validated chat completion request (see ``parse_chat_request`` for the rules)."""
+    """A validated chat completion request (see ``ChatBody`` for the rules)."""
 
     key: str  # episode key: the X-Episode-Key header, else the bearer token (the client's api_key)
     model: str
@@ -125,9 +110,6 @@ class ChatBackend(Protocol):
     def chat(self, request: ChatRequest) -> ChatResult: ...
 
 
-# ---------------------------------------------------------------- request validation
-
-
 def bad(param: str | None, message: str) -> APIError:
     return APIError(400, message, param=param)
 
@@ -164,255 +146,404 @@ def parse_chat_request(body: Any, headers: Mapping[str, str]) -> ChatRequest:
     key = episode_key(headers)
     if not isinstance(body, dict):
         raise bad(None, f"The request body must be a JSON object, got {kind(body)}.")
-    unknown = sorted(set(body) - CHECKED_FIELDS - IGNORED_FIELDS)
-    if unknown:
-        plural = "s" if len(unknown) > 1 else ""
-        raise bad(unknown[0], f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}")
-    reject_unsupported(body)
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise bad("model", f"You must provide a model parameter (a non-empty string), got {kind(model)}.")
-    logprobs = flag(body, "logprobs")
-    top_logprobs = integer(body, "top_logprobs", 0, MAX_TOP_LOGPROBS) or 0
-    if top_logprobs and not logprobs:
-        raise bad("top_logprobs", "top_logprobs needs logprobs set to true.")
-    stream_options = body.get("stream_options")
-    if stream_options is not None and not isinstance(stream_options, dict):
-        raise bad("stream_options", f"stream_options must be an object, got {kind(stream_options)}.")
+    try:
+        chat = ChatBody.model_validate(body)
+    except ValidationError as e:
+        raise api_error(e) from None
     return ChatRequest(
         key=key,
-        model=model,
-        messages=parse_messages(body.get("messages")),
-        tools=parse_tools(body.get("tools")),
-        tool_choice=parse_tool_choice(body.get("tool_choice")),
-        max_tokens=max_tokens(body),
-        stop=parse_stop(body.get("stop")),
-        temperature=number(body, "temperature", 0.0, 2.0),
-        top_p=number(body, "top_p", 0.0, 1.0),
-        seed=integer(body, "seed"),
-        logprobs=logprobs,
-        top_logprobs=top_logprobs,
-        stream=flag(body, "stream"),
-        include_usage=flag(stream_options or {}, "include_usage", "stream_options.include_usage"),
+        model=chat.model,
+        messages=[message.as_dict() for message in chat.messages],
+        tools=[tool.model_dump(exclude_unset=True) for tool in chat.tools] if chat.tools else None,
+        tool_choice=chat.tool_choice,
+        max_tokens=chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens,
+        stop=chat.stop,
+        temperature=chat.temperature,
+        top_p=chat.top_p,
+        seed=chat.seed,
+        logprobs=bool(chat.logprobs),
+        top_logprobs=chat.top_logprobs or 0,
+        stream=bool(chat.stream),
+        include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
         raw=body,
     )
 
 
-def reject_unsupported(body: dict) -> None:
-    """Parameters OpenAI has but a sampled RL policy cannot honour: refused, never silently ignored."""
-    n = integer(body, "n", 1)
-    if n not in (None, 1):
-        raise bad("n", f"n must be 1 (one choice per request), got {n}; send n separate requests.")
-    if body.get("response_format") not in (None, {"type": "text"}):
-        raise bad("response_format", 'response_format is not supported; only {"type": "text"} is accepted.')
-    if body.get("logit_bias") not in (None, {}):
-        raise bad("logit_bias", "logit_bias is not supported.")
-    for legacy in ("functions", "function_call"):
-        if body.get(legacy) is not None:
-            raise bad(legacy, f"The legacy {legacy} parameter is not supported; use tools and tool_choice.")
-    for penalty in ("frequency_penalty", "presence_penalty"):
-        if number(body, penalty, -2.0, 2.0):
-            raise bad(penalty, f"{penalty} is not supported: it must be 0 or absent.")
+# ---------------------------------------------------------------- validation errors
+
+# pydantic's error types, in OpenAI's words; {where} is the field's path, {got} the JSON type received.
+MESSAGES = {
+    "missing": "{where} is required.",
+    "int_type": "{where} must be an integer, got {got}.",
+    "float_type": "{where} must be a number, got {got}.",
+    "bool_type": "{where} must be a boolean, got {got}.",
+    "string_type": "{where} must be a string, got {got}.",
+    "string_too_short": "{where} must be a non-empty string.",
+    "string_pattern_mismatch": "{where} must match [A-Za-z0-9_-]{{1,64}}.",
+    "list_type": "{where} must be an array, got {got}.",
+    "dict_type": "{where} must be an object, got {got}.",
+    "model_type": "{where} must be an object, got {got}.",
+    "literal_error": "{where} must be {expected}, got {value}.",
+}
 
 
-def number(body: Mapping, name: str, lo: float, hi: float) -> float | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise bad(name, f"{name} must be a number, got {kind(value)}.")
-    if not lo <= value <= hi:
-        raise bad(name, f"{name} must be between {lo:g} and {hi:g}, got {value}.")
-    return float(value)
+def fail(message: str, at: str = "") -> PydanticCustomError:
+    """A rule's failure. ``message`` names the field as ``{where}`` (``api_error`` fills it in);
+    ``at`` extends the field's path to the part that failed (``[3].type`` inside a list it checked)."""
+    return PydanticCustomError("agentrl", message, {"at": at})
 
 
-def integer(body: Mapping, name: str, lo: int | None = None, hi: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad(name, f"{name} must be an integer, got {kind(value)}.")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        allowed = f"between {lo} and {hi}" if hi is not None else f"at least {lo}"
-        raise bad(name, f"{name} must be {allowed}, got {value}.")
-    return value
+def location(loc: tuple[int | str, ...]) -> str:
+    """pydantic's ``("messages", 0, "content")`` as OpenAI's ``messages[0].content``."""
+    parts = list(loc)
+    if len(parts) > 2 and parts[0] == "messages" and isinstance(parts[1], int):
+        del parts[2]  # the role tag pydantic adds to a path inside the message union
+    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
 
 
-def flag(body: Mapping, name: str, param: str | None = None) -> bool:
-    value = body.get(name)
-    if value is not None and not isinstance(value, bool):
-        raise bad(param or name, f"{param or name} must be a boolean, got {kind(value)}.")
-    return bool(value)
+def api_error(error: ValidationError) -> APIError:
+    """The first failure as a 400 whose ``param`` is the field's path and whose message names it."""
+    first = error.errors(include_url=False)[0]
+    where = location(first["loc"])
+    context = first.get("ctx") or {}
+    param = (where + context.get("at", "")).lstrip(".") or None
+    if first["type"] == "agentrl":
+        text = first["msg"]
+    else:
+        template = MESSAGES.get(first["type"], "{where}: {msg}.")
+        value = json.dumps(first["input"]) if first["type"] == "literal_error" else ""
+        got, expected = kind(first["input"]), str(context.get("expected")).replace("'", '"')
+        text = template.format(where="{where}", got=got, value=value, expected=expected, msg=first["msg"])
+    return bad(param, text.replace("{where}", where or "the request"))
 
 
-def max_tokens(body: dict) -> int | None:
-    legacy = integer(body, "max_tokens", 1)
-    current = integer(body, "max_completion_tokens", 1)
-    if legacy is not None and current is not None and legacy != current:
-        raise bad(
-            "max_tokens",
-            f"max_tokens ({legacy}) and max_completion_tokens ({current}) disagree; send only one.",
-        )
-    return current if current is not None else legacy
+# ---------------------------------------------------------------- the schema
 
 
-def parse_stop(value: Any) -> list[str]:
-    if value is None:
-        return []
-    stops = [value] if isinstance(value, str) else value
-    if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
-        raise bad("stop", "stop must be a non-empty string or an array of non-empty strings.")
-    if len(stops) > MAX_STOP:
-        raise bad("stop", f"stop takes at most {MAX_STOP} sequences, got {len(stops)}.")
-    return list(stops)
-
-
-def parse_tool_choice(value: Any) -> str | None:
-    if value is None or value in ("auto", "none"):
+def between(lo: float, hi: float) -> AfterValidator:
+    def check(value: float) -> float:
+        if not lo <= value <= hi:
+            raise fail(f"{{where}} must be between {lo:g} and {hi:g}, got {value}.")
         return value
-    if value == "required" or isinstance(value, dict):
-        raise bad(
-            "tool_choice",
-            f"tool_choice {json.dumps(value)} is not supported: the policy is sampled freely, "
-            'so only "auto" and "none" are accepted.',
+
+    return AfterValidator(check)
+
+
+def at_least(lo: int) -> AfterValidator:
+    def check(value: int) -> int:
+        if value < lo:
+            raise fail(f"{{where}} must be at least {lo}, got {value}.")
+        return value
+
+    return AfterValidator(check)
+
+
+def only(allowed: tuple, reason: str) -> AfterValidator:
+    """Accepted only as one of ``allowed`` (or absent): anything else is refused, never ignored."""
+
+    def check(value: Any) -> Any:
+        if value is not None and value not in allowed:
+            raise fail(f"{{where}} {reason}")
+        return value
+
+    return AfterValidator(check)
+
+
+NonEmpty = Annotated[str, Field(min_length=1)]
+Penalty = Annotated[float, between(-2.0, 2.0), only((0,), "is not supported: it must be 0 or absent.")]
+
+
+class Schema(BaseModel):
+    """Strict (no coercion) and closed: a field the model does not declare is an error naming it."""
+
+    model_config = ConfigDict(strict=True, extra="forbid")
+    what: ClassVar[str] = "an object"  # the object, in error messages
+
+    @model_validator(mode="before")
+    @classmethod
+    def known_fields(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            raise fail(f"{{where}} must be an object, got {kind(data)}.")
+        unknown = sorted(set(data) - set(cls.model_fields))
+        if unknown:
+            raise fail(cls.unknown_message(unknown), at=f".{unknown[0]}")
+        return data
+
+    @classmethod
+    def unknown_message(cls, unknown: list[str]) -> str:
+        return (
+            f"Unrecognized field(s) in {{where}} ({cls.what}): {', '.join(unknown)}; "
+            f"allowed: {', '.join(sorted(cls.model_fields))}."
         )
-    raise bad("tool_choice", f'tool_choice must be "auto" or "none", got {json.dumps(value)}.')
 
 
-def reject_unknown(obj: dict, allowed: set[str], where: str, what: str) -> None:
-    unknown = sorted(set(obj) - allowed)
-    if unknown:
-        raise bad(
-            f"{where}.{unknown[0]}",
-            f"Unrecognized field(s) in {where} ({what}): {', '.join(unknown)}; "
-            f"allowed: {', '.join(sorted(allowed))}.",
-        )
+class FunctionDef(Schema):
+    what = "a function"
+    name: Annotated[str, Field(pattern=TOOL_NAME)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
 
 
-def parse_tools(value: Any) -> list[dict] | None:
-    if value is None or value == []:
-        return None
-    if not isinstance(value, list):
-        raise bad("tools", f"tools must be an array of tool definitions, got {kind(value)}.")
-    tools, names = [], set()
-    for i, tool in enumerate(value):
-        where = f"tools[{i}]"
-        if not isinstance(tool, dict) or tool.get("type") != "function":
-            raise bad(f"{where}.type", f'{where} must be an object with "type": "function".')
-        reject_unknown(tool, {"type", "function"}, where, "a tool")
-        fn = tool.get("function")
-        if not isinstance(fn, dict):
-            raise bad(f"{where}.function", f"{where}.function must be an object, got {kind(fn)}.")
-        reject_unknown(fn, {"name", "description", "parameters", "strict"}, f"{where}.function", "a function")
-        name = fn.get("name")
-        if not isinstance(name, str) or not TOOL_NAME.fullmatch(name):
-            raise bad(f"{where}.function.name", f"{where}.function.name must match [A-Za-z0-9_-]{{1,64}}.")
-        if name in names:
-            raise bad(f"{where}.function.name", f"Duplicate tool name {name!r}.")
-        names.add(name)
-        for part, typ in (("description", str), ("parameters", dict), ("strict", bool)):
-            if fn.get(part) is not None and not isinstance(fn[part], typ):
-                raise bad(f"{where}.function.{part}", f"{where}.function.{part} has the wrong type.")
-        kept = {part: fn[part] for part in ("name", "description", "parameters", "strict") if part in fn}
-        tools.append({"type": "function", "function": kept})
-    return tools
+class Tool(Schema):
+    what = "a tool"
+    type: Literal["function"]
+    function: FunctionDef
 
 
-def parse_messages(value: Any) -> list[dict]:
-    if not isinstance(value, list) or not value:
-        raise bad("messages", f"messages must be a non-empty array of messages, got {kind(value)}.")
-    messages = [parse_message(message, f"messages[{i}]") for i, message in enumerate(value)]
-    if messages[-1]["role"] == "assistant":
-        raise bad(
-            f"messages[{len(messages) - 1}].role",
-            "The last message is an assistant message; continuing an assistant turn is not supported. "
-            "End with a user or tool message.",
-        )
-    return messages
+class FunctionCall(Schema):
+    what = "a function call"
+    name: NonEmpty
+    arguments: Any = None
+
+    @field_validator("arguments")
+    @classmethod
+    def json_object_text(cls, arguments: Any) -> str:
+        try:
+            parsed = json.loads(arguments) if isinstance(arguments, str) else None
+        except (ValueError, RecursionError) as e:
+            raise fail(f"{{where}} is not valid JSON: {e}.") from None
+        if not isinstance(parsed, dict):
+            raise fail("{where} must be JSON object text.")
+        return arguments
 
 
-def parse_message(message: Any, where: str) -> dict:
-    if not isinstance(message, dict):
-        raise bad(where, f"{where} must be an object, got {kind(message)}.")
-    role = message.get("role")
-    if role not in ROLES:
-        raise bad(f"{where}.role", f"Invalid role {role!r} in {where}; allowed: {', '.join(ROLES)}.")
-    role = "system" if role == "developer" else role
-    reject_unknown(message, MESSAGE_FIELDS[role], where, f"a {role} message")
-    out: dict[str, Any] = {"role": role}
-    tool_calls = []
-    if role == "assistant":
-        for name, reason in MUST_BE_EMPTY.items():
-            if message.get(name) is not None:
-                raise bad(f"{where}.{name}", f"{where}.{name}: {reason}.")
-        tool_calls = parse_tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
-    content = message.get("content")
-    if content is None and not tool_calls:
-        needs = "content or tool_calls" if role == "assistant" else "content"
-        raise bad(f"{where}.content", f"{where} ({role}) needs {needs}.")
-    out["content"] = "" if content is None else text_content(content, f"{where}.content")
-    if tool_calls:
-        out["tool_calls"] = tool_calls
-    if role == "tool":
-        call_id = message.get("tool_call_id")
-        if not isinstance(call_id, str) or not call_id:
-            raise bad(f"{where}.tool_call_id", f"{where} is a tool message and needs a tool_call_id string.")
-        out["tool_call_id"] = call_id
-    for name in ("name", "reasoning_content"):
-        if message.get(name) is not None:
-            if not isinstance(message[name], str):
-                raise bad(f"{where}.{name}", f"{where}.{name} must be a string, got {kind(message[name])}.")
-            out[name] = message[name]
-    return out
+class ToolCall(Schema):
+    what = "a tool call"
+    id: NonEmpty
+    type: Literal["function"]
+    function: FunctionCall
+    index: int | None = None  # sent back by clients that assembled the call from a stream; dropped
 
 
-def text_content(content: Any, where: str) -> str:
+def text_content(content: Any) -> str | None:
     """A string, or text parts joined with newlines; any other part (image, audio, file) is refused."""
-    if isinstance(content, str):
+    if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
-        raise bad(where, f"{where} must be a string or an array of text parts, got {kind(content)}.")
+        raise fail(f"{{where}} must be a string or an array of text parts, got {kind(content)}.")
     texts = []
     for j, part in enumerate(content):
         part_type = part.get("type") if isinstance(part, dict) else None
         if part_type != "text":
             shown = f"a {part_type!r} part" if part_type else kind(part)
-            raise bad(f"{where}[{j}].type", f"Only text content is supported; {where}[{j}] is {shown}.")
+            raise fail(f"Only text content is supported; {{where}}[{j}] is {shown}.", at=f"[{j}].type")
         if not isinstance(part.get("text"), str):
-            raise bad(f"{where}[{j}].text", f"{where}[{j}].text must be a string.")
+            raise fail(f"{{where}}[{j}].text must be a string.", at=f"[{j}].text")
         texts.append(part["text"])
     return "\n".join(texts)
 
 
-def parse_tool_calls(value: Any, where: str) -> list[dict]:
-    if value is None:
-        return []
-    if not isinstance(value, list):
-        raise bad(where, f"{where} must be an array, got {kind(value)}.")
-    calls = []
-    for j, call in enumerate(value):
-        at = f"{where}[{j}]"
-        if not isinstance(call, dict):
-            raise bad(at, f"{at} must be an object, got {kind(call)}.")
-        reject_unknown(call, {"id", "type", "function", "index"}, at, "a tool call")  # index: from streams
-        if not isinstance(call.get("id"), str) or not call["id"]:
-            raise bad(f"{at}.id", f"{at}.id must be a non-empty string.")
-        if call.get("type") != "function":
-            raise bad(f"{at}.type", f'{at}.type must be "function", got {json.dumps(call.get("type"))}.')
-        fn = call.get("function")
-        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not fn["name"]:
-            raise bad(f"{at}.function", f"{at}.function must be an object with a non-empty name.")
-        reject_unknown(fn, {"name", "arguments"}, f"{at}.function", "a function call")
-        arguments = fn.get("arguments")
-        try:
-            parsed = json.loads(arguments) if isinstance(arguments, str) else None
-        except (ValueError, RecursionError) as e:
-            raise bad(
-                f"{at}.function.arguments", f"{at}.function.arguments is not valid JSON: {e}."
-            ) from None
-        if not isinstance(parsed, dict):
-            raise bad(f"{at}.function.arguments", f"{at}.function.arguments must be JSON object text.")
-        calls.append(
-            {"id": call["id"], "type": "function", "function": {"name": fn["name"], "arguments": arguments}}
-        )
-    return calls
+class Message(Schema):
+    """Fields every role has; ``as_dict`` is the message the chat template renders."""
+
+    role: str
+    content: Annotated[Any, AfterValidator(text_content)] = None
+    name: str | None = None
+
+    @model_validator(mode="after")
+    def has_content(self) -> Message:
+        if self.content is None and not getattr(self, "tool_calls", None):
+            needs = "content or tool_calls" if self.role == "assistant" else "content"
+            raise fail(f"{{where}} ({self.role}) needs {needs}.", at=".content")
+        return self
+
+    def as_dict(self) -> dict:
+        role = "system" if self.role == "developer" else self.role
+        out: dict[str, Any] = {"role": role, "content": self.content or ""}
+        for name in ("tool_calls", "tool_call_id", "name", "reasoning_content"):
+            value = getattr(self, name, None)
+            if value:
+                out[name] = (
+                    [c.model_dump(exclude={"index"}) for c in value] if name == "tool_calls" else value
+                )
+        return out
+
+
+class SystemMessage(Message):
+    what = "a system message"
+    role: Literal["system", "developer"]
+
+
+class UserMessage(Message):
+    what = "a user message"
+    role: Literal["user"]
+
+
+class ToolMessage(Message):
+    what = "a tool message"
+    role: Literal["tool"]
+    tool_call_id: Any = None
+
+    @field_validator("tool_call_id", mode="after")
+    @classmethod
+    def call_id(cls, value: Any) -> str:
+        if not isinstance(value, str) or not value:
+            raise fail("{where} is required: a tool message needs a tool_call_id string.")
+        return value
+
+    model_config = ConfigDict(validate_default=True)
+
+
+# The assistant's last four fields are what openai's ``ChatCompletionMessage.model_dump()`` adds:
+# ``annotations`` is dropped, the other three must be empty.
+UNSUPPORTED_OUTPUT = {
+    "refusal": "refusal messages are not supported",
+    "audio": "audio output is not supported",
+    "function_call": "the legacy function_call field is not supported; use tool_calls",
+}
+
+
+class AssistantMessage(Message):
+    what = "an assistant message"
+    role: Literal["assistant"]
+    tool_calls: list[ToolCall] | None = None
+    reasoning_content: str | None = None
+    refusal: Any = None
+    annotations: Any = None
+    audio: Any = None
+    function_call: Any = None
+
+    @model_validator(mode="after")
+    def no_unsupported_output(self) -> AssistantMessage:
+        for name, reason in UNSUPPORTED_OUTPUT.items():
+            if getattr(self, name) is not None:
+                raise fail(f"{{where}}.{name}: {reason}.", at=f".{name}")
+        return self
+
+
+def role_of(message: Any) -> str:
+    role = message.get("role") if isinstance(message, dict) else None
+    return "system" if role == "developer" else str(role)
+
+
+AnyMessage = Annotated[
+    Annotated[SystemMessage, Tag("system")]
+    | Annotated[UserMessage, Tag("user")]
+    | Annotated[AssistantMessage, Tag("assistant")]
+    | Annotated[ToolMessage, Tag("tool")],
+    Discriminator(role_of),
+]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(strict=True, extra="ignore")  # OpenAI adds options; none changes a turn
+    include_usage: bool | None = None
+
+
+class ChatBody(Schema):
+    """The body of POST /v1/chat/completions. Parameters a sampled RL policy cannot honour are
+    refused, never silently ignored; ``user``, ``metadata``, ``store``, ``parallel_tool_calls`` and
+    ``service_tier`` are bookkeeping and accepted. The first failing field is the one reported, in
+    the order declared here."""
+
+    model_config = ConfigDict(validate_default=True)
+    n: Annotated[int, only((1,), "must be 1 (one choice per request); send n separate requests.")] | None = (
+        None
+    )
+    response_format: Annotated[
+        Any, only(({"type": "text"},), 'is not supported; only {"type": "text"} is accepted.')
+    ] = None
+    logit_bias: Annotated[Any, only(({},), "is not supported.")] = None
+    functions: Annotated[Any, only((), "is the legacy parameter, not supported; use tools.")] = None
+    function_call: Annotated[Any, only((), "is the legacy parameter, not supported; use tool_choice.")] = None
+    frequency_penalty: Penalty | None = None
+    presence_penalty: Penalty | None = None
+    model: Any = None
+    logprobs: bool | None = None
+    top_logprobs: Annotated[int, between(0, MAX_TOP_LOGPROBS)] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    messages: list[AnyMessage] = Field(default=None)  # type: ignore[assignment]  # None: refused below
+    tools: list[Tool] | None = None
+    tool_choice: Any = None
+    max_tokens: Annotated[int, at_least(1)] | None = None
+    max_completion_tokens: Annotated[int, at_least(1)] | None = None
+    stop: Any = None
+    temperature: Annotated[float, between(0.0, 2.0)] | None = None
+    top_p: Annotated[float, between(0.0, 1.0)] | None = None
+    seed: int | None = None
+    user: Any = None
+    metadata: Any = None
+    store: Any = None
+    parallel_tool_calls: Any = None
+    service_tier: Any = None
+
+    @classmethod
+    def unknown_message(cls, unknown: list[str]) -> str:
+        plural = "s" if len(unknown) > 1 else ""
+        return f"Unrecognized request argument{plural} supplied: {', '.join(unknown)}"
+
+    @field_validator("model")
+    @classmethod
+    def model_name(cls, model: Any) -> str:
+        if not isinstance(model, str) or not model:
+            raise fail(f"You must provide a model parameter (a non-empty string), got {kind(model)}.")
+        return model
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def message_list(cls, messages: Any) -> Any:
+        if not isinstance(messages, list) or not messages:
+            raise fail(f"{{where}} must be a non-empty array of messages, got {kind(messages)}.")
+        for i, message in enumerate(messages):
+            if not isinstance(message, dict):
+                raise fail(f"{{where}}[{i}] must be an object, got {kind(message)}.", at=f"[{i}]")
+            if message.get("role") not in ROLES:
+                role = message.get("role")
+                raise fail(
+                    f"Invalid role {role!r} in {{where}}[{i}]; allowed: {', '.join(ROLES)}.", at=f"[{i}].role"
+                )
+        if messages[-1]["role"] == "assistant":
+            raise fail(
+                "The last message is an assistant message; continuing an assistant turn is not supported. "
+                "End with a user or tool message.",
+                at=f"[{len(messages) - 1}].role",
+            )
+        return messages
+
+    @field_validator("tools", mode="after")
+    @classmethod
+    def unique_names(cls, tools: list[Tool] | None) -> list[Tool] | None:
+        seen = set()
+        for i, tool in enumerate(tools or []):
+            if tool.function.name in seen:
+                raise fail(f"Duplicate tool name {tool.function.name!r}.", at=f"[{i}].function.name")
+            seen.add(tool.function.name)
+        return tools
+
+    @field_validator("tool_choice")
+    @classmethod
+    def auto_or_none(cls, value: Any) -> str | None:
+        if value is None or value in ("auto", "none"):
+            return value
+        if value == "required" or isinstance(value, dict):
+            raise fail(
+                f"tool_choice {json.dumps(value)} is not supported: the policy is sampled freely, "
+                'so only "auto" and "none" are accepted.'
+            )
+        raise fail(f'tool_choice must be "auto" or "none", got {json.dumps(value)}.')
+
+    @field_validator("stop")
+    @classmethod
+    def stop_sequences(cls, value: Any) -> list[str]:
+        if value is None:
+            return []
+        stops = [value] if isinstance(value, str) else value
+        if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+            raise fail("stop must be a non-empty string or an array of non-empty strings.")
+        if len(stops) > MAX_STOP:
+            raise fail(f"stop takes at most {MAX_STOP} sequences, got {len(stops)}.")
+        return list(stops)
+
+    @model_validator(mode="after")
+    def consistent(self) -> ChatBody:
+        if self.top_logprobs and not self.logprobs:
+            raise fail("top_logprobs needs logprobs set to true.", at=".top_logprobs")
+        legacy, current = self.max_tokens, self.max_completion_tokens
+        if legacy is not None and current is not None and legacy != current:
+            raise fail(
+                f"max_tokens ({legacy}) and max_completion_tokens ({current}) disagree; send only one.",
+                at=".max_tokens",
+            )
+        return self

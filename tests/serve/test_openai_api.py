@@ -292,7 +292,7 @@ def test_bad_request_gets_openai_error_and_server_survives(server, case, caplog)
             "tools[0].function.name",
             "must match",
         ),
-        ({"tools": [{"type": "retrieval"}]}, "tools[0].type", '"type": "function"'),
+        ({"tools": [{"type": "retrieval"}]}, "tools[0].type", 'must be "function", got "retrieval"'),
         ({"messages": []}, "messages", "non-empty"),
         ({"messages": [{"role": "user", "content": "hi", "mood": "good"}]}, "messages[0].mood", "mood"),
         ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "needs content"),
@@ -312,6 +312,31 @@ def test_bad_request_gets_openai_error_and_server_survives(server, case, caplog)
             "string or an array",
         ),
         ({"model": 3}, "model", "model parameter"),
+        ({"temperature": True}, "temperature", "must be a number, got boolean"),
+        ({"stream_options": {"include_usage": "yes"}}, "stream_options.include_usage", "must be a boolean"),
+        ({"messages": [USER, "hi"]}, "messages[1]", "must be an object, got string"),
+        ({"messages": [{"role": "user", "content": "hi", "name": 3}]}, "messages[0].name", "got integer"),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{**CALL, "function": {"name": "f", "x": 1}}]},
+                    USER,
+                ]
+            },
+            "messages[0].tool_calls[0].function.x",
+            "in messages[0].tool_calls[0].function (a function call): x; allowed: arguments, name",
+        ),
+        (
+            {
+                "messages": [
+                    {"role": "assistant", "tool_calls": [{"type": "function", "function": CALL["function"]}]},
+                    USER,
+                ]
+            },
+            "messages[0].tool_calls[0].id",
+            "is required",
+        ),
+        ({"tools": [*TOOLS, *TOOLS]}, "tools[1].function.name", "Duplicate tool name"),
     ],
 )
 def test_validation_rules(fields, param, words):
