@@ -10,6 +10,9 @@ number of turns. Three ways to run it:
 - ``endpoint``: ``AgentRunner`` with an agent that drives the same conversation with the ``openai``
   client over HTTP on 127.0.0.1 (continuous batching as ``async``).
 
+``--asgi`` adds a fourth, ``endpoint_asgi``: the same agents against the starlette/uvicorn server of
+``bench/asgi_server.py`` (the candidate measured against the stdlib one, docs/performance.md).
+
 With seeded sampling all three sample the same tokens (checked: the episodes' token ids must be equal
 but for a rare float-rounding flip, see ``check_same``, or the script stops), so the time difference is the endpoint's own cost: HTTP, JSON, request
 validation, the ledger's history comparison and the openai client. Reported: median wall time per
@@ -17,6 +20,7 @@ way, the endpoint's overhead against ``async`` as a share of its rollout time, a
 per turn. Rounds rotate the order (this machine's speed drifts); per-round ratios are printed.
 
     .venv/bin/python bench/proxy.py --rounds 5
+    .venv/bin/python bench/proxy.py --rounds 3 --asgi
 """
 
 from __future__ import annotations
@@ -80,6 +84,20 @@ def check_same(name: str, ids: list[list[int]], reference: list[list[int]]) -> N
         raise SystemExit(f"{name}: the episodes differ from the first way's; the comparison is void")
 
 
+def with_asgi_server(make_runner):
+    """``make_runner()`` with ``AgentRunner`` serving through bench/asgi_server.py's server."""
+    from asgi_server import ASGIServer  # bench/ is on sys.path when a script in it runs
+
+    from agentrl.rollout import agent_runner
+
+    stdlib = agent_runner.OpenAIServer
+    agent_runner.OpenAIServer = ASGIServer
+    try:
+        return make_runner()
+    finally:
+        agent_runner.OpenAIServer = stdlib
+
+
 def main() -> None:
     global TURNS, TOOL_S
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -88,6 +106,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--tool-ms", type=float, default=0.0, help="latency of every tool call (both sides)")
+    ap.add_argument(
+        "--asgi", action="store_true", help="also the starlette/uvicorn server (bench/asgi_server.py)"
+    )
     args = ap.parse_args()
     TURNS, TOOL_S = args.turns, args.tool_ms / 1000
     model, tok = load_policy(resolve_model_path("tiny:h128-L8"))
@@ -108,6 +129,8 @@ def main() -> None:
             engine, tok, RelayAgent, RunnerSettings(budgets=budgets, sampling=sampling)
         ),
     }
+    if args.asgi:
+        ways["endpoint_asgi"] = lambda: with_asgi_server(ways["endpoint"])
     times: dict[str, list[float]] = {k: [] for k in ways}
     reference = None
     order = list(ways)
@@ -144,6 +167,10 @@ def main() -> None:
             statistics.median(times["endpoint"]) / statistics.median(times["lockstep"]), 3
         ),
     }
+    if args.asgi:
+        out["asgi_over_stdlib_endpoint_per_round"] = [
+            round(x / e, 3) for x, e in zip(times["endpoint_asgi"], times["endpoint"])
+        ]
     print(json.dumps(out, indent=1))
 
 

@@ -2,19 +2,23 @@
 
 A fake backend records the ChatRequests it gets and answers with a canned tool call; what these tests
 pin is the wire format (client objects parse), validation (status, param, type, message), and that
-the server survives every bad request, disconnect and backend crash.
+the server survives every bad request, disconnect and backend crash. The server tests run against
+the package's server and against the starlette/uvicorn candidate it was measured against.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
+import importlib.util
 import json
 import logging
 import socket
 import struct
 import threading
 import time
+from pathlib import Path
 
 import httpx
 import openai
@@ -84,9 +88,24 @@ def backend() -> FakeBackend:
     return FakeBackend()
 
 
-@pytest.fixture(scope="module")
-def server(backend):
-    with OpenAIServer(backend, max_body_bytes=64 * 1024).start() as server:
+@functools.cache
+def bench_module(name: str):
+    path = Path(__file__).resolve().parents[2] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def asgi_server(*args, **kwargs):
+    """bench/asgi_server.py's starlette/uvicorn server, the candidate the endpoint's stdlib server was
+    measured against (docs/performance.md): it must speak the same protocol for that to mean anything."""
+    return bench_module("asgi_server").ASGIServer(*args, **kwargs)
+
+
+@pytest.fixture(scope="module", params=[OpenAIServer, asgi_server], ids=["stdlib", "asgi"])
+def server(backend, request):
+    with request.param(backend, max_body_bytes=64 * 1024).start() as server:
         yield server
 
 
@@ -428,8 +447,9 @@ def test_client_disconnects_do_not_kill_server(server, caplog, capsys):
     assert "Traceback" not in capsys.readouterr().err  # socketserver prints unhandled handler errors there
 
 
-def test_close_is_quick_and_frees_the_port(backend):
-    server = OpenAIServer(backend).start()
+@pytest.mark.parametrize("Server", [OpenAIServer, asgi_server], ids=["stdlib", "asgi"])
+def test_close_is_quick_and_frees_the_port(backend, Server):
+    server = Server(backend).start()
     port = int(server.url.rsplit(":", 1)[1].removesuffix("/v1"))
     kept_alive = client(server)
     kept_alive.models.list()  # leaves an idle keep-alive connection and its handler thread
@@ -439,5 +459,5 @@ def test_close_is_quick_and_frees_the_port(backend):
     assert not server.thread.is_alive()
     with pytest.raises(openai.APIConnectionError):
         kept_alive.models.list()
-    with OpenAIServer(backend, port=port) as again:  # the port can be bound again
+    with Server(backend, port=port) as again:  # the port can be bound again
         assert again.url.endswith(f":{port}/v1")
