@@ -56,6 +56,11 @@ class EnvError(BoundaryError):
     boundary = "env"
 
 
+class OptionsRequired(ValueError):
+    """An environment that cannot be built without options that have no default (the server of an
+    ``openenv`` environment): ``agentrl envs check --all`` skips it, saying which; named, it fails."""
+
+
 class RewardError(BoundaryError):
     """A reward function raised or returned something that is not a number."""
 

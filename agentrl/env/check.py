@@ -27,6 +27,7 @@ from agentrl.env import (
     make_env,
     task_loading_options,
 )
+from agentrl.errors import OptionsRequired
 
 SCRIPTED_BAD_ACTIONS = {
     "malformed JSON tool call": '<tool_call>{"name": "x", "arguments": {</tool_call>',
@@ -46,7 +47,8 @@ class CheckReport:
     notes: list[str] = field(default_factory=list)
     missing: str | None = None
     """Set when the environment could not be built because a package is missing (an adapter whose
-    extra is not installed): ``agentrl envs check --all`` skips it, a named check fails."""
+    extra is not installed) or it needs options that have no default (``OptionsRequired``):
+    ``agentrl envs check --all`` skips it, a named check fails."""
 
     @property
     def ok(self) -> bool:
@@ -89,7 +91,7 @@ def check_environment(name: str, options: dict[str, Any] | None = None, seed: in
         env_cls = type(make_env(name, **options))
     except Exception as e:  # the constructor is user code: a FAIL line, like reset and step
         report.problems.append(f"constructing the environment raised {type(e).__name__}: {e}")
-        if isinstance(e, ImportError):
+        if isinstance(e, (ImportError, OptionsRequired)):
             report.missing = str(e)
         return report
     tasks = _check_tasks(report, env_cls, seed, task_loading_options(env_cls, options, {}))

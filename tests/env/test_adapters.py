@@ -28,15 +28,17 @@ needs_ta = pytest.mark.skipif(
 
 
 def test_envs_list_shows_the_adapters(capsys):
-    assert {"reasoning_gym", "reasoning_gym_python", "textarena"} <= set(registered())
+    names = ("reasoning_gym", "reasoning_gym_python", "textarena", "openenv")
+    assert set(names) <= set(registered())
     assert main(["envs", "list"]) == 0
     out = capsys.readouterr().out
-    assert all(name in out for name in ("reasoning_gym", "reasoning_gym_python", "textarena"))
+    assert all(name in out for name in names)
 
 
-@pytest.mark.parametrize(("module", "extra", "env"), [("reasoning_gym", "reasoning-gym", "reasoning_gym"),
-                                                      ("textarena", "textarena", "textarena")])  # fmt: skip
-def test_without_its_package_an_adapter_says_which_extra_to_install(monkeypatch, module, extra, env):
+@pytest.mark.parametrize(("module", "extra", "env", "options"), [
+    ("reasoning_gym", "reasoning-gym", "reasoning_gym", {}), ("textarena", "textarena", "textarena", {}),
+    ("openenv", "openenv", "openenv", {"url": "http://127.0.0.1:9"})])  # fmt: skip
+def test_without_its_package_an_adapter_says_which_extra_to_install(monkeypatch, module, extra, env, options):
     from environments.adapters import reasoning_gym, textarena
 
     for name in [m for m in sys.modules if m == module or m.startswith(module + ".")] or [module]:
@@ -44,7 +46,7 @@ def test_without_its_package_an_adapter_says_which_extra_to_install(monkeypatch,
     reasoning_gym._dataset.cache_clear()
     textarena.game_ids.cache_clear()
     with pytest.raises(ImportError, match=re.escape(f"pip install 'agentrl[{extra}]'")):
-        make_env(env)
+        make_env(env, **options)
     textarena.game_ids.cache_clear()
 
 
