@@ -15,7 +15,7 @@ on its own, ``CodeInterpreter(sandbox=SandboxSpec("docker", {"limits": {"wall_s"
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 from agentrl.env import Environment, Message, Reward, Task, register, tool
 from agentrl.tools import ToolCall, check_arguments
@@ -27,7 +27,7 @@ from sandboxes import Session, format_result, shared_pool
 @register
 class CodeInterpreter(Environment):
     name = "code_interpreter"
-    system_prompt = (
+    system_prompt: ClassVar[str | None] = (
         "Solve the problem. You can run Python: write a ```python code block and you will see what it "
         "prints. Variables persist between blocks. Give the final answer as \\boxed{...}."
     )

@@ -3,7 +3,7 @@
 # tests that need them skip with the reason printed when they cannot start), run the test suite
 # (default tier plus the docker, browser, ray and slow tiers), then the vLLM tier in its own
 # virtual environment (scripts/test_vllm.sh, installed in the background while the suite runs; it
-# prints why when vLLM cannot be installed).
+# prints why when vLLM cannot be installed), then the verifiers tier in its own (scripts/test_verifiers.sh).
 # Every tier runs on every call; CI's budget is 25 minutes on 2 cores. Each phase prints its time.
 #
 # Extra arguments go to pytest and skip the vLLM tier, e.g. the fast local tier (under 10 minutes):
@@ -37,8 +37,8 @@ phase "install and setup"
 status=0
 t=$SECONDS
 # A -m among the extra arguments narrows the default selection instead of replacing it (pytest keeps
-# only the last -m): `-m "not slow"` runs "(not slow) and not vllm and not study".
-marks="not vllm and not study"
+# only the last -m): `-m "not slow"` runs "(not slow) and not vllm and not verifiers and not study".
+marks="not vllm and not verifiers and not study"
 args=()
 while [ "$#" -gt 0 ]; do
   if [ "$1" = "-m" ] && [ "$#" -gt 1 ]; then marks="($2) and $marks"; shift 2; else args+=("$1"); shift; fi
@@ -52,5 +52,8 @@ if [ -n "$vllm_pid" ]; then
   cat "$vllm_log"
   bash scripts/test_vllm.sh || status=$?
   phase "vLLM tier (its install ran beside the suite)" "$t"
+  t=$SECONDS
+  bash scripts/test_verifiers.sh || status=$?
+  phase "verifiers tier" "$t"
 fi
 exit $status

@@ -153,7 +153,7 @@ def parse_chat_request(body: Any, headers: Mapping[str, str]) -> ChatRequest:
     return ChatRequest(
         key=key,
         model=chat.model,
-        messages=[message.as_dict() for message in chat.messages],
+        messages=[message.as_dict() for message in chat.messages or []],
         tools=[tool.model_dump(exclude_unset=True) for tool in chat.tools] if chat.tools else None,
         tool_choice=chat.tool_choice,
         max_tokens=chat.max_completion_tokens if chat.max_completion_tokens is not None else chat.max_tokens,
@@ -454,7 +454,7 @@ class ChatBody(Schema):
     top_logprobs: Annotated[int, between(0, MAX_TOP_LOGPROBS)] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    messages: list[AnyMessage] = Field(default=None)  # type: ignore[assignment]  # None: refused below
+    messages: list[AnyMessage] | None = None  # None (absent) is refused by message_list
     tools: list[Tool] | None = None
     tool_choice: Any = None
     max_tokens: Annotated[int, at_least(1)] | None = None

@@ -536,7 +536,7 @@ def _token_lines(prep: dict, by_method: dict[str, list[dict]]) -> list[str]:
 
     dirs = {m: [Path(r["run_dir"]) for r in rs] for m, rs in by_method.items()}
     tokenizer = AutoTokenizer.from_pretrained(prep["policy"])
-    return token_lines(dirs, lambda tok: tokenizer.decode([tok]))
+    return token_lines(dirs, lambda tok: str(tokenizer.decode([tok])))
 
 
 def _method_row(method: str, rs: list[dict]) -> str:

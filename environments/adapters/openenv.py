@@ -75,7 +75,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from agentrl.env import Environment, EpisodeState, Message, Reward, StepResult, Task, register
 from agentrl.errors import OptionsRequired
@@ -229,6 +229,7 @@ class Pool:
 
     def start(self) -> Any:
         s, timeout = self.source, float(self.source["start_timeout_s"])
+        server: Remote | ContainerServer | AppServer
         if s.get("url"):
             server = Remote(s["url"])
         elif s.get("image"):
@@ -394,7 +395,7 @@ class OpenEnv(Environment):
     field, or, if it has none or several, the reply must be a JSON object action."""
     observation_field: str | None = None
     """Show only this observation field; None: the observation's fields as JSON."""
-    system_prompt: str | None = None
+    system_prompt: ClassVar[str | None] = None
     """None: a prompt that says what an action is (from the server's action schema)."""
     sessions_per_server: int = 1
     """How many sessions one server takes at once (its ``max_concurrent_envs``)."""

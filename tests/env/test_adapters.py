@@ -28,7 +28,7 @@ needs_ta = pytest.mark.skipif(
 
 
 def test_envs_list_shows_the_adapters(capsys):
-    names = ("reasoning_gym", "reasoning_gym_python", "textarena", "openenv")
+    names = ("reasoning_gym", "reasoning_gym_python", "textarena", "openenv", "verifiers")
     assert set(names) <= set(registered())
     assert main(["envs", "list"]) == 0
     out = capsys.readouterr().out
@@ -48,6 +48,13 @@ def test_without_its_package_an_adapter_says_which_extra_to_install(monkeypatch,
     with pytest.raises(ImportError, match=re.escape(f"pip install 'agentrl[{extra}]'")):
         make_env(env, **options)
     textarena.game_ids.cache_clear()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("verifiers") is not None, reason="verifiers is installed here")
+def test_verifiers_outside_its_environment_says_how_to_get_one():
+    with pytest.raises(ImportError, match=r"pins mcp==2\.0\.0.*scripts/test_verifiers\.sh --install"):
+        make_env("verifiers", taskset="x")
+    assert "test_verifiers.sh" in check_environment("verifiers").missing  # envs check --all skips it
 
 
 def test_envs_check_all_skips_an_adapter_whose_package_is_missing(monkeypatch, capsys):
