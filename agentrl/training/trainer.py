@@ -379,13 +379,11 @@ class Trainer:
 
 
 # -- the entry point ------------------------------------------------------------------------------
-def train(cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> list[dict[str, float]]:
-    """Run training to ``trainer.total_steps`` (or resume to it).
-
-    A first SIGTERM or SIGINT (Ctrl-C) lets the current step finish, writes a checkpoint at it and
-    then raises ``KeyboardInterrupt`` (so the CLI exits with 130 and says how to resume); a second
-    one raises ``KeyboardInterrupt`` at once, and the run resumes from its last checkpoint."""
-    trainer = Trainer(cfg, log=log, overwrite=overwrite, force=force)
+@contextlib.contextmanager
+def stop_after_step_on_signal(trainer: Trainer, log=print) -> Iterator[None]:
+    """While inside: a first SIGTERM or SIGINT sets ``trainer.stop_requested`` (the trainer finishes
+    its step, checkpoints it and returns); a second raises ``KeyboardInterrupt`` at once. Handlers can
+    only be set on the main thread; elsewhere this does nothing."""
 
     def _graceful(signum, frame):
         if trainer.stop_requested:
@@ -398,13 +396,26 @@ def train(cfg: Config, log=print, overwrite: bool = False, force: bool = False) 
             "stopping (send it again to stop now, losing the step)"
         )
 
-    main = threading.current_thread() is threading.main_thread()  # handlers: main thread only
+    main = threading.current_thread() is threading.main_thread()
     previous = {sig: signal.signal(sig, _graceful) for sig in (signal.SIGTERM, signal.SIGINT)} if main else {}
     try:
-        history = trainer.train()
+        yield
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def train(cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> list[dict[str, float]]:
+    """Run training to ``trainer.total_steps`` (or resume to it).
+
+    A first SIGTERM or SIGINT (Ctrl-C) lets the current step finish, writes a checkpoint at it and
+    then raises ``KeyboardInterrupt`` (so the CLI exits with 130 and says how to resume); a second
+    one raises ``KeyboardInterrupt`` at once, and the run resumes from its last checkpoint."""
+    trainer = Trainer(cfg, log=log, overwrite=overwrite, force=force)
+    try:
+        with stop_after_step_on_signal(trainer, log):
+            history = trainer.train()
+    finally:
         mcp = sys.modules.get("agentrl.env.mcp_tools")  # the environments' MCP servers, if any started
         if mcp is not None:
             mcp.close_all()

@@ -8,6 +8,7 @@ import dataclasses
 import json
 import math
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -257,3 +258,76 @@ def test_token_text_stays_inside_its_table_cell():
     assert _code(" the") == "`' the'`"
     assert _code("a|b") == "`'a\\|b'`"  # a pipe would end the cell
     assert _code("x`y") == "`` 'x`y' ``"  # a backtick would end a single-backtick span
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def _start_and_wait_for_steps(command: list[str], run: Path, steps: int):
+    """Start the study command and return it once its run has logged ``steps`` steps."""
+    import subprocess
+    import time
+
+    parent = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not (run / "metrics.jsonl").exists() or len(read_metrics(run)) < steps:
+        assert parent.poll() is None and time.monotonic() < deadline, "the study ended or took too long"
+        time.sleep(0.2)
+    return parent
+
+
+def _assert_checkpointed_at_its_step(run: Path) -> int:
+    from agentrl.training.checkpoint import latest_checkpoint
+
+    steps = [row["step"] for row in read_metrics(run)]
+    assert steps == list(range(len(steps)))  # nothing twice, nothing lost
+    checkpoint = latest_checkpoint(run)
+    assert checkpoint is not None and checkpoint.name == f"step_{len(steps)}", (checkpoint, steps)
+    assert not (run / "result.json").exists()
+    return len(steps)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
+def test_a_stopped_or_killed_study_checkpoints_its_run_at_the_step_and_continues(
+    tmp_path, tiny_model_dir, varied_env
+):
+    """Ctrl-C (SIGINT) to the study: it SIGTERMs its run once, the run finishes its step, checkpoints
+    it and the study exits 130 saying how to continue. SIGKILL to the study: the run notices it is
+    orphaned and does the same on its own. The same command then finishes the run, no step twice."""
+    import signal
+    import subprocess
+    import time
+
+    path = _write_study(tmp_path, tiny_model_dir, {"grpo_ds": METHODS["grpo_ds"]}, varied_env)
+    command = [sys.executable, "-m", "agentrl.cli", "study", str(path), "checkpoint_every=1000"]
+    run = tmp_path / "runs" / "calc" / "grpo_ds" / "s0"
+    parent = _start_and_wait_for_steps([*command, "steps=400"], run, 2)
+    parent.send_signal(signal.SIGINT)
+    _, err = parent.communicate(timeout=120)
+    assert parent.returncode == 130 and "run the same command to continue" in err, err[-2000:]
+    done = _assert_checkpointed_at_its_step(run)
+    log = (run / "log.txt").read_text()
+    assert "SIGTERM: finishing step" in log and "SIGTERM again" not in log, log[-2000:]
+
+    parent = _start_and_wait_for_steps([*command, "steps=400"], run, done + 2)
+    (child,) = _children(parent.pid)
+    parent.kill()
+    parent.wait()
+    deadline = time.monotonic() + 120
+    while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the run outlived its study"
+        time.sleep(0.2)
+    assert "the study is gone" in (run / "log.txt").read_text()
+    done = _assert_checkpointed_at_its_step(run)
+
+    out = subprocess.run(
+        [*command, f"steps={done + 2}"], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert [row["step"] for row in read_metrics(run)] == list(range(done + 2))
+    assert (run / "result.json").exists()
