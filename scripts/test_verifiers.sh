@@ -11,10 +11,12 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 VENV=.venv-verifiers
-SPEC="${AGENTRL_VERIFIERS_SPEC:-verifiers==0.4.0}"
+# with its openenv extra: verifiers' own openenv taskset is written against the `openenv` package
+# (>=0.4.1), which shadows .venv's openenv-core 0.3.0 here (same import name)
+SPEC="${AGENTRL_VERIFIERS_SPEC:-verifiers[openenv]==0.4.0}"
 skip() { echo "SKIPPED verifiers tests: $*"; exit 0; }
 
-if [ ! -f "$VENV/.agentrl-ready-1" ]; then
+if [ ! -f "$VENV/.agentrl-ready-3" ]; then
   base=$(.venv/bin/python -c "import sys; print(sys._base_executable)") || skip "no .venv (run scripts/setup.sh)"
   main_site=$(.venv/bin/python -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
   [ -x "$VENV/bin/python" ] || "$base" -m venv "$VENV" || skip "cannot create $VENV"
@@ -24,7 +26,10 @@ if [ ! -f "$VENV/.agentrl-ready-1" ]; then
   "$VENV/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$SPEC" 2>&1 \
     | grep -v "outside environment\|dependency resolver\|requires .*, but you have\|^WARNING: Location" || true
   "$VENV/bin/python" -c "import verifiers.v1, agentrl.agents" || skip "verifiers or agentrl does not import in $VENV"
-  touch "$VENV/.agentrl-ready-1"
+  # agentrl's command in this environment (pip writes no entry points for .venv's packages here)
+  printf '#!/bin/sh\nexec "%s/bin/python" -m agentrl.cli "$@"\n' "$(cd "$VENV" && pwd)" > "$VENV/bin/agentrl"
+  chmod +x "$VENV/bin/agentrl"
+  touch "$VENV/.agentrl-ready-3"
 fi
 [ "${1:-}" = "--install" ] && { echo "$VENV ready"; exit 0; }
 exec "$VENV/bin/python" -m pytest -m verifiers -q tests/env/test_verifiers.py "$@"

@@ -23,7 +23,9 @@ episode key in the ``X-Episode-Key`` header; verifiers' interception server rela
 model calls there. The default harness, ``environments.adapters.verifiers_chat``, runs in this
 process (verifiers' own ``bash``/``null`` harnesses install their script's packages with ``uv`` at
 run time, which these machines cannot); its id is ``agentrl_chat``, because verifiers imports harnesses
-and tasksets by a top-level module name. ``agent: {harness: ...}`` in ``config`` picks another.
+and tasksets by a top-level module name. It goes in every agent seat of the env's config (``agent``,
+or ``player`` in verifiers' openenv and textarena envs); ``SEAT: {harness: ...}`` in ``config`` picks
+another.
 
 **Tasks** are the taskset's, in its order, split into ``train`` and ``test`` by a hash of each
 task's id (``environments.generators.split_of``); the run seed picks which ones a split draws.
@@ -68,17 +70,33 @@ def _vf() -> Any:
 
 
 def env_config(taskset: str | None, config: dict | None, harness: str) -> dict[str, Any]:
-    """verifiers' env config: ``config`` as given, ``taskset`` as its taskset id, our harness by
-    default, and a subprocess runtime (verifiers' default runtime is a remote Prime sandbox)."""
+    """verifiers' env config: ``config`` as given, ``taskset`` as its taskset id, and for each agent
+    seat the env declares (``agent`` in a single-agent env, ``player`` in verifiers' openenv and
+    textarena envs) our harness and a subprocess runtime unless set (verifiers' default runtime is a
+    remote Prime sandbox)."""
     out = json.loads(json.dumps(dict(config or {})))
     if taskset:
         out.setdefault("taskset", {})["id"] = taskset
     if "id" not in out.get("taskset", {}):
         raise OptionsRequired("verifiers needs env.options.taskset (a taskset id) or config.taskset.id")
-    agent = out.setdefault("agent", {})
-    agent.setdefault("harness", {"id": harness})
-    agent.setdefault("runtime", {"type": "subprocess"})
+    for seat in agent_seats(out["taskset"]["id"], out.get("id", "")):
+        agent = out.setdefault(seat, {})
+        agent.setdefault("harness", {"id": harness})
+        agent.setdefault("runtime", {"type": "subprocess"})
     return out
+
+
+def agent_seats(taskset: str, env: str = "") -> list[str]:
+    """The fields of the env's config that are agents (``vf.AgentConfig``)."""
+    vf = _vf()
+    from verifiers.v1.utils.loaders import env_config_type
+
+    fields = env_config_type(taskset, env).model_fields
+    return [
+        name
+        for name, field in fields.items()
+        if isinstance(field.annotation, type) and issubclass(field.annotation, vf.AgentConfig)
+    ]
 
 
 @functools.lru_cache(maxsize=8)

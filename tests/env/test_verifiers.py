@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import json
 import sys
 
 import pytest
@@ -16,6 +17,7 @@ from agentrl.config import load_config
 from agentrl.env import make_env
 from agentrl.episode import Episode
 from agentrl.training.trainer import Trainer, TrainingFailed
+from tests.helpers import ROOT
 
 pytestmark = [
     pytest.mark.verifiers,
@@ -77,3 +79,43 @@ def test_a_taskset_whose_scoring_raises_fails_its_episodes_and_the_run_goes_on(
     for e in episodes:
         assert e.failure is not None and e.failure.boundary == "agent", e.failure
         assert "verifiers episode" in e.failure.message and "fell over" in e.failure.message
+
+
+@pytest.fixture(scope="module")
+def echo_server(tmp_path_factory):
+    """openenv's own ``openenv init`` template (the echo environment), served on 127.0.0.1."""
+    import subprocess
+
+    pytest.importorskip("openenv", reason="verifiers' openenv extra is not installed here")
+    from environments.adapters.openenv import AppServer
+
+    out = tmp_path_factory.mktemp("openenv")
+    subprocess.run([sys.executable, "-m", "openenv.cli", "init", "echo_env", "-o", str(out)],
+                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    server = AppServer("server.app:app", str(out / "echo_env"), timeout_s=60)
+    yield server.url
+    server.close()
+
+
+def test_verifiers_own_openenv_taskset_trains_unchanged(tmp_path, tiny_model_dir, echo_server):
+    """configs/examples/verifiers_openenv_cpu.yaml. Neither side is ours: verifiers' bundled
+    ``openenv`` taskset and env, stepping openenv's echo template (0.1 per character echoed, never done). Its seat is ``player``, not ``agent``; the
+    run's turn budget (3) ends each exchange, and the steps taken are still scored."""
+    cfg = load_config(ROOT / "configs/examples/verifiers_openenv_cpu.yaml", [
+        f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'run'}",
+        f"env.options.config.taskset.base_url={echo_server}", "trainer.total_steps=1",
+        "rollout.max_tokens_per_turn=8", "logging.tensorboard=false", "logging.plots=false",
+        "algorithm.dynamic_sampling=false"])  # fmt: skip
+    Trainer(cfg, log=lambda *_: None).train()
+    lines = (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
+    episodes = [Episode.from_json(x) for x in lines]
+    assert len(episodes) == 4
+    for e in episodes:
+        assert e.failure is None and e.stop_reason == "max_turns", (e.failure, e.stop_reason)
+        replies = [s for s in e.segments if s.role == "policy"]
+        observations = [json.loads(s.text)["observation"] for s in e.segments if s.role == "env"]
+        assert len(replies) == 3 and len(observations) == 2  # the third reply was stepped, not answered
+        assert [o["echoed_message"] for o in observations] == [r.text.strip() for r in replies[:2]]
+        seen = 0.1 * sum(o["message_length"] for o in observations)
+        # the reward counts the third step too: the budget's end did not drop the steps taken
+        assert seen < e.reward_components["agent"] <= seen + 0.1 * len(replies[2].text.strip()) + 1e-6
