@@ -298,9 +298,9 @@ def test_a_stopped_or_killed_study_checkpoints_its_run_at_the_step_and_continues
 ):
     """Ctrl-C (SIGINT) to the study: it SIGTERMs its run once, the run finishes its step, checkpoints
     it and the study exits 130 saying how to continue. SIGKILL to the study: the run notices it is
-    orphaned and does the same on its own. The same command then finishes the run, no step twice."""
+    orphaned and does the same on its own. (Continuing from such a checkpoint:
+    test_a_stopped_run_continues_from_its_checkpoint_or_starts_over.)"""
     import signal
-    import subprocess
     import time
 
     path = _write_study(tmp_path, tiny_model_dir, {"grpo_ds": METHODS["grpo_ds"]}, varied_env)
@@ -324,10 +324,3 @@ def test_a_stopped_or_killed_study_checkpoints_its_run_at_the_step_and_continues
         time.sleep(0.2)
     assert "the study is gone" in (run / "log.txt").read_text()
     done = _assert_checkpointed_at_its_step(run)
-
-    out = subprocess.run(
-        [*command, f"steps={done + 2}"], cwd=ROOT, capture_output=True, text=True, timeout=600
-    )
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert [row["step"] for row in read_metrics(run)] == list(range(done + 2))
-    assert (run / "result.json").exists()
