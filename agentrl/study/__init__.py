@@ -342,7 +342,6 @@ def _sft_record(path: str) -> dict[str, Any]:
 def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     """Train one (family, method, seed) and evaluate it at the end; writes ``result.json``."""
 
-    t0 = time.perf_counter()
     cfg = load_config(config_path, spec.overrides)
     trainer = Trainer(cfg, log=lambda s: print(s, flush=True))
     with stop_after_step_on_signal(trainer, trainer.log):
@@ -350,14 +349,18 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     if trainer.stop_requested:  # stopped by the study (or a signal): the checkpoint is its step's
         raise KeyboardInterrupt
     history = read_metrics(trainer.run_dir)  # every step, those before a resume included
-    train_seconds = time.perf_counter() - t0
+    # the steps' own times: a run continued over several invocations counts every step once
+    train_seconds = sum(h.get("time/step_s", 0.0) for h in history)
+    t_eval = time.perf_counter()
     tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
     final, episodes = evaluate(cfg, trainer.engine, trainer.tokenizer, tasks, k=cfg.eval.k)
+    eval_seconds = time.perf_counter() - t_eval
     result = {
         **asdict(spec),
         "steps": len(history),
-        "seconds": time.perf_counter() - t0,
+        "seconds": train_seconds + eval_seconds,
         "train_seconds": train_seconds,
+        "eval_seconds": eval_seconds,
         "policy_tokens": sum(h.get("length/policy_tokens_total", 0.0) for h in history),
         "final_eval": final,
         "pass_curve": pass_at_k_curve(episodes, cfg.eval.k),

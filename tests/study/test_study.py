@@ -183,7 +183,11 @@ def test_a_stopped_run_continues_from_its_checkpoint_or_starts_over(tmp_path, ti
     run_one(first, study.families["calc"])  # "stopped" after step 0, its checkpoint written
     assert (Path(spec.out) / "checkpoints").is_dir()
     result = run_one(spec, study.families["calc"])
-    assert [row["step"] for row in read_metrics(spec.out)] == [0, 1] and result["steps"] == 2
+    rows = read_metrics(spec.out)
+    assert [row["step"] for row in rows] == [0, 1] and result["steps"] == 2
+    # its time counts the step of the first invocation too
+    assert result["train_seconds"] == pytest.approx(sum(row["time/step_s"] for row in rows))
+    assert result["seconds"] == pytest.approx(result["train_seconds"] + result["eval_seconds"])
 
     # a run stopped before its first checkpoint left lines behind: the study starts it over
     other = tmp_path / "runs" / "calc" / "grpo_ds" / "s0"
