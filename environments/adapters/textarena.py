@@ -52,6 +52,12 @@ from environments.generators import sample_tasks
 GAME_MESSAGE = -1  # TextArena's sender id for the game itself
 
 
+def is_move_echo(kind: list[Any]) -> bool:
+    """An observation of type ``PLAYER_ACTION``: the player's own move, which some games (Wordle)
+    record with the game as the sender."""
+    return bool(kind) and getattr(kind[0], "name", None) == "PLAYER_ACTION"
+
+
 def _ta() -> Any:
     return require("textarena", "textarena", "textarena")
 
@@ -173,7 +179,9 @@ class TextArena(Environment):
         player, items = innermost(self._game).get_observation()
         self._player = player
         return "\n".join(
-            str(text).strip() for sender, text, *_ in items if sender != player and str(text).strip()
+            str(text).strip()
+            for sender, text, *kind in items
+            if sender != player and not is_move_echo(kind) and str(text).strip()
         )
 
     def step(self, action: str) -> StepResult:

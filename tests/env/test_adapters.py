@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -243,6 +244,62 @@ def test_wordle_without_nltks_word_list_is_refused_naming_it(monkeypatch, tmp_pa
             ValueError, match=r"TextArena game 'Wordle-v0' .* cannot be made: LookupError.*words"
         ):
             make_env("textarena", game="Wordle-v0")
+    finally:
+        textarena.check_startable.cache_clear()
+
+
+def _stand_in_nltk_data(root: Path, nouns: list[str]) -> None:
+    """NLTK's ``words`` corpus and English POS tagger are downloads, not packages: a stand-in with
+    ``nouns`` as the word lists and a tagger whose dictionary calls each of them a noun."""
+    from nltk.tag.perceptron import PerceptronTagger
+
+    corpus = root / "corpora" / "words"
+    corpus.mkdir(parents=True)
+    for fileid in ("en", "en-basic"):
+        (corpus / fileid).write_text("\n".join(nouns) + "\n")
+    tagger = PerceptronTagger(load=False)
+    tagger.tagdict = dict.fromkeys(nouns, "NN")
+    tagger.classes = {"NN"}
+    out = root / "taggers" / "averaged_perceptron_tagger_eng"
+    out.mkdir(parents=True)
+    tagger.save_to_json(lang="eng", loc=str(out))
+
+
+@needs_ta
+def test_wordle_plays_through_the_adapter_on_stand_in_nltk_data(monkeypatch, tmp_path):
+    """Wordle itself, unchanged, with stand-in NLTK data (the real word list and tagger cannot be
+    fetched here): a bracketed guess gets TextArena's G/Y/X feedback as the next user turn, a word
+    outside the dictionary is an invalid move the game reports, and the secret word wins (outcome 1)."""
+    import nltk
+
+    from environments.adapters import textarena
+    from environments.adapters.textarena import innermost
+
+    nouns = ["crane", "house", "plant", "stone", "bread"]
+    monkeypatch.setattr(nltk, "download", lambda *a, **k: False)  # offline, as here
+    monkeypatch.setattr(nltk.data, "path", [str(tmp_path)])  # NLTK writes only inside a data root
+    _stand_in_nltk_data(tmp_path, nouns)
+    for name in [m for m in sys.modules if m.startswith("textarena.envs.Wordle")]:
+        monkeypatch.delitem(sys.modules, name)
+    textarena.check_startable.cache_clear()
+    try:
+        env = make_env("textarena", game="Wordle-v0")
+        (task,) = env.load_tasks("train", 1, seed=0, game="Wordle-v0")
+        first = env.reset(task, 0)
+        assert "Wordle" in first[-1]["content"] and "[apple]" in first[-1]["content"]
+        secret = innermost(env._game).state.game_state["secret_word"]
+        assert secret in nouns
+        obs, _, done, _, _ = env.step("[qqqqq]")
+        assert not done and "'qqqqq' is not an English word" in obs[-1]["content"]
+        wrong = next(w for w in nouns if w != secret)
+        obs, reward, done, _, _ = env.step(f"My guess: [{wrong}]")
+        assert not done and reward == 0.0
+        feedback = obs[-1]["content"]  # without the echo of the move (Wordle sends it as the game's)
+        assert feedback.startswith(f"You submitted [{wrong}].") and " ".join(wrong.upper()) in feedback
+        marks = feedback.splitlines()[3].split()
+        assert marks == ["G" if a == b else "Y" if a in secret else "X" for a, b in zip(wrong, secret)]
+        obs, _, done, _, info = env.step(f"[{secret}]")
+        assert done and info["outcome"] == 1.0, info
     finally:
         textarena.check_startable.cache_clear()
 
