@@ -406,9 +406,10 @@ def run_study(
         return None
     runs = plan(study, {f: p["target_entropy"] for f, p in preps.items()})
     todo = [r for r in runs if not Path(r.out, "result.json").exists()]
+    log(f"study: {len(runs)} runs, {len(runs) - len(todo)} already done"
+        + (" (report only)" if only_report else f", {study.parallel} at a time"))  # fmt: skip
     if only_report:
         todo = []
-    log(f"study: {len(runs)} runs, {len(runs) - len(todo)} already done, {study.parallel} at a time")
     threads = max(1, (os.cpu_count() or 1) // max(1, study.parallel))
     active: list[tuple[RunSpec, subprocess.Popen, float]] = []
     try:
