@@ -39,11 +39,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+import itertools
 import json
 import os
 import random
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar
 
 from agentrl.agents import AgentEnvironment
@@ -117,17 +119,62 @@ def prompt_text(data: Any) -> str:
     return str(getattr(data, "name", None) or getattr(data, "id", ""))
 
 
+class TaskList:
+    """A taskset's tasks in order, read lazily (a verifiers taskset may be infinite: TextArena's is a
+    generator) and kept, so an episode's task is found by its index without iterating again."""
+
+    def __init__(self, taskset: Any) -> None:
+        self.bounded = bool(getattr(taskset, "bounded", True))
+        self._it = iter(taskset)
+        self._seen: list[Any] = []
+        self._lock = threading.Lock()
+
+    def get(self, index: int) -> Any:
+        with self._lock:
+            while len(self._seen) <= index:
+                try:
+                    self._seen.append(next(self._it))
+                except StopIteration:
+                    raise IndexError(f"the taskset has {len(self._seen)} tasks, no task {index}") from None
+            return self._seen[index]
+
+    def __iter__(self) -> Iterator[Any]:
+        for index in itertools.count():
+            try:
+                yield self.get(index)
+            except IndexError:
+                return
+
+
+@functools.lru_cache(maxsize=8)
+def task_list(config_json: str) -> TaskList:
+    return TaskList(load_vf_env(config_json).taskset)
+
+
 def verifiers_tasks(split: str, n: int | None, seed: int, config: dict[str, Any]) -> list[Task]:
-    env = load_vf_env(json.dumps(config, sort_keys=True))
+    """``n`` tasks of ``split``. A finite taskset: all of its ``split`` tasks, shuffled by ``seed``,
+    the first ``n``. An infinite one: its ``split`` tasks in its order, from the ``seed · n``-th on
+    (so seeds draw disjoint tasks); ``n`` is then required."""
+    tasks_all = task_list(json.dumps(config, sort_keys=True))
     family = f"verifiers:{config['taskset']['id']}"
-    tasks = []
-    for index, vf_task in enumerate(env.taskset):
+    if not tasks_all.bounded and n is None:
+        raise ValueError(
+            f"{family} is an infinite taskset: set data.num_train and data.num_test (how many tasks "
+            "each split draws)"
+        )
+    skip = 0 if tasks_all.bounded else seed * (n or 0)
+    tasks: list[Task] = []
+    for index, vf_task in enumerate(tasks_all):
         data = vf_task.data
         key = f"{family}|{data.id if data.id is not None else index}"
-        if split_of(key) == split:
-            tasks.append(
-                Task(id=task_id(family, key), prompt=prompt_text(data), metadata={"vf_index": index})
-            )
+        if split_of(key) != split:
+            continue
+        if skip:
+            skip -= 1
+            continue
+        tasks.append(Task(id=task_id(family, key), prompt=prompt_text(data), metadata={"vf_index": index}))
+        if not tasks_all.bounded and len(tasks) == n:
+            return tasks
     random.Random(f"{family}:{split}:{seed}").shuffle(tasks)
     if n is not None and n > len(tasks):
         raise ValueError(
@@ -166,8 +213,9 @@ class Verifiers(AgentEnvironment):
 
     async def run(self, client: Any, task: Task) -> float:
         vf = _vf()
-        env = load_vf_env(json.dumps(self._config, sort_keys=True))
-        vf_task = list(env.taskset)[int(task.metadata["vf_index"])]
+        config = json.dumps(self._config, sort_keys=True)
+        env = load_vf_env(config)
+        vf_task = task_list(config).get(int(task.metadata["vf_index"]))
         os.environ.setdefault(KEY_VAR, "agentrl")
         endpoint = vf.EvalClientConfig(
             base_url=str(client.base_url).rstrip("/"),

@@ -27,11 +27,13 @@ pytestmark = [
     ),
 ]
 TASKSET = "agentrl_test_sums"  # verifiers imports a taskset by a top-level module name
+COUNTING = "agentrl_test_counting"  # an infinite one
 
 
 @pytest.fixture(autouse=True)
 def taskset(monkeypatch):
     monkeypatch.setitem(sys.modules, TASKSET, importlib.import_module("tests.helpers.vf_taskset"))
+    monkeypatch.setitem(sys.modules, COUNTING, importlib.import_module("tests.helpers.vf_counting"))
 
 
 def test_the_tasksets_tasks_split_by_id_and_seed():
@@ -45,6 +47,25 @@ def test_the_tasksets_tasks_split_by_id_and_seed():
     assert [t.id for t in env.load_tasks("train", 5, 1, taskset=TASKSET)] != [t.id for t in train[:5]]
     with pytest.raises(ValueError, match="fewer than the 100 asked for"):
         env.load_tasks("test", 100, 0, taskset=TASKSET)
+
+
+def test_an_infinite_taskset_draws_what_the_split_asks_for_and_its_tasks_are_found():
+    """A generator taskset (TextArena's is one) is read only as far as needed: ``n`` tasks of the
+    split, from the ``seed · n``-th on; without ``n`` it is refused instead of read forever."""
+    from environments.adapters.verifiers import env_config, task_list
+
+    env = make_env("verifiers", taskset=COUNTING)
+    first = env.load_tasks("train", 4, 0, taskset=COUNTING)
+    second = env.load_tasks("train", 4, 1, taskset=COUNTING)
+    test = env.load_tasks("test", 4, 0, taskset=COUNTING)
+    ids = [t.id for t in first + second + test]
+    assert len(set(ids)) == 12  # disjoint seeds, disjoint splits
+    config = json.dumps(env_config(COUNTING, None, "agentrl_chat"), sort_keys=True)
+    for t in first + second + test:  # what an episode looks up by index
+        index = t.metadata["vf_index"]
+        assert t.prompt == f"What is {index} + 1?" == task_list(config).get(index).data.prompt
+    with pytest.raises(ValueError, match=r"infinite taskset: set data\.num_train and data\.num_test"):
+        env.load_tasks("train", None, 0, taskset=COUNTING)
 
 
 def _train(tmp_path, tiny_model_dir) -> list[Episode]:
