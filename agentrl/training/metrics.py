@@ -136,7 +136,10 @@ class MetricsLogger:
         wandb_project: str | None = None,
         config: Mapping[str, Any] | None = None,
         every: int = 1,
+        start_step: int = 0,
     ):
+        """``start_step``: the step a resumed run continues from; TensorBoard hides the events a
+        killed invocation wrote from that step on (``purge_step``), so no step shows twice."""
         self.path = Path(run_dir) / "metrics.jsonl"
         self.every = every
         self._pending: tuple[int, dict[str, Any]] | None = None  # a step not yet sent to TB/W&B
@@ -145,7 +148,7 @@ class MetricsLogger:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"))
+            self.tb = SummaryWriter(str(Path(run_dir) / "tensorboard"), purge_step=start_step or None)
         if wandb_project:
             try:
                 import wandb

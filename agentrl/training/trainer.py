@@ -146,6 +146,7 @@ class Trainer:
             wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
             config=config_to_dict(cfg),
             every=cfg.logging.log_every,
+            start_step=self.start_step,
         )
 
     def _policy_and_engine(self, ckpt: Path | None, state: dict[str, Any] | None) -> tuple[Any, Engine]:

@@ -203,3 +203,25 @@ def test_a_checkpoint_names_no_agentrl_class_so_moving_modules_cannot_break_a_re
     names = pickled_classes(run_dir / "checkpoints" / "step_2" / "trainer_state.pt")
     assert names and not [n for n in names if n.startswith(("agentrl", "environments", "sandboxes"))], names
     assert {n.split(".")[0] for n in names} <= {"torch", "numpy", "collections", "_codecs", "builtins"}, names
+
+
+def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path):
+    """A killed invocation logged steps 0-3 to TensorBoard; the resume from step 2's checkpoint logs
+    2-3 again. TensorBoard hides the first invocation's events from step 2 on (``purge_step``), so the
+    curves have each step once, with the resumed values."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from agentrl.training.metrics import MetricsLogger
+
+    first = MetricsLogger(tmp_path, tensorboard=True)
+    for step in range(4):
+        first.log(step, {"reward/mean": float(step)})
+    first.close()
+    resumed = MetricsLogger(tmp_path, tensorboard=True, start_step=2)
+    for step in (2, 3):
+        resumed.log(step, {"reward/mean": step + 100.0})
+    resumed.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    points = [(e.step, e.value) for e in events.Scalars("reward/mean")]
+    assert points == [(0, 0.0), (1, 1.0), (2, 102.0), (3, 103.0)], points
