@@ -57,6 +57,7 @@ from agentrl.training.evaluation import evaluate
 from agentrl.training.learner import Learner
 from agentrl.training.metrics import FailureSummary, MetricsLogger, episode_metrics, failure_summary, plot_run
 from agentrl.training.progress import TrainProgress
+from agentrl.training.run_lock import RunLock
 from agentrl.training.run_state import RunState
 from agentrl.training.weight_push import WeightPush
 from agentrl.transcripts import TranscriptWriter, read_metrics
@@ -113,6 +114,8 @@ class Trainer:
         if lora.enabled(cfg):  # target modules that match nothing fail before any work, too
             lora.check_targets(components.meta_model(cfg.model.path, cfg.model.dtype), cfg.model.lora)
         self.root_dir = output_dir(cfg)  # rank 0's; checkpoints
+        # one process trains a run directory at a time (run_lock.py); held until train() returns
+        self.run_lock = RunLock(self.root_dir) if self.rank == 0 else None
         self._claim_run_dir(overwrite)
         # other ranks keep their own copy of the run's files
         self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
@@ -211,7 +214,14 @@ class Trainer:
     def train(self) -> list[dict[str, float]]:
         """Steps ``start_step`` .. ``total_steps - 1``. Raises ``TrainingFailed`` when the circuit
         breaker trips (too many failed episodes, ``trainer.max_failed_*``) and when no step trained
-        at all: such a run never reports success."""
+        at all: such a run never reports success. Lets go of the run directory's lock at the end."""
+        try:
+            return self._train_steps()
+        finally:
+            if self.run_lock is not None:
+                self.run_lock.release()
+
+    def _train_steps(self) -> list[dict[str, float]]:
         cfg, history = self.cfg, []
         if self.start_step >= cfg.trainer.total_steps:
             self.log(

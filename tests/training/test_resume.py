@@ -225,3 +225,37 @@ def test_tensorboard_shows_each_step_once_after_a_resume(tmp_path):
     events.Reload()
     points = [(e.step, e.value) for e in events.Scalars("reward/mean")]
     assert points == [(0, 0.0), (1, 1.0), (2, 102.0), (3, 103.0)], points
+
+
+def test_a_run_being_trained_by_another_process_is_refused_untouched(run, capsys):
+    """Two trainers on one run would interleave their steps in its history (a second resume started
+    beside the first, a run a killed study left behind). The second is refused, naming the holder,
+    with not one byte written; the lock goes with its process, even on SIGKILL."""
+    import signal
+    import subprocess
+    import sys
+
+    from agentrl.training.run_lock import RunLock
+
+    run_dir, _ = run
+    before = files(run_dir)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from agentrl.training.run_lock import RunLock; "
+         f"lock = RunLock({str(run_dir)!r}); print('held', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        assert main(["train", "--resume", str(run_dir), "trainer.total_steps=3"]) == 2
+        err = capsys.readouterr().err
+        assert f"{run_dir} is being trained by another process (pid {holder.pid}" in err, err
+        assert "run.output_dir" in err
+        assert files(run_dir) == before
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    first, second = RunLock(run_dir), RunLock(run_dir)  # within one process it is shared
+    first.release()
+    second.release()
+    # free again: the kernel dropped the killed holder's lock
+    assert main(["train", "--resume", str(run_dir), "trainer.total_steps=3"]) == 0
