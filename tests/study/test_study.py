@@ -273,10 +273,14 @@ def _children(pid: int) -> list[int]:
 
 def _start_and_wait_for_steps(command: list[str], run: Path, steps: int):
     """Start the study command and return it once its run has logged ``steps`` steps."""
+    import signal
     import subprocess
     import time
 
-    parent = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # SIGINT as a terminal's Ctrl-C delivers it: a suite run in the background (CI) inherits it
+    # ignored, and a process that starts with SIGINT ignored keeps ignoring it
+    parent = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # fmt: skip
     deadline = time.monotonic() + 300
     while not (run / "metrics.jsonl").exists() or len(read_metrics(run)) < steps:
         assert parent.poll() is None and time.monotonic() < deadline, "the study ended or took too long"
