@@ -38,6 +38,7 @@ from agentrl.config import Config, load_config
 from agentrl.env import Task
 from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
+from agentrl.study import archive
 from agentrl.study.report import write_report
 from agentrl.training import build
 from agentrl.training.batch import batch_forward, build_batch
@@ -64,7 +65,8 @@ class TargetRule:
 
 @dataclass
 class Reduced:
-    """What ``--reduced`` keeps: the smoke-sized study a test runs."""
+    """What ``--reduced`` keeps: the smoke-sized study a test runs. It writes into ``OUTPUT/reduced``
+    and ``REPORT/reduced`` and archives nothing, apart from the full study's runs."""
 
     families: list[str] = field(default_factory=list)
     """Families to run (empty: the first)."""
@@ -115,6 +117,10 @@ class StudyConfig:
     """RL steps between checkpoints of each run: a run the study was stopped in continues from its
     newest one. 0 = none: a stopped run starts over (the tiny-model runs take minutes; a real model's
     take hours, so its studies set this)."""
+    archive_dir: str | None = None
+    """Where each finished run's record is kept, small enough to commit (``study/archive.py``): a
+    study on a machine without its run directories restores the records instead of rerunning them.
+    None = no archive."""
     reduced: Reduced = field(default_factory=Reduced)
 
 
@@ -187,6 +193,10 @@ def _reduce(cfg: StudyConfig, path: str | Path) -> StudyConfig:
     cfg.methods = {k: every[k] for k in meths}
     cfg.extra_methods = {}
     cfg.seeds, cfg.steps, cfg.eval_tasks = list(r.seeds), r.steps, r.eval_tasks
+    # apart from the full study: a reduced run's result must never pass for a finished full run
+    cfg.output_dir = str(Path(cfg.output_dir) / "reduced")
+    cfg.report_dir = str(Path(cfg.report_dir) / "reduced")
+    cfg.archive_dir = None
     return cfg
 
 
@@ -265,11 +275,25 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         del target["probe"]
     else:
         target["seeds"] = list(study.seeds)
-    key = {"policy": path, "target": target, "eval": [study.eval_k, study.eval_tasks], "version": 2}
+    # the warm start by its cache key (its directory's name), not its path: a record made on another
+    # machine, with another cache root, is the same warm start
+    key = {
+        "policy": Path(path).name,
+        "target": target,
+        "eval": [study.eval_k, study.eval_tasks],
+        "version": 3,
+    }
+    digest = _weights_digest(path)
+    if study.archive_dir and archive.restore_prep(study.archive_dir, family, prep_file):
+        log(f"{family}: the warm start's measurements restored from the archive {study.archive_dir}")
     if prep_file.exists():
         prep = json.loads(prep_file.read_text())
         if prep.get("key") == key:
-            return prep
+            if prep.get("policy_sha256", digest) != digest:
+                log(f"WARNING {family}: the warm start rebuilt here ({path}, SHA-256 {digest}) differs "
+                    f"from the one the study measured (SHA-256 {prep['policy_sha256']}); the report "
+                    "names the runs that start from it")  # fmt: skip
+            return {**prep, "policy": path}
     t0 = time.perf_counter()
     model, tokenizer = components.load_model(cfg, path)
     model.eval()
@@ -291,10 +315,13 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         "initial_eval": metrics,
         "initial_pass_curve": pass_at_k_curve(eval_episodes, study.eval_k),
         "sft": _sft_record(path),
+        "policy_sha256": digest,
         "seconds": time.perf_counter() - t0,
     }
     prep_file.parent.mkdir(parents=True, exist_ok=True)
     prep_file.write_text(json.dumps(prep, indent=1))
+    if study.archive_dir:
+        archive.archive_prep(study.archive_dir, family, prep_file)
     log(f"{family}: H0 = {h0:.4f} nats (branching {h0_branching:.3f}), H_tgt = {h_tgt:.4f}; probe reward "
         f"{prep['probe_reward']:.3f}; warm start held-out mean@{study.eval_k} {metrics['eval/mean@k']:.3f}, "
         f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}")  # fmt: skip
@@ -326,6 +353,11 @@ def _probe_entropy(
     policy_ent = ent[batch.mask > 0]  # the same "branching" as entropy/branching: the top 10 % of tokens
     h0_branching = float(policy_ent.topk(max(1, int(0.1 * policy_ent.numel()))).values.mean())
     return episodes, h0, h0_branching
+
+
+def _weights_digest(path: str) -> str | None:
+    """SHA-256 of a local model directory's weights; None for a hub name."""
+    return archive.weights_sha256(path) if Path(path).is_dir() else None
 
 
 def _sft_record(path: str) -> dict[str, Any]:
@@ -364,6 +396,7 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
         "policy_tokens": sum(h.get("length/policy_tokens_total", 0.0) for h in history),
         "final_eval": final,
         "pass_curve": pass_at_k_curve(episodes, cfg.eval.k),
+        "warm_start_sha256": _weights_digest(build.policy_path(cfg, log=lambda _: None)),
         "status": "ok",
     }
     Path(spec.out, "result.json").write_text(json.dumps(result, indent=1))
@@ -405,6 +438,9 @@ def run_study(
     if prepare_only:
         return None
     runs = plan(study, {f: p["target_entropy"] for f, p in preps.items()})
+    if study.archive_dir:
+        archive.restore_runs(study.archive_dir, runs, log)
+        _archive_finished(study, runs, log)
     todo = [r for r in runs if not Path(r.out, "result.json").exists()]
     log(f"study: {len(runs)} runs, {len(runs) - len(todo)} already done"
         + (" (report only)" if only_report else f", {study.parallel} at a time"))  # fmt: skip
@@ -450,8 +486,21 @@ def _run_all(
                 Path(spec.out, "failed.json").write_text(
                     json.dumps({**asdict(spec), "status": "failed", "exit": proc.returncode})
                 )
+            elif study.archive_dir:
+                status += f", recorded in {archive.archive_run(study.archive_dir, spec)}"
             log(f"[{done}/{total}] {spec.family} {spec.method} seed {spec.seed}: {status} "
                 f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
+
+
+def _archive_finished(study: StudyConfig, runs: list[RunSpec], log: Callable[[str], None]) -> None:
+    """Record the finished runs the archive lacks (finished before it was set, or by an older study)."""
+    assert study.archive_dir
+    for spec in runs:
+        rec = archive.record_dir(study.archive_dir, spec.family, spec.method, spec.seed)
+        if Path(spec.out, "result.json").exists() and not (rec / "result.json").exists():
+            log(
+                f"study: {spec.method} seed {spec.seed} recorded in {archive.archive_run(study.archive_dir, spec)}"
+            )
 
 
 def _stop_runs(procs: list[subprocess.Popen], log: Callable[[str], None]) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.study.archive import warm_start_lines
 from agentrl.study.tokens import token_lines
 from agentrl.transcripts import read_metrics
 
@@ -114,6 +115,7 @@ def summarize_run(
         "seconds": result.get("seconds", math.nan),
         "policy_tokens": result.get("policy_tokens", math.nan),
         "entropy_slope": entropy_slope(series["entropy"], warmup),
+        "warm_start_sha256": result.get("warm_start_sha256"),
         "run_dir": str(run_dir),
     }
 
@@ -511,6 +513,7 @@ def _family_lines(
         f"Config `{prep['config']}`. Warm start: H0 = {prep['h0']:.4f} nats{branching}, H_tgt = "
         f"{target:.4f}, probe reward {prep['probe_reward']:.3f}, held-out mean@{k} "
         f"{ie['eval/mean@k']:.3f}, pass@{pass_k} {start_pass:.3f} before RL.{sft_text}",
+        *warm_start_lines(prep, [{**r, "method": m} for m, rs in by_method.items() for r in rs]),
         "",
         f"| method | final entropy | / H0 | in band | rollout entropy | rollout in band | branching entropy | "
         f"STARE gate on | informative groups | final reward | mean@{k} | pass@{pass_k} | length | time/run | "

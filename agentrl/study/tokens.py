@@ -4,12 +4,16 @@ over the policy tokens each update trained on, counted by token."""
 
 from __future__ import annotations
 
+import json
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from agentrl.transcripts import iter_episodes, transcripts_path
+
+SELECTIONS_FILE = "selections.json"
+"""A run's counts, written beside its transcripts when the study archives it (``study/archive.py``)."""
 
 
 @dataclass
@@ -24,23 +28,60 @@ class Selections:
 
     def add_runs(self, run_dirs: Sequence[Path]) -> Selections:
         for run_dir in run_dirs:
-            if not transcripts_path(run_dir).exists():
+            self.merge(Selections.of_run(run_dir))
+        return self
+
+    @classmethod
+    def of_run(cls, run_dir: Path) -> Selections:
+        """One run's counts: its ``selections.json`` when it has one (an archived run keeps no
+        transcripts), else counted from its transcripts (none: empty)."""
+        if (Path(run_dir) / SELECTIONS_FILE).exists():
+            return cls.load(Path(run_dir) / SELECTIONS_FILE)
+        return cls()._count(run_dir) if transcripts_path(run_dir).exists() else cls()
+
+    def merge(self, other: Selections) -> None:
+        self.trained.update(other.trained)
+        self.boosted.update(other.boosted)
+        self.damped.update(other.damped)
+        for tok, h in other.entropy.items():
+            self.entropy[tok] += h
+
+    def save(self, path: Path) -> None:
+        """As ``{token id: [trained, boosted, damped, entropy sum]}``."""
+        rows = {
+            str(t): [n, self.boosted[t], self.damped[t], round(self.entropy[t], 6)]
+            for t, n in self.trained.items()
+        }
+        Path(path).write_text(json.dumps(rows, separators=(",", ":")))
+
+    @classmethod
+    def load(cls, path: Path) -> Selections:
+        s = cls()
+        for key, (n, boosted, damped, h) in json.loads(Path(path).read_text()).items():
+            t = int(key)
+            s.trained[t], s.entropy[t] = n, h
+            if boosted:
+                s.boosted[t] = boosted
+            if damped:
+                s.damped[t] = damped
+        return s
+
+    def _count(self, run_dir: Path) -> Selections:
+        for ep in iter_episodes(run_dir):
+            ov = ep.overlays
+            if not ov or "selected" not in ov:
                 continue
-            for ep in iter_episodes(run_dir):
-                ov = ep.overlays
-                if not ov or "selected" not in ov:
+            ids = ep.token_ids()
+            for t, (sel, trained) in enumerate(zip(ov["selected"], ov["trained"])):
+                if sel is None or not trained:
                     continue
-                ids = ep.token_ids()
-                for t, (sel, trained) in enumerate(zip(ov["selected"], ov["trained"])):
-                    if sel is None or not trained:
-                        continue
-                    tok = ids[t]
-                    self.trained[tok] += 1
-                    self.entropy[tok] += ov["entropy"][t] or 0.0
-                    if sel > 0:
-                        self.boosted[tok] += 1
-                    elif sel < 0:
-                        self.damped[tok] += 1
+                tok = ids[t]
+                self.trained[tok] += 1
+                self.entropy[tok] += ov["entropy"][t] or 0.0
+                if sel > 0:
+                    self.boosted[tok] += 1
+                elif sel < 0:
+                    self.damped[tok] += 1
         return self
 
     def fraction(self, which: Counter) -> float:

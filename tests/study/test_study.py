@@ -227,13 +227,15 @@ def test_reduced_study_command_end_to_end(tmp_path):
     )  # fmt: skip
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
     study = load_study(root / "configs" / "study.yaml", reduced=True)
-    text = (tmp_path / "report" / "results.md").read_text()
+    # apart from the full study's runs and report (an 8-step run must never pass for a full one)
+    assert not (tmp_path / "runs" / "countdown").exists() and (tmp_path / "runs" / "reduced").is_dir()
+    text = (tmp_path / "report" / "reduced" / "results.md").read_text()
     for family in study.families:
         assert f"## {family}" in text
         for method in study.methods:
             main_rows = [line for line in text.splitlines() if line.startswith(f"| {method} |")]
             assert sum(line.count("|") == 16 for line in main_rows) == 1, method  # + its per-seed row
-            summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+            summary = json.loads((tmp_path / "report" / "reduced" / "summary.json").read_text())
             (run,) = summary[family]["methods"][method]
             assert run["steps"] == study.steps and 0 <= run["mean_at_k"] <= 1
     assert "Runs without a result" not in text
@@ -332,3 +334,38 @@ def test_a_stopped_or_killed_study_checkpoints_its_run_at_the_step_and_continues
         time.sleep(0.2)
     assert "the study is gone" in (run / "log.txt").read_text()
     done = _assert_checkpointed_at_its_step(run)
+
+
+def test_a_study_continues_on_a_machine_without_its_run_directories(tmp_path, tiny_model_dir, varied_env):
+    """With ``archive_dir`` every finished run leaves a small record; a study whose run directories are
+    gone (a fresh machine, the archive committed) restores them: nothing is rerun, the target is the
+    one the runs trained against, and the report (tables, token selections) is the same."""
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
+    over = ["target.scale=3.0", f"archive_dir={tmp_path / 'archive'}"]
+    logs: list[str] = []
+    before = run_study(load_study(path, over), log=logs.append).read_text()
+    assert sum("recorded in" in line for line in logs) == 2, logs
+    for method in METHODS:
+        rec = tmp_path / "archive" / "calc" / method / "s0"
+        assert sorted(p.name for p in rec.iterdir()) == sorted(
+            ["result.json", "metrics.jsonl", "config.yaml", "selections.json"]
+        )
+        assert len(read_metrics(rec)) == 2
+        assert len(json.loads((rec / "result.json").read_text())["warm_start_sha256"]) == 64
+    assert (tmp_path / "archive" / "calc" / "prep.json").exists()
+    assert json.loads((tmp_path / "archive" / "calc" / "stare_pi" / "s0" / "selections.json").read_text())
+    assert "Every run started from the warm start the probe measured" in before
+    shutil.rmtree(tmp_path / "runs")  # what a fresh machine has: the archive only
+
+    logs.clear()
+    after = run_study(load_study(path, over), log=logs.append).read_text()
+    assert any("2 finished runs restored from the archive" in line for line in logs), logs
+    assert any("2 runs, 2 already done" in line for line in logs), logs
+    assert any("restored from the archive" in line and "warm start" in line for line in logs), logs
+    assert not any(line.startswith("[") for line in logs), logs  # no run was launched
+
+    def tables(text: str) -> list[str]:  # everything but the header's timing line
+        return [line for line in text.splitlines() if line.startswith("|") or "started from" in line]
+
+    assert tables(after) == tables(before)
+    assert any(line.startswith("| stare_pi | ") and "`'" in line for line in tables(after))
