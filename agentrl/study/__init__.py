@@ -284,16 +284,9 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         "version": 3,
     }
     digest = _weights_digest(path)
-    if study.archive_dir and archive.restore_prep(study.archive_dir, family, prep_file):
-        log(f"{family}: the warm start's measurements restored from the archive {study.archive_dir}")
-    if prep_file.exists():
-        prep = json.loads(prep_file.read_text())
-        if prep.get("key") == key:
-            if prep.get("policy_sha256", digest) != digest:
-                log(f"WARNING {family}: the warm start rebuilt here ({path}, SHA-256 {digest}) differs "
-                    f"from the one the study measured (SHA-256 {prep['policy_sha256']}); the report "
-                    "names the runs that start from it")  # fmt: skip
-            return {**prep, "policy": path}
+    cached = _cached_prep(study, family, key, path, digest, log)
+    if cached is not None:
+        return cached
     t0 = time.perf_counter()
     model, tokenizer = components.load_model(cfg, path)
     model.eval()
@@ -326,6 +319,26 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
         f"{prep['probe_reward']:.3f}; warm start held-out mean@{study.eval_k} {metrics['eval/mean@k']:.3f}, "
         f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}")  # fmt: skip
     return prep
+
+
+def _cached_prep(
+    study: StudyConfig, family: str, key: dict, path: str, digest: str | None, log: Callable[[str], None]
+) -> dict[str, Any] | None:
+    """The family's ``prep.json`` (restored from the archive when the run directories are new) if it
+    was measured with ``key``; a warning when the warm start rebuilt here has other weights."""
+    prep_file = Path(study.output_dir) / family / "prep.json"
+    if study.archive_dir and archive.restore_prep(study.archive_dir, family, prep_file):
+        log(f"{family}: the warm start's measurements restored from the archive {study.archive_dir}")
+    if not prep_file.exists():
+        return None
+    prep = json.loads(prep_file.read_text())
+    if prep.get("key") != key:
+        return None
+    if prep.get("policy_sha256", digest) != digest:
+        log(f"WARNING {family}: the warm start rebuilt here ({path}, SHA-256 {digest}) differs from the "
+            f"one the study measured (SHA-256 {prep['policy_sha256']}); the report names the runs that "
+            "start from it")  # fmt: skip
+    return {**prep, "policy": path}
 
 
 def _probe_entropy(

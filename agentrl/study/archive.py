@@ -18,6 +18,7 @@ machine it trained, started from the same bytes.
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -57,6 +58,11 @@ def restore_runs(archive_dir: str, runs: Sequence[Any], log: Callable[[str], Non
         run = Path(spec.out)
         if (run / "result.json").exists() or not (src / "result.json").exists():
             continue
+        changed = _changed_settings(json.loads((src / "result.json").read_text()), spec)
+        if changed:
+            log(f"study: the record {src} was trained with other settings than this study gives it "
+                f"({'; '.join(changed)}): not used, the run trains again and its record is replaced")  # fmt: skip
+            continue
         if run.exists():
             shutil.rmtree(run)
         run.mkdir(parents=True)
@@ -68,6 +74,18 @@ def restore_runs(archive_dir: str, runs: Sequence[Any], log: Callable[[str], Non
         log(f"study: {len(restored)} finished runs restored from the archive {archive_dir}: "
             + ", ".join(f"{s.method} seed {s.seed}" for s in restored))  # fmt: skip
     return restored
+
+
+def _changed_settings(recorded: dict[str, Any], spec: Any) -> list[str]:
+    """The overrides that differ between a record and the run the study plans now (the target
+    entropy, the steps, a method's settings...), as ``key: recorded -> now``."""
+
+    def as_dict(overrides: Sequence[str]) -> dict[str, str]:
+        return dict(o.split("=", 1) for o in overrides if "=" in o)
+
+    then, now = as_dict(recorded.get("overrides", [])), as_dict(spec.overrides)
+    return [f"{k}: {then.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in sorted(then.keys() | now.keys())
+            if then.get(k) != now.get(k)]  # fmt: skip
 
 
 def archive_prep(archive_dir: str, family: str, prep_file: Path) -> None:

@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from agentrl.config import ConfigError
-from agentrl.study import load_study, run_study
+from agentrl.study import RunSpec, load_study, run_study
+from agentrl.study.archive import restore_runs
 from agentrl.study.report import band_fraction
 from agentrl.transcripts import read_metrics
 from tests.helpers import ROOT
@@ -123,12 +124,16 @@ METHODS = {
 }
 
 
-def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_model_dir, varied_env):
+def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_archive(
+    tmp_path, tiny_model_dir, varied_env
+):
     path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
     logs: list[str] = []
-    over = ["target.scale=3.0"]  # H_tgt above the entropy: STARE's gate opens and it selects tokens
+    # H_tgt above the entropy: STARE's gate opens and it selects tokens
+    over = ["target.scale=3.0", f"archive_dir={tmp_path / 'archive'}"]
     report = run_study(load_study(path, over), log=logs.append)
     text = report.read_text()
+    assert sum("recorded in" in line for line in logs) == 2, logs
     assert report == tmp_path / "report" / "results.md"
     assert "## calc" in text and "H_tgt" in text
     rows = [
@@ -168,6 +173,49 @@ def test_micro_study_writes_a_well_formed_report_and_resumes(tmp_path, tiny_mode
     logs.clear()
     run_study(load_study(path, over), log=logs.append)
     assert any("2 runs, 2 already done" in line for line in logs), logs
+    _check_the_archive_restores_the_study(tmp_path, path, over, text)
+
+
+def _check_the_archive_restores_the_study(tmp_path: Path, path: Path, over: list[str], before: str) -> None:
+    """With ``archive_dir`` every finished run left a small record; a study whose run directories are
+    gone (a fresh machine, the archive committed) restores them: nothing is rerun, the target is the
+    one the runs trained against, and the report (tables, token selections) is the same."""
+    for method in METHODS:
+        rec = tmp_path / "archive" / "calc" / method / "s0"
+        assert sorted(p.name for p in rec.iterdir()) == sorted(
+            ["result.json", "metrics.jsonl", "config.yaml", "selections.json"]
+        )
+        assert len(read_metrics(rec)) == 2
+        assert len(json.loads((rec / "result.json").read_text())["warm_start_sha256"]) == 64
+    assert (tmp_path / "archive" / "calc" / "prep.json").exists()
+    assert json.loads((tmp_path / "archive" / "calc" / "stare_pi" / "s0" / "selections.json").read_text())
+    assert "Every run started from the warm start the probe measured" in before
+    shutil.rmtree(tmp_path / "runs")  # what a fresh machine has: the archive only
+
+    logs: list[str] = []
+    after = run_study(load_study(path, over), log=logs.append).read_text()
+    assert any("2 finished runs restored from the archive" in line for line in logs), logs
+    assert any("2 runs, 2 already done" in line for line in logs), logs
+    assert any("restored from the archive" in line and "warm start" in line for line in logs), logs
+    assert not any(line.startswith("[") for line in logs), logs  # no run was launched
+
+    def tables(text: str) -> list[str]:  # everything but the header's timing line
+        return [line for line in text.splitlines() if line.startswith("|") or "started from" in line]
+
+    assert tables(after) == tables(before)
+    assert any(line.startswith("| stare_pi | ") and "`'" in line for line in tables(after))
+    # a record trained with other settings than the study now gives that run is not taken for it
+    rec = json.loads((tmp_path / "archive" / "calc" / "grpo_ds" / "s0" / "result.json").read_text())
+    fields = {f.name: rec[f.name] for f in dataclasses.fields(RunSpec)}
+    for steps, expected in ((2, 1), (3, 0)):
+        out = tmp_path / f"elsewhere{steps}"
+        spec = RunSpec(**{**fields, "out": str(out)})
+        spec.overrides = [o if not o.startswith("trainer.total_steps=") else f"trainer.total_steps={steps}"
+                          for o in spec.overrides]  # fmt: skip
+        logs.clear()
+        assert len(restore_runs(str(tmp_path / "archive"), [spec], logs.append)) == expected
+        assert (out / "result.json").exists() == bool(expected)
+    assert any("trainer.total_steps: 2 -> 3" in line and "not used" in line for line in logs), logs
 
 
 def test_a_stopped_run_continues_from_its_checkpoint_or_starts_over(tmp_path, tiny_model_dir, varied_env):
@@ -334,38 +382,3 @@ def test_a_stopped_or_killed_study_checkpoints_its_run_at_the_step_and_continues
         time.sleep(0.2)
     assert "the study is gone" in (run / "log.txt").read_text()
     done = _assert_checkpointed_at_its_step(run)
-
-
-def test_a_study_continues_on_a_machine_without_its_run_directories(tmp_path, tiny_model_dir, varied_env):
-    """With ``archive_dir`` every finished run leaves a small record; a study whose run directories are
-    gone (a fresh machine, the archive committed) restores them: nothing is rerun, the target is the
-    one the runs trained against, and the report (tables, token selections) is the same."""
-    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
-    over = ["target.scale=3.0", f"archive_dir={tmp_path / 'archive'}"]
-    logs: list[str] = []
-    before = run_study(load_study(path, over), log=logs.append).read_text()
-    assert sum("recorded in" in line for line in logs) == 2, logs
-    for method in METHODS:
-        rec = tmp_path / "archive" / "calc" / method / "s0"
-        assert sorted(p.name for p in rec.iterdir()) == sorted(
-            ["result.json", "metrics.jsonl", "config.yaml", "selections.json"]
-        )
-        assert len(read_metrics(rec)) == 2
-        assert len(json.loads((rec / "result.json").read_text())["warm_start_sha256"]) == 64
-    assert (tmp_path / "archive" / "calc" / "prep.json").exists()
-    assert json.loads((tmp_path / "archive" / "calc" / "stare_pi" / "s0" / "selections.json").read_text())
-    assert "Every run started from the warm start the probe measured" in before
-    shutil.rmtree(tmp_path / "runs")  # what a fresh machine has: the archive only
-
-    logs.clear()
-    after = run_study(load_study(path, over), log=logs.append).read_text()
-    assert any("2 finished runs restored from the archive" in line for line in logs), logs
-    assert any("2 runs, 2 already done" in line for line in logs), logs
-    assert any("restored from the archive" in line and "warm start" in line for line in logs), logs
-    assert not any(line.startswith("[") for line in logs), logs  # no run was launched
-
-    def tables(text: str) -> list[str]:  # everything but the header's timing line
-        return [line for line in text.splitlines() if line.startswith("|") or "started from" in line]
-
-    assert tables(after) == tables(before)
-    assert any(line.startswith("| stare_pi | ") and "`'" in line for line in tables(after))
