@@ -36,6 +36,7 @@ from typing import Any, Literal
 from agentrl import dataclass_tree
 from agentrl.config import Config, load_config
 from agentrl.env import Task
+from agentrl.models import resolve_model_path
 from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
 from agentrl.study import archive
@@ -264,29 +265,26 @@ def probe_tasks(cfg: Config, study: StudyConfig) -> list[Task]:
     return tasks[:n]
 
 
-def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] = print) -> dict[str, Any]:
+def prepare_family(
+    study: StudyConfig, family: str, log: Callable[[str], None] = print, report_only: bool = False
+) -> dict[str, Any]:
     """Warm start (cached), the initial entropy H0, H_tgt, and the warm start's held-out accuracy.
-    Cached in ``OUTPUT/FAMILY/prep.json`` (keyed by the warm start's path and the probe settings)."""
+    Cached in ``OUTPUT/FAMILY/prep.json`` (keyed by the warm start's cache key and the probe
+    settings). ``report_only``: a cached (or archived) measurement is returned without building the
+    warm start, which only the runs and the probe need."""
     cfg = load_config(study.families[family], family_overrides(study, family))
+    base = resolve_model_path(cfg.model.path)
+    key = _prep_key(study, build.warm_start_dir(cfg, base))
+    if report_only:
+        cached = _cached_prep(study, family, key, build.warm_start_dir(cfg, base), log)
+        if cached is not None:
+            return {**cached, "tokenizer": base}
     path = build.policy_path(cfg, log=log)
-    prep_file = Path(study.output_dir) / family / "prep.json"
-    target = asdict(study.target)
-    if target["probe"] == "sft_seed":  # the rule before the option existed: keep its cached results
-        del target["probe"]
-    else:
-        target["seeds"] = list(study.seeds)
-    # the warm start by its cache key (its directory's name), not its path: a record made on another
-    # machine, with another cache root, is the same warm start
-    key = {
-        "policy": Path(path).name,
-        "target": target,
-        "eval": [study.eval_k, study.eval_tasks],
-        "version": 3,
-    }
-    digest = _weights_digest(path)
-    cached = _cached_prep(study, family, key, path, digest, log)
+    cached = _cached_prep(study, family, key, path, log)
     if cached is not None:
-        return cached
+        return {**cached, "tokenizer": base}
+    prep_file = Path(study.output_dir) / family / "prep.json"
+    digest = _weights_digest(path)
     t0 = time.perf_counter()
     model, tokenizer = components.load_model(cfg, path)
     model.eval()
@@ -318,14 +316,30 @@ def prepare_family(study: StudyConfig, family: str, log: Callable[[str], None] =
     log(f"{family}: H0 = {h0:.4f} nats (branching {h0_branching:.3f}), H_tgt = {h_tgt:.4f}; probe reward "
         f"{prep['probe_reward']:.3f}; warm start held-out mean@{study.eval_k} {metrics['eval/mean@k']:.3f}, "
         f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}")  # fmt: skip
-    return prep
+    return {**prep, "tokenizer": base}
+
+
+def _prep_key(study: StudyConfig, warm_start: str) -> dict[str, Any]:
+    """What a family's measurement depends on. The warm start by its cache key (its directory's
+    name), not its path: a record made on another machine, with another cache root, is the same."""
+    target = asdict(study.target)
+    if target["probe"] == "sft_seed":  # the rule before the option existed: keep its cached results
+        del target["probe"]
+    else:
+        target["seeds"] = list(study.seeds)
+    return {
+        "policy": Path(warm_start).name,
+        "target": target,
+        "eval": [study.eval_k, study.eval_tasks],
+        "version": 3,
+    }
 
 
 def _cached_prep(
-    study: StudyConfig, family: str, key: dict, path: str, digest: str | None, log: Callable[[str], None]
+    study: StudyConfig, family: str, key: dict, path: str, log: Callable[[str], None]
 ) -> dict[str, Any] | None:
     """The family's ``prep.json`` (restored from the archive when the run directories are new) if it
-    was measured with ``key``; a warning when the warm start rebuilt here has other weights."""
+    was measured with ``key``; a warning when the warm start at ``path`` has other weights."""
     prep_file = Path(study.output_dir) / family / "prep.json"
     if study.archive_dir and archive.restore_prep(study.archive_dir, family, prep_file):
         log(f"{family}: the warm start's measurements restored from the archive {study.archive_dir}")
@@ -334,7 +348,8 @@ def _cached_prep(
     prep = json.loads(prep_file.read_text())
     if prep.get("key") != key:
         return None
-    if prep.get("policy_sha256", digest) != digest:
+    digest = _weights_digest(path)
+    if digest is not None and prep.get("policy_sha256", digest) != digest:
         log(f"WARNING {family}: the warm start rebuilt here ({path}, SHA-256 {digest}) differs from the "
             f"one the study measured (SHA-256 {prep['policy_sha256']}); the report names the runs that "
             "start from it")  # fmt: skip
@@ -447,7 +462,7 @@ def run_study(
     t0 = time.perf_counter()
     for spec in plan(study, {f: 1.0 for f in study.families}):  # every run's config, before any work
         load_config(study.families[spec.family], spec.overrides)
-    preps = {f: prepare_family(study, f, log) for f in study.families}
+    preps = {f: prepare_family(study, f, log, report_only=only_report) for f in study.families}
     if prepare_only:
         return None
     runs = plan(study, {f: p["target_entropy"] for f, p in preps.items()})

@@ -538,7 +538,10 @@ def _token_lines(prep: dict, by_method: dict[str, list[dict]]) -> list[str]:
     from transformers import AutoTokenizer
 
     dirs = {m: [Path(r["run_dir"]) for r in rs] for m, rs in by_method.items()}
-    tokenizer = AutoTokenizer.from_pretrained(prep["policy"])
+    # SFT leaves the tokenizer as it was: without the warm start here (a report of archived runs),
+    # the configured model's decodes the same ids
+    source = prep["policy"] if Path(prep["policy"]).is_dir() else prep["tokenizer"]
+    tokenizer = AutoTokenizer.from_pretrained(source)
     return token_lines(dirs, lambda tok: str(tokenizer.decode([tok])))
 
 

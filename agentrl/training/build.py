@@ -55,6 +55,17 @@ def warm_start_key(cfg: Config, base: str) -> str:
 KEY_FILE = "warm_start_key.txt"
 
 
+def warm_start_dir(cfg: Config, base: str | None = None) -> str:
+    """Where ``policy_path`` keeps (or would keep) the model RL starts from, without building it:
+    the configured model itself when SFT is off."""
+    base = base or resolve_model_path(cfg.model.path)
+    if not cfg.sft.enabled:
+        return base
+    if cfg.sft.cache:
+        return str(cache_root() / "warmstart" / warm_start_key(cfg, base))
+    return str(Path(cfg.run.output_dir or ".") / "warm_start")
+
+
 def policy_path(cfg: Config, log: Callable[[str], None] = print) -> str:
     """The model directory to start RL from: the configured model, warm-started by SFT first when
     ``sft.enabled``. With ``sft.cache`` the warm start is kept in the cache (``$AGENTRL_CACHE``) and
@@ -64,9 +75,7 @@ def policy_path(cfg: Config, log: Callable[[str], None] = print) -> str:
     if not cfg.sft.enabled:
         return base
     key = warm_start_key(cfg, base)
-    out = (
-        cache_root() / "warmstart" / key if cfg.sft.cache else Path(cfg.run.output_dir or ".") / "warm_start"
-    )
+    out = Path(warm_start_dir(cfg, base))
     stored = _read(out / KEY_FILE)  # a cache directory is named by its key (older ones have no key file)
     if (out / "config.json").exists() and (stored == key or (cfg.sft.cache and stored is None)):
         log(f"warm start: using {'cached ' if cfg.sft.cache else ''}SFT model {out}")

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agentrl.config import ConfigError
+from agentrl.config import ConfigError, load_config
 from agentrl.study import RunSpec, load_study, run_study
 from agentrl.study.archive import restore_runs
 from agentrl.study.report import band_fraction
+from agentrl.training import build
 from agentrl.transcripts import read_metrics
 from tests.helpers import ROOT
 from tests.helpers.user_files import one_turn_env
@@ -192,16 +193,25 @@ def _check_the_archive_restores_the_study(tmp_path: Path, path: Path, over: list
     assert "Every run started from the warm start the probe measured" in before
     shutil.rmtree(tmp_path / "runs")  # what a fresh machine has: the archive only
 
+    def tables(text: str) -> list[str]:  # everything but the header's timing line
+        return [line for line in text.splitlines() if line.startswith("|") or "started from" in line]
+
+    # --report-only neither trains nor builds the warm start (here: it is gone); the configured
+    # model's tokenizer decodes the selected tokens
+    with pytest.MonkeyPatch.context() as mp:
+        gone = tmp_path / "gone" / Path(str(build.warm_start_dir(load_config(tmp_path / "family.yaml")))).name
+        mp.setattr(build, "warm_start_dir", lambda cfg, base=None: str(gone))
+        mp.setattr(build, "policy_path", lambda *a, **k: pytest.fail("--report-only built the warm start"))
+        only = run_study(load_study(path, over), log=lambda _: None, only_report=True).read_text()
+    assert tables(only) == tables(before)
+    shutil.rmtree(tmp_path / "runs")
+
     logs: list[str] = []
     after = run_study(load_study(path, over), log=logs.append).read_text()
     assert any("2 finished runs restored from the archive" in line for line in logs), logs
     assert any("2 runs, 2 already done" in line for line in logs), logs
     assert any("restored from the archive" in line and "warm start" in line for line in logs), logs
     assert not any(line.startswith("[") for line in logs), logs  # no run was launched
-
-    def tables(text: str) -> list[str]:  # everything but the header's timing line
-        return [line for line in text.splitlines() if line.startswith("|") or "started from" in line]
-
     assert tables(after) == tables(before)
     assert any(line.startswith("| stare_pi | ") and "`'" in line for line in tables(after))
     # a record trained with other settings than the study now gives that run is not taken for it
