@@ -11,6 +11,7 @@ import copy
 import functools
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -63,6 +64,45 @@ def apply_threads(cfg: Config, log: Callable[[str], None] = print) -> None:
             f"{torch.get_num_threads()} threads: set run.threads to the cores this job has to itself (beside "
             "one busy process on 2 cores, 1 thread trained 1.8x faster than 2; docs/performance.md)"
         )
+
+
+def cpu_bf16_note(cfg: Config, device: torch.device, flags: set[str] | None = None) -> str | None:
+    """A warning when the run computes in bf16 on a CPU without bf16 instructions (x86 AVX-512 BF16
+    or AMX, Arm's BF16): torch then emulates the products, and they run many times slower than in
+    float32 (on an AVX2 EPYC, 2026-11-28: 6-30x, ``bench/bf16_backward.py``). None when the CPU has
+    them, nothing is bf16, or the CPU's flags cannot be read."""
+    bf16 = [
+        name
+        for name, on in (
+            ("trainer.bf16", cfg.trainer.bf16),
+            ("model.dtype=bfloat16", cfg.model.dtype == "bfloat16"),
+            ("rollout.dtype=bfloat16", cfg.rollout.dtype == "bfloat16"),
+        )
+        if on
+    ]
+    if device.type != "cpu" or not bf16:
+        return None
+    flags = cpu_flags() if flags is None else flags
+    if not flags or flags & {"avx512_bf16", "amx_bf16", "bf16"}:
+        return None
+    return (
+        f"warning: {', '.join(bf16)} on a CPU without bf16 instructions (no avx512_bf16, amx_bf16 or "
+        "bf16 in /proc/cpuinfo): torch emulates bf16 products here, many times slower than float32 "
+        "(6-30x measured on an AVX2 CPU). Set them off to train in float32 (docs/performance.md)"
+    )
+
+
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags from /proc/cpuinfo (x86 ``flags``, Arm ``Features``); empty elsewhere."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return set(value.split())
+    return set()
 
 
 def sandbox_spec(cfg: Config) -> SandboxSpec:

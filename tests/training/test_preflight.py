@@ -424,3 +424,21 @@ def test_a_prompt_longer_than_the_episode_budget_is_named(tmp_path, tiny_model_d
         "the prompt (system prompt, tool schemas, task) is longer than rollout.max_episode_tokens=36"
         in out.err
     )
+
+
+def test_bf16_on_a_cpu_without_bf16_instructions_is_said():
+    """On an AVX2 CPU torch emulates bf16 products: trainer.bf16 made a step slower, not faster."""
+    from agentrl.config import load_config
+    from agentrl.rollout import components
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    avx2, bf16_cpu = {"fpu", "avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16"}
+    bf16 = load_config(None, ["trainer.bf16=true", "rollout.dtype=bfloat16"])
+    note = components.cpu_bf16_note(bf16, cpu, avx2)
+    assert note and "trainer.bf16, rollout.dtype=bfloat16 on a CPU without bf16 instructions" in note
+    assert components.cpu_bf16_note(bf16, cpu, bf16_cpu) is None
+    assert components.cpu_bf16_note(bf16, cpu, {"fp", "asimd", "bf16"}) is None  # Arm's flag
+    assert components.cpu_bf16_note(bf16, gpu, avx2) is None
+    assert components.cpu_bf16_note(load_config(None, []), cpu, avx2) is None  # float32: nothing to say
+    assert components.cpu_bf16_note(bf16, cpu, set()) is None  # flags unknown: no guess
+    assert isinstance(components.cpu_flags(), set)
