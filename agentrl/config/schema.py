@@ -284,7 +284,7 @@ class TrainerConfig:
     share_prefix: bool = True
     """Run the prompt prefix a micro-batch shares (system prompt, tool schemas) once per forward instead of once per episode: same losses and gradients, less compute. Off in the gradient pass under DDP and gradient checkpointing, and in every pass under FSDP2."""
     bf16: bool = False
-    """bf16 compute in forward/backward (faster from ~15M parameters up): autocast with ``ddp``; FSDP2's mixed precision (bf16 parameters for compute, fp32 gradient reduction and master weights) with ``fsdp2``."""
+    """bf16 compute in forward/backward (faster from ~15M parameters up on a GPU or a CPU with bf16 instructions, AVX-512 BF16 or AMX; a CPU without them emulates bf16 many times slower than float32, and the trainer says so): autocast with ``ddp``; FSDP2's mixed precision (bf16 parameters for compute, fp32 gradient reduction and master weights) with ``fsdp2``."""
     checkpoint_every: int = knob(0, ge=0)
     """Save a checkpoint every N steps; 0 = only at the end."""
     keep_checkpoints: int = knob(2, ge=1)
