@@ -92,6 +92,12 @@ def cpu_bf16_note(cfg: Config, device: torch.device, flags: set[str] | None = No
     )
 
 
+def say_slow_bf16(cfg: Config, device: torch.device, log: Callable[[str], None]) -> None:
+    """Log ``cpu_bf16_note``'s warning, if there is one."""
+    if note := cpu_bf16_note(cfg, device):
+        log(note)
+
+
 def cpu_flags() -> set[str]:
     """The CPU's feature flags from /proc/cpuinfo (x86 ``flags``, Arm ``Features``); empty elsewhere."""
     try:

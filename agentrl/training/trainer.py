@@ -109,8 +109,7 @@ class Trainer:
         # data-parallel ranks under torchrun (ranks.py); a collective some rank never joins raises
         self.rank, self.world = ranks.init_from_env(timeout_s=cfg.timeouts.collective_s)
         self.device = components.device_of(cfg)
-        if slow_bf16 := components.cpu_bf16_note(cfg, self.device):
-            log(slow_bf16)
+        components.say_slow_bf16(cfg, self.device, log)  # emulated bf16 on this CPU: many times slower
         # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
         self.strategy = sharding.make_strategy(cfg.trainer, self.rank, self.world, self.device)
         if lora.enabled(cfg):  # target modules that match nothing fail before any work, too

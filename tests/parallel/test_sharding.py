@@ -165,9 +165,12 @@ def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(equal_updates
     reduce-scatter per optimizer step (``grad_reduce=step``) and one per micro-batch."""
     whole, accum = equal_updates["mb4"], equal_updates["mb1"]
     eager, keep = equal_updates["mb1_eager"], equal_updates["mb1_keep"]
-    assert_same_update(accum, whole, initial)
-    assert_same_update(eager, whole, initial)
-    assert_same_update(keep, whole, initial)
+    # 1 row against 4 rows per matrix product sums in another order: on an AVX2 EPYC (2026-11-28)
+    # the parameters differed by 1.09e-5 after the two steps (under 1e-5 on the AVX-512 machines)
+    tol = 2e-5
+    assert_same_update(accum, whole, initial, tol)
+    assert_same_update(eager, whole, initial, tol)
+    assert_same_update(keep, whole, initial, tol)
     assert whole["sharded"] and keep["sharded"]
 
 
