@@ -69,7 +69,7 @@ def apply_threads(cfg: Config, log: Callable[[str], None] = print) -> None:
 def cpu_bf16_note(cfg: Config, device: torch.device, flags: set[str] | None = None) -> str | None:
     """A warning when the run computes in bf16 on a CPU without bf16 instructions (x86 AVX-512 BF16
     or AMX, Arm's BF16): torch then emulates the products, and they run many times slower than in
-    float32 (on an AVX2 EPYC, 2026-11-28: 6-30x, ``bench/bf16_backward.py``). None when the CPU has
+    float32 (on an AVX2 EPYC, 2026-11-28: 6-70x, ``bench/bf16_backward.py --products``). None when the CPU has
     them, nothing is bf16, or the CPU's flags cannot be read."""
     bf16 = [
         name
@@ -88,7 +88,7 @@ def cpu_bf16_note(cfg: Config, device: torch.device, flags: set[str] | None = No
     return (
         f"warning: {', '.join(bf16)} on a CPU without bf16 instructions (no avx512_bf16, amx_bf16 or "
         "bf16 in /proc/cpuinfo): torch emulates bf16 products here, many times slower than float32 "
-        "(6-30x measured on an AVX2 CPU). Set them off to train in float32 (docs/performance.md)"
+        "(6-70x measured on an AVX2 CPU). Set them off to train in float32 (docs/performance.md)"
     )
 
 
