@@ -177,7 +177,11 @@ def test_concurrency_bound_and_batching(tiny_tokenizer):
     assert Waits.open_max == 3 and Waits.open_now == 0  # environments (sandbox sessions) bounded, all closed
     assert sum(runner.batch_sizes) == 9 * 4  # every turn generated exactly once
     assert max(runner.batch_sizes) <= 3
-    assert max(runner.batch_sizes) == 3  # episodes in lock step share engine calls
+    # episodes share engine calls. Three in lock step share each call on a quiet machine; under load
+    # (the fresh-clone CI on a 2-core AVX2 machine, 2026-11-28) an episode still in its fast tool is
+    # not waited for (``ready()`` counts only the episodes not busy), and calls of 2 and 1 alternate
+    assert max(runner.batch_sizes) >= 2
+    assert len(runner.batch_sizes) < 9 * 4  # fewer engine calls than turns
 
 
 def test_engine_error_fails_the_episodes_of_that_batch(tiny_tokenizer):
