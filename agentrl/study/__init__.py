@@ -39,7 +39,7 @@ from agentrl.env import Task
 from agentrl.models import resolve_model_path
 from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
-from agentrl.study import archive
+from agentrl.study import archive, sections
 from agentrl.study.report import write_report
 from agentrl.training import build
 from agentrl.training.batch import batch_forward, build_batch
@@ -122,6 +122,10 @@ class StudyConfig:
     """Where each finished run's record is kept, small enough to commit (``study/archive.py``): a
     study on a machine without its run directories restores the records instead of rerunning them.
     None = no archive."""
+    section_in: str | None = None
+    """Also write the report as a section of this markdown file (``study/sections.py``), e.g.
+    ``docs/results.md`` for a study that belongs beside another study's results; that file's own study
+    keeps the section when it rewrites the file. None = the report in ``report_dir`` only."""
     reduced: Reduced = field(default_factory=Reduced)
 
 
@@ -198,6 +202,7 @@ def _reduce(cfg: StudyConfig, path: str | Path) -> StudyConfig:
     cfg.output_dir = str(Path(cfg.output_dir) / "reduced")
     cfg.report_dir = str(Path(cfg.report_dir) / "reduced")
     cfg.archive_dir = None
+    cfg.section_in = None
     return cfg
 
 
@@ -482,6 +487,10 @@ def run_study(
         _stop_runs([proc for _, proc, _ in active], log)
     report = write_report(study, preps, runs, wall_seconds=time.perf_counter() - t0)
     log(f"study report: {report}")
+    if study.section_in:
+        target = Path(study.section_in)
+        sections.embed(target, study.name, sections.section(study.name, report, target))
+        log(f"study report: also a section of {target}")
     return report
 
 

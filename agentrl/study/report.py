@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.study import sections
 from agentrl.study.archive import warm_start_lines
 from agentrl.study.tokens import token_lines
 from agentrl.transcripts import read_metrics
@@ -414,6 +415,9 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
         }
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     path = out / "results.md"
+    lines += [
+        x for block in sections.others(path, study.name) for x in ("", block)
+    ]  # other studies' sections
     path.write_text("\n".join(lines) + "\n")
     return path
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -170,10 +171,20 @@ def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_
     assert cfg["algorithm"]["stare"]["target_entropy"] == pytest.approx(prep["target_entropy"], rel=1e-5)
     assert cfg["sft"]["seed"] == 0 and cfg["run"]["seed"] == 0
     assert not (tmp_path / "runs" / "calc" / "grpo_ds" / "s0" / "failed.json").exists()
-    # rerun: nothing is trained again, the report is rewritten
+    # rerun: nothing is trained again, the report is rewritten, here also as a section of another
+    # study's results file (docs/results.md holds the real-model study's report so)
     logs.clear()
-    run_study(load_study(path, over), log=logs.append)
+    other = tmp_path / "docs" / "results.md"
+    other.parent.mkdir()
+    other.write_text("# Another study\n\nIts own tables.\n")
+    run_study(load_study(path, [*over, f"section_in={other}"]), log=logs.append)
     assert any("2 runs, 2 already done" in line for line in logs), logs
+    merged = other.read_text()
+    assert merged.startswith("# Another study\n\nIts own tables.\n") and "\n### calc\n" in merged
+    links = re.findall(r"\]\(([^)#]+)", merged.split("<!-- agentrl study section: micro -->")[1])
+    assert any(link.endswith("study_calc_entropy.png") for link in links), links
+    for link in links:  # every link of the section, images included, resolves from its new folder
+        assert (other.parent / link).exists(), link
     _check_the_archive_restores_the_study(tmp_path, path, over, text)
 
 
