@@ -440,6 +440,7 @@ def _launch(spec: RunSpec, config_path: str, threads: int) -> subprocess.Popen:
     Path(spec.out).mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     env["AGENTRL_TORCH_THREADS"] = str(threads)
+    env["AGENTRL_STUDY_PID"] = str(os.getpid())  # the run stops when its parent is no longer this
     payload = json.dumps({"spec": asdict(spec), "config": config_path})
     log = open(Path(spec.out) / "log.txt", "a")  # noqa: SIM115 - closed with the process below
     # its own session: a Ctrl-C at the terminal reaches the study, which stops its runs once (below);
@@ -559,10 +560,12 @@ def _stop_when_orphaned(poll_s: float = 0.5) -> None:
     """A daemon thread: when this run's study is gone (its parent changed: the study was killed),
     SIGTERM to this process once, so the run finishes its step and checkpoints it. (The kernel's
     parent-death signal is not used: it can arrive once per exiting thread of the parent, and a
-    second SIGTERM means "stop now".)"""
+    second SIGTERM means "stop now".) The study is the pid it put in ``AGENTRL_STUDY_PID``, not the
+    parent this process finds once its imports are done: a study killed in those seconds has already
+    handed the run to init, and the run would train on alone (it did, 2026-11-28)."""
     import threading
 
-    parent = os.getppid()
+    parent = int(os.environ.get("AGENTRL_STUDY_PID") or os.getppid())
 
     def watch() -> None:
         while os.getppid() == parent:
@@ -574,9 +577,9 @@ def _stop_when_orphaned(poll_s: float = 0.5) -> None:
 
 
 def _child_main(payload: str) -> int:
+    _stop_when_orphaned()
     import torch
 
-    _stop_when_orphaned()
     torch.set_num_threads(int(os.environ.get("AGENTRL_TORCH_THREADS", "1")))
     data = json.loads(payload)
     try:

@@ -370,6 +370,30 @@ def _assert_checkpointed_at_its_step(run: Path) -> int:
     return len(steps)
 
 
+def test_a_run_whose_study_died_before_it_started_watching_stops(monkeypatch):
+    """A study killed in the seconds a run spends on its imports has already handed the run to init
+    when the run starts watching: the run compares its parent with the study's pid
+    (``AGENTRL_STUDY_PID``), not with the parent it finds then, and stops at once."""
+    import os
+    import signal
+    import threading
+
+    from agentrl import study
+
+    killed = threading.Event()
+    sent: list[tuple[int, int]] = []
+
+    def kill(pid: int, sig: int) -> None:
+        sent.append((pid, sig))
+        killed.set()
+
+    monkeypatch.setattr(os, "kill", kill)
+    monkeypatch.setenv("AGENTRL_STUDY_PID", str(os.getppid() + 1_000_000))  # a study that is gone
+    study._stop_when_orphaned(poll_s=0.01)
+    assert killed.wait(5.0), "the run kept training after its study was gone"
+    assert sent == [(os.getpid(), signal.SIGTERM)]
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not Path("/proc/self/task").exists(), reason="needs Linux /proc")
 def test_a_stopped_or_killed_study_checkpoints_its_run_at_the_step_and_continues(
