@@ -308,9 +308,12 @@ class RolloutPool:
         return out
 
     def shutdown(self) -> None:
+        """Kill the workers; also on a pool whose constructor stopped before its weights existed
+        (workers too slow to load the policy), so that the constructor's own error is the one raised."""
         import ray
 
-        self.weights.broadcast.leave()
+        if hasattr(self, "weights"):
+            self.weights.broadcast.leave()
         for w in self.workers:
             ray.kill(w)
         self.workers = []

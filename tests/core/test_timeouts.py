@@ -183,7 +183,7 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
             "rollout.workers=1",
             "rollout.max_tokens_per_turn=4",
             "rollout.max_episode_tokens=64",
-            "timeouts.ray_call_s=60",  # starting a worker (loading the policy) may take a while here
+            "timeouts.ray_call_s=180",  # starting a worker (imports, the policy) takes 15-60 s on 2 busy cores
         ],
     )
     pool = RolloutPool.from_config(cfg, str(tiny_model_dir))
@@ -220,6 +220,25 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
 
 
 # -- sandboxes ---------------------------------------------------------------------------------------
+@pytest.mark.ray
+@pytest.mark.slow  # a Ray worker process starts and is killed: ~5-20 s
+def test_workers_too_slow_to_start_stop_the_pool_with_the_timeout(ray_local, tmp_path, tiny_model_dir):
+    """No worker can load the policy within ``ray_call_s``: the pool kills its workers and raises the
+    timeout naming them and the setting (it raised an AttributeError from its own cleanup, found when
+    a busy machine made a worker take over 60 s to start)."""
+    from agentrl.rollout.ray_workers import RolloutPool
+
+    cfg = load_config(
+        None,
+        [f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'run'}", "run.device=cpu",
+         "rollout.workers=1", "timeouts.ray_call_s=0.5"],
+    )  # fmt: skip
+    with pytest.raises(
+        WaitTimeout, match=r"rollout workers \[0\] loading the policy .*ray_call_s=0.5s.*stopped the pool"
+    ):
+        RolloutPool.from_config(cfg, str(tiny_model_dir))
+
+
 @pytest.mark.docker
 def test_a_container_that_stops_reading_cannot_block_a_cell():
     """A paused container never reads its stdin: sending it a 4 MiB cell filled the pipes and blocked
