@@ -147,7 +147,8 @@ def _cell(xs: Sequence[float], fmt: str = "{:.3f}", pct: bool = False) -> str:
         return "–"
     if pct:
         return f"{100 * m:.0f} % ± {100 * sd:.0f}" if len(xs) > 1 else f"{100 * m:.0f} %"
-    return (fmt.format(m) + " ± " + fmt.format(sd)) if len(xs) > 1 else fmt.format(m)
+    # a spread has no sign, even where the mean's format shows one ("+0.040 ± 0.003")
+    return (fmt.format(m) + " ± " + fmt.replace("+", "").format(sd)) if len(xs) > 1 else fmt.format(m)
 
 
 def _line_style(i: int) -> str:
