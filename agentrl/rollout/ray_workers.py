@@ -212,6 +212,18 @@ class RolloutPool:
         self.call_timeout_s = cfg.timeouts.ray_call_s
         """How long any call to a worker may go unanswered before the worker counts as dead."""
         self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
+        self.events: list[str] = []
+        """Worker deaths, retries and replacements, for logs and tests."""
+        # built before the workers start (it only records settings), so that ``shutdown`` works on a
+        # pool whose workers never finished starting
+        self.weights = PoolWeights(
+            cfg.rollout.sync.transport,
+            cfg.timeouts.weight_sync_s,
+            cluster=bool(cfg.rollout.ray_address),
+            workers=lambda: self.workers,
+            answers=self._answers,
+            events=self.events,
+        )
         self.workers = [self._spawn() for _ in range(workers)]
         late, _ = ping(
             self.workers, list(range(workers)), self.call_timeout_s
@@ -225,16 +237,6 @@ class RolloutPool:
                 note="; stopped the pool",
             )
         ray.get([w.pid.remote() for w in self.workers])  # raises a worker's start error, if one failed
-        self.events: list[str] = []
-        """Worker deaths, retries and replacements, for logs and tests."""
-        self.weights = PoolWeights(
-            cfg.rollout.sync.transport,
-            cfg.timeouts.weight_sync_s,
-            cluster=bool(cfg.rollout.ray_address),
-            workers=lambda: self.workers,
-            answers=self._answers,
-            events=self.events,
-        )
 
     @classmethod
     def from_config(cls, cfg: Config, path: str) -> RolloutPool:
@@ -308,12 +310,9 @@ class RolloutPool:
         return out
 
     def shutdown(self) -> None:
-        """Kill the workers; also on a pool whose constructor stopped before its weights existed
-        (workers too slow to load the policy), so that the constructor's own error is the one raised."""
         import ray
 
-        if hasattr(self, "weights"):
-            self.weights.broadcast.leave()
+        self.weights.broadcast.leave()
         for w in self.workers:
             ray.kill(w)
         self.workers = []

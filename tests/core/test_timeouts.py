@@ -219,7 +219,6 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
         pool.shutdown()
 
 
-# -- sandboxes ---------------------------------------------------------------------------------------
 @pytest.mark.ray
 @pytest.mark.slow  # a Ray worker process starts and is killed: ~5-20 s
 def test_workers_too_slow_to_start_stop_the_pool_with_the_timeout(ray_local, tmp_path, tiny_model_dir):
@@ -239,6 +238,7 @@ def test_workers_too_slow_to_start_stop_the_pool_with_the_timeout(ray_local, tmp
         RolloutPool.from_config(cfg, str(tiny_model_dir))
 
 
+# -- sandboxes ---------------------------------------------------------------------------------------
 @pytest.mark.docker
 def test_a_container_that_stops_reading_cannot_block_a_cell():
     """A paused container never reads its stdin: sending it a 4 MiB cell filled the pipes and blocked
