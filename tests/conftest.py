@@ -1,5 +1,9 @@
 """Shared fixtures: a tiny tokenizer and model built once per session (see helpers/fixtures_models.py), and
-an isolated cache directory so tests never touch the user's ~/.cache/agentrl."""
+an isolated cache directory so tests never touch the user's ~/.cache/agentrl.
+
+scripts/test.sh runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``); every
+``ray``-marked test joins one xdist group, so one worker runs them in turn and no two local Ray
+clusters start at once on the two cores."""
 
 from __future__ import annotations
 
@@ -12,6 +16,14 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 from tests.helpers.fixtures_models import *  # noqa: F403
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items):
+    """The ``ray`` tests in one xdist group (a no-op without ``--dist loadgroup``)."""
+    for item in items:
+        if item.get_closest_marker("ray") is not None:
+            item.add_marker(pytest.mark.xdist_group("ray"))
 
 
 @pytest.fixture(scope="session", autouse=True)
