@@ -58,7 +58,7 @@ while [ "$#" -gt 0 ]; do
   if [ "$1" = "-m" ] && [ "$#" -gt 1 ]; then marks="($2) and $marks"; shift 2; else args+=("$1"); shift; fi
 done
 # Two pytest-xdist workers, one per core (the Ray tests share one worker: tests/conftest.py): the suite
-# takes ~18 % less time than serially, as many of its tests wait on subprocesses and sockets.
+# took 19 % less time than serially (README, 2026-11-28), as many of its tests wait on subprocesses and sockets.
 .venv/bin/python -m pytest -n 2 --dist loadgroup -m "$marks" -q --durations=25 ${args[@]+"${args[@]}"} || status=$?
 bash .ci/docker_setup.sh stop
 phase "test suite" "$t"
