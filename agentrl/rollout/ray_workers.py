@@ -310,6 +310,8 @@ class RolloutPool:
         return out
 
     def shutdown(self) -> None:
+        """Leave the weight broadcast and kill the workers (also on a pool whose workers never
+        finished starting: the constructor's own timeout is then the error raised)."""
         import ray
 
         self.weights.broadcast.leave()
