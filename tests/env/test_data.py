@@ -254,6 +254,11 @@ def builtin_task_sets():
             continue  # no built-in tasks: data comes from a dataset adapter
         except OptionsRequired:
             continue  # its tasks come from what the options name (verifiers: a taskset)
+        except ValueError as e:  # its data is a registry artifact this machine could not install
+            if "not installed" not in str(e):
+                raise
+            yield pytest.param(name, marks=pytest.mark.skip(reason=f"{name}: {e}"))
+            continue
         yield name
 
 
