@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU check: runs the tests marked `gpu` (tests/test_gpu.py) when torch sees a CUDA device, and
 # says why it skips otherwise. Uses .venv (bash scripts/setup.sh) when present, else python3 (the GPU
-# machine's own torch and transformers; its wheels for the rest: docs/scaling.md). Extra arguments
-# go to pytest. Not part of .ci/run: CI machines have no GPU.
+# machine's own torch and transformers; its wheels for the rest: docs/scaling.md). The scale path's
+# one-GPU part (a Ray worker sharing the GPU, weights over CUDA IPC) needs ray: without it that test
+# skips saying so. Extra arguments go to pytest. Not part of .ci/run: CI machines have no GPU.
+# Written to take under 5 minutes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
@@ -14,4 +16,5 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 "$PY" -c "import torch, transformers; print(f'torch {torch.__version__}, CUDA {torch.version.cuda}, transformers {transformers.__version__}')"
-exec "$PY" -m pytest -m gpu -v -s -p no:cacheprovider tests/test_gpu.py "$@"
+"$PY" -c "import importlib.util as u; print('ray', 'installed' if u.find_spec('ray') else 'not installed: the Ray worker test will skip')"
+exec "$PY" -m pytest -m gpu -v -s -p no:cacheprovider --durations=0 tests/test_gpu.py "$@"

@@ -1,5 +1,7 @@
 """The GPU check (``bash scripts/gpu_check.sh``): the trainer, the HF engine, FSDP2 and LoRA on CUDA,
-engine/trainer log-prob parity there, and ``agentrl plan`` against ``torch.cuda.max_memory_allocated``.
+engine/trainer log-prob parity there, ``agentrl plan`` against ``torch.cuda.max_memory_allocated``, a
+Ray rollout worker sharing the GPU with the trainer and taking its weights over CUDA IPC, and
+``run.deterministic`` repeating a run bit for bit.
 
 Marked ``gpu``; each test skips, saying why, when torch sees no CUDA device (CI machines have none).
 Models are built locally: the GPU machine reaches no hub.
@@ -9,6 +11,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +183,53 @@ def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
         f"{strategy}: plan {estimate / 2**30:.3f} GiB, measured peak {peak / 2**30:.3f} GiB ({peak / estimate:.2f}x)"
     )
     assert peak == pytest.approx(estimate, rel=0.35)
+
+
+def test_a_ray_worker_sharing_the_gpu_takes_its_weights_over_cuda_ipc(tmp_path, tiny_model_dir):
+    """The scale path on one GPU: the trainer and one Ray rollout worker share it
+    (``rollout.worker_gpus=0.5``: a local Ray is given the trainer's own GPU, the only one), the
+    worker's HF engine binds to it, each update reaches the worker through CUDA IPC handles to the
+    trainer's GPU memory, and every sync is verified (checksums and probe) in the worker."""
+    pytest.importorskip("ray", reason="ray is not installed here (the GPU machine has none: docs/scaling.md)")
+    import ray
+
+    from agentrl.training.trainer import Trainer
+
+    extra = ("rollout.workers=1", "rollout.worker_gpus=0.5", "rollout.sync.transport=cuda_ipc")
+    trainer = Trainer(load_config(None, overrides(tiny_model_dir, tmp_path / "run", *extra)), log=print)
+    pool = trainer.engine
+    try:
+        (given,) = pool.placements()
+        print(f"worker placement: {given}")
+        mine = str(torch.cuda.get_device_properties(0).uuid)
+        assert given["engine_device"].startswith("cuda") and given["ray_gpu_ids"] == [given["cuda_0_is_gpu"]]
+        assert ray.get(pool.workers[0].gpu_uuid.remote()) == mine  # the trainer's GPU
+        for step in range(2):
+            out = trainer.train_step(step)
+            print({k: v for k, v in out.metrics.items() if k.startswith(("sync/", "time/sync"))})
+            assert out.metrics["sync/verified"] == 1.0 and out.metrics["sync/probe_max_abs_diff"] < 1e-3
+        assert pool.version == 2
+    finally:
+        pool.shutdown()
+        ray.shutdown()
+
+
+def test_deterministic_mode_repeats_a_run_bit_for_bit(tmp_path, tiny_model_dir):
+    """``run.deterministic=true`` on CUDA, each run in a process of its own without
+    CUBLAS_WORKSPACE_CONFIG (this one's CUDA has started): the trainer sets it before CUDA starts, and
+    two runs with the same seed end with the same metrics and the same weights. A third run without
+    the mode gives the cost (printed)."""
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    runs = {"a": "true", "b": "true", "plain": "false"}
+    for name, on in runs.items():
+        cmd = [sys.executable, "-m", "agentrl.cli", "train", *overrides(tiny_model_dir, tmp_path / name)]
+        cmd += [f"run.deterministic={on}", "trainer.bf16=true", "trainer.checkpoint_every=3"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = {n: [json.loads(x) for x in lines(tmp_path / n / "metrics.jsonl")] for n in runs}
+    same = [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows["a"]]
+    assert same == [{k: v for k, v in r.items() if not k.startswith("time/")} for r in rows["b"]]
+    weights = [(tmp_path / n / "checkpoints" / "step_3" / "model.safetensors").read_bytes() for n in "ab"]
+    assert weights[0] == weights[1]
+    step_s = {n: sum(r["time/step_s"] for r in rows[n][1:]) / 2 for n in runs}
+    print(f"step time after the first, deterministic vs not: {step_s['a']:.3f} s vs {step_s['plain']:.3f} s")

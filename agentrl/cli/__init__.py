@@ -256,7 +256,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl.training.plan import plan, render
 
-    p = plan(cfg, gpus=args.gpus, gpu_memory_gib=args.gpu_memory, nodes=args.nodes)
+    p = plan(
+        cfg,
+        gpus=args.gpus,
+        gpu_memory_gib=args.gpu_memory,
+        nodes=args.nodes,
+        ranks_per_node=args.ranks_per_node,
+    )
     print(render(p))
     return 0 if p.fits else 1
 
@@ -550,10 +556,17 @@ def build_parser() -> argparse.ArgumentParser:
     sp.set_defaults(fn=cmd_export)
     sp = with_config(
         "plan",
-        "per-GPU memory of a config (weights, gradients, optimizer, activations, engine, KV cache) and whether it fits",
+        "where every process of a config lives (trainer ranks, engines, Ray workers, process groups) and the "
+        "memory each GPU must hold, term by term; exit 1 when it does not fit or cannot be placed",
     )
     sp.add_argument("--gpus", type=int, default=1, help="GPUs per node (default 1)")
     sp.add_argument("--nodes", type=int, default=1, help="nodes (default 1)")
+    sp.add_argument(
+        "--ranks-per-node",
+        type=int,
+        help="trainer ranks per node, torchrun's --nproc_per_node (default: one per GPU, less the whole "
+        "GPUs local Ray workers take)",
+    )
     sp.add_argument("--gpu-memory", type=float, default=80.0, help="memory per GPU in GiB (default 80)")
     sp.set_defaults(fn=cmd_plan)
     sp = sub.add_parser("study", help="run the entropy-stability study and write its report")

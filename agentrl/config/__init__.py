@@ -325,12 +325,42 @@ def _mode_problems(cfg: Config) -> Iterator[tuple[str, str]]:
             "rollout.on_stale=drop with rollout.max_staleness=0 drops every batch sampled during an update: "
             "use rollout.on_stale=wait (K = 0 then trains exactly like trainer.mode=sync) or max_staleness >= 1",
         )
-    if ro.sync.transport == "broadcast" and ro.workers == 0:
+    if ro.sync.transport != "object_store" and ro.workers == 0:
         yield (
             "rollout.sync.transport",
-            "rollout.sync.transport=broadcast sends the weights from the trainer to Ray rollout workers, but "
-            "rollout.workers=0 runs the engine in the trainer's process (it takes the tensors directly): "
-            "set rollout.workers >= 1 or rollout.sync.transport=object_store",
+            f"rollout.sync.transport={ro.sync.transport} sends the weights from the trainer to Ray rollout "
+            "workers, but rollout.workers=0 runs the engine in the trainer's process (it takes the tensors "
+            "directly): set rollout.workers >= 1 or rollout.sync.transport=object_store",
+        )
+    if ro.worker_gpus is not None and ro.workers == 0:
+        yield (
+            "rollout.worker_gpus",
+            f"rollout.worker_gpus={ro.worker_gpus:g} is the GPU share of each Ray rollout worker, but "
+            "rollout.workers=0 runs the engine in the trainer's process: set rollout.workers >= 1 or leave "
+            "rollout.worker_gpus unset",
+        )
+    u, w = ro.vllm.gpu_memory_utilization, ro.worker_gpus
+    if ro.workers > 0 and ro.engine == "vllm" and w is not None and 0 < w < 1 and u > w:
+        yield (
+            "rollout.vllm.gpu_memory_utilization",
+            f"rollout.vllm.gpu_memory_utilization={u:g} is the share of a GPU each worker's vLLM engine "
+            f"reserves, but rollout.worker_gpus={w:g} gives each worker only {w:g} of one (the others on the "
+            f"GPU would find no memory): set gpu_memory_utilization <= {w:g}",
+        )
+    tp = ro.vllm.tensor_parallel_size if ro.engine == "vllm" else 1
+    if tp > 1 and ro.sync.verify != "off":
+        yield (
+            "rollout.sync.verify",
+            f"rollout.vllm.tensor_parallel_size={tp}: the weight sync's proof reads whole tensors from the "
+            "engine, and each of its GPUs holds a slice: set rollout.sync.verify=off (the gathering read is "
+            "not written)",
+        )
+    if tp > 1 and ro.workers == 0 and cfg.trainer.mode == "async":
+        yield (
+            "trainer.mode",
+            f"trainer.mode=async with a colocated vLLM engine of rollout.vllm.tensor_parallel_size={tp}: the "
+            "ranks of a tensor-parallel group follow their leader's generation calls in the trainer's main "
+            "thread, which async mode keeps for the update; use trainer.mode=sync, or rollout.workers > 0",
         )
     if ro.colocate.sleep:
         yield from _colocate_problems(cfg)

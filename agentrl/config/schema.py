@@ -127,8 +127,8 @@ class SyncConfig:
     """Length of the probe sequence whose log-probs the engine and the trainer compare."""
     probe_atol: float | None = knob(None, gt=0)
     """Largest allowed |engine − trainer| probe log-prob difference. None = 1e-3 when the engine and the trainer's probe forward both compute in float32, 0.5 when either computes in a 16-bit dtype (a bfloat16 engine, FSDP2's bf16 mixed precision: on SmolLM2-135M a correct bf16 engine differs from the fp32 trainer by up to 0.36, measured by bench/bf16_numerics.py)."""
-    transport: Literal["object_store", "broadcast"] = "object_store"
-    """How the buckets reach Ray rollout workers (``rollout.workers`` > 0; with in-process engines it is an error): ``object_store`` = each bucket is put in Ray's object store once and every worker copies it; ``broadcast`` = a collective broadcast from the trainer (rank 0) to the workers (ranks 1..N) in a process group of the sync's own, built at the first sync from a TCPStore the trainer hosts (torch.distributed's default group is not touched): gloo when the trainer's weights are on the CPU, NCCL on a GPU (the NCCL path has not yet run on a GPU). The group is rebuilt when a worker is replaced; its timeout is ``timeouts.weight_sync_s``, and the workers must join within half of it."""
+    transport: Literal["object_store", "broadcast", "cuda_ipc"] = "object_store"
+    """How the buckets reach Ray rollout workers (``rollout.workers`` > 0; with in-process engines it is an error): ``object_store`` = each bucket is put in Ray's object store once and every worker copies it (any placement); ``broadcast`` = a collective broadcast from the trainer (rank 0) to the workers (ranks 1..N) in a process group of the sync's own, built at the first sync from a TCPStore the trainer hosts (torch.distributed's default group is not touched): gloo when the trainer's weights are on the CPU, NCCL on a GPU, where every member needs a GPU of its own (NCCL refuses two ranks on one device). The group is rebuilt when a worker is replaced; its timeout is ``timeouts.weight_sync_s``, and the workers must join within half of it; ``cuda_ipc`` = the workers copy each bucket straight from the trainer's GPU memory through CUDA IPC handles (workers that share trainer rank 0's GPU, ``rollout.worker_gpus`` < 1 on a machine whose GPUs all hold a trainer rank). ``agentrl plan`` refuses a transport the placement cannot use. The NCCL and CUDA IPC paths have not yet run on a GPU."""
 
 
 @dataclass
@@ -168,7 +168,11 @@ class RolloutConfig:
     runner: Literal["lockstep", "async"] = "lockstep"
     """``lockstep`` = all active episodes generate a turn together, then all step; ``async`` = each episode asks for its next turn as soon as its observation is ready (continuous batching: a slow tool stalls only its own episode)."""
     workers: int = knob(0, ge=0)
-    """Rollout workers: 0 = in-process; N = N Ray workers."""
+    """Rollout workers: 0 = in-process; N = N Ray workers (trainer rank 0 owns them and runs every episode on them)."""
+    worker_gpus: float | None = knob(None, ge=0)
+    """GPUs each Ray worker asks Ray for, and gets as its ``CUDA_VISIBLE_DEVICES``: a fraction of one GPU (0.5: two workers share a GPU, or a worker shares the trainer's GPU when the trainer uses every GPU of the node) or a whole number (with vLLM, ``rollout.vllm.tensor_parallel_size``). None = 0 on a CPU run, else ``rollout.vllm.tensor_parallel_size`` with vLLM and 1 with the HF engine. A local Ray is given the node's GPUs no trainer rank uses (``agentrl plan`` prints the map)."""
+    worker_placement: Literal["pack", "spread"] = "pack"
+    """How the workers' bundles (one Ray placement group, a bundle ``{CPU: 1, GPU: worker_gpus}`` per worker) are placed: ``pack`` = on as few nodes as possible (Ray's PACK), ``spread`` = across nodes (Ray's SPREAD). A replaced worker takes its bundle, and so its GPUs, again."""
     ray_address: str | None = None
     """Ray cluster to join (``auto`` or ``ray://host:port``). None = start a local one when ``workers`` > 0."""
     max_staleness: int = knob(0, ge=0)

@@ -51,6 +51,28 @@ def sampled(name: str, t: Tensor) -> Tensor:
     return t[torch.unravel_index(idx, t.shape)].cpu()
 
 
+def sampled_many(named: Sequence[tuple[str, Tensor]]) -> list[Tensor]:
+    """``sampled`` of each (name, tensor), with one copy of the indices to each device and one read
+    back from it: the samples are taken on the tensors' device and their bytes concatenated there,
+    so a bucket on a GPU costs two transfers instead of two per tensor."""
+    out: list[Tensor | None] = [None] * len(named)
+    by_device: dict[torch.device, list[int]] = {}
+    for i, (_, t) in enumerate(named):
+        by_device.setdefault(t.device, []).append(i)
+    for device, which in by_device.items():
+        idx = [sample_indices(named[i][0], named[i][1].numel()) for i in which]
+        on_device = torch.cat(idx).to(device).split([len(x) for x in idx])  # [sum of samples]: one copy
+        values = []
+        for i, ix in zip(which, on_device):
+            t = named[i][1].detach()
+            v = t.reshape(-1)[ix] if t.is_contiguous() else t[torch.unravel_index(ix, t.shape)]
+            values.append(v.contiguous().view(torch.uint8))  # [samples · element size] bytes
+        raw = torch.cat(values).cpu().split([len(v) for v in values])  # one read back
+        for i, b in zip(which, raw):
+            out[i] = b.clone().view(named[i][1].dtype)  # its own storage: aligned for the dtype
+    return out  # type: ignore[return-value]
+
+
 def checksum(shape: Sequence[int], values: Tensor) -> str:
     """``dtype:shape:digest`` of sampled ``values`` (the digest hashes their bytes)."""
     raw = values.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()

@@ -44,7 +44,7 @@ from agentrl.engines.base import (
     per_prompt_params,
     weight_items,
 )
-from agentrl.engines.fingerprint import probe_logprobs, tensor_checksum
+from agentrl.engines.fingerprint import checksum, probe_logprobs, sampled_many
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import pays_off as lean_pays_off
 from agentrl.engines.lean_decode import supports as lean_supports
@@ -200,7 +200,9 @@ class HFEngine:
         """Checksums of the live ``state_dict()`` tensors (those it samples with) and the probe's
         log-probs from its own forward."""
         own = self.model.state_dict()
-        sums = {n: tensor_checksum(n, own[n]) if n in own else "" for n in names}
+        present = [(n, own[n]) for n in names if n in own]
+        values = dict(zip((n for n, _ in present), sampled_many(present)))  # one read back
+        sums = {n: checksum(tuple(own[n].shape), values[n]) if n in own else "" for n in names}
         with torch.inference_mode():
             logprobs = probe_logprobs(self.model, probe_ids, self.device)
         dtype = str(next(self.model.parameters()).dtype).removeprefix("torch.")

@@ -78,6 +78,7 @@ class VLLMEngine:
         kv_cache_space_gib: float = 1.0,
         max_model_len: int | None = None,
         enable_sleep_mode: bool = False,
+        distributed_executor_backend: str | None = None,
         **llm_kwargs: Any,
     ) -> None:
         if enable_sleep_mode and device == "cpu":
@@ -110,6 +111,11 @@ class VLLMEngine:
             )
         if enable_sleep_mode:
             kwargs["enable_sleep_mode"] = True
+        if distributed_executor_backend:  # components.vllm_distributed: external_launcher, mp
+            kwargs["distributed_executor_backend"] = distributed_executor_backend
+            if device == "cpu":
+                kwargs["tensor_parallel_size"] = tensor_parallel_size
+        self.in_process = distributed_executor_backend == "external_launcher"  # buckets go as tensors
         self.llm = vllm.LLM(**kwargs, **llm_kwargs)
         self.device, self.dtype = device, dtype
         self._asleep: set[str] = set()  # the parts of the engine's memory that are released
@@ -149,11 +155,15 @@ class VLLMEngine:
             raise
 
     def load_weight_bucket(self, bucket: Bucket) -> None:
-        """One ``collective_rpc`` per bucket. On CUDA, with the tensors on a GPU of this node: their
-        CUDA IPC handles (the worker copies from the trainer's GPU memory, no host round trip; not
-        yet run on a GPU). Otherwise a safetensors blob in host memory."""
+        """One ``collective_rpc`` per bucket. Under torchrun (``external_launcher``) the worker runs
+        in this process and takes the tensors as they are (a CUDA IPC handle cannot be opened by the
+        process that made it). On CUDA, with the tensors on a GPU of this node: their CUDA IPC handles
+        (the worker process copies from the trainer's GPU memory, no host round trip). Otherwise a
+        safetensors blob in host memory. Neither CUDA path has run on a GPU yet."""
         items = [(n, t.detach()) for n, t in bucket]
-        if self.device == "cuda" and items and all(t.is_cuda for _, t in items):
+        if self.in_process:  # the worker is in this process: the tensors themselves, no copy
+            self.llm.collective_rpc("agentrl_load_bucket_tensors", args=(items,))
+        elif self.device == "cuda" and items and all(t.is_cuda for _, t in items):
             from agentrl.engines.vllm_worker import cuda_ipc_blob
 
             alive = [(n, t.contiguous()) for n, t in items]  # kept until the worker has copied them

@@ -67,23 +67,17 @@ class WeightSyncExtension:
 
         return self._load(load(blob))
 
+    def agentrl_load_bucket_tensors(self, items: list[tuple[str, torch.Tensor]]) -> int:
+        """A bucket as the tensors themselves, from an engine in this process (vLLM's
+        ``external_launcher`` runs its worker in the trainer's rank: ``collective_rpc`` is a call)."""
+        return self._load(dict(items))
+
     def agentrl_load_bucket_ipc(self, blob: bytes) -> int:
         """A bucket as CUDA IPC handles (``cuda_ipc_blob``, from a trainer on this node): the
         trainer's GPU memory is opened here and the model's loaders copy from it, with no host round
         trip. The handles name the sender's device by its index there; it is replaced by the index of
         the same GPU (by UUID) in this worker. Not yet run on a GPU."""
-        uuid, handles = pickle.loads(blob)
-        local = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
-        if uuid not in local:
-            raise RuntimeError(
-                f"the trainer's GPU {uuid} is not visible to this vLLM worker (it sees {sorted(local)}): "
-                "CUDA IPC needs the trainer and the engine on one node with that GPU visible to both"
-            )
-        state = {}
-        for name, (rebuild, args) in handles:
-            args = list(args)
-            args[6] = local[uuid]  # rebuild_cuda_tensor's storage_device
-            state[name] = rebuild(*args)
+        state = open_cuda_ipc_blob(blob)
         n = self._load(state)
         torch.cuda.synchronize()  # copied before the sender may free or overwrite its tensors
         return n
@@ -157,6 +151,25 @@ def _retie_head(model: Any, model_config: Any) -> None:
     method = getattr(head, "quant_method", None)
     if method is not None:
         method.process_weights_after_loading(head)
+
+
+def open_cuda_ipc_blob(blob: bytes) -> dict[str, torch.Tensor]:
+    """The tensors of a ``cuda_ipc_blob``, opened in this process (views of the sender's GPU memory:
+    copy from them before answering the sender). The handles name the sender's device by its index
+    there; it is replaced by the index of the same GPU (by UUID) here. Not yet run on a GPU."""
+    uuid, handles = pickle.loads(blob)
+    local = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
+    if uuid not in local:
+        raise RuntimeError(
+            f"the trainer's GPU {uuid} is not visible to this process (it sees {sorted(local)}): CUDA IPC "
+            "needs the sender and the receiver on one node with that GPU visible to both"
+        )
+    state = {}
+    for name, (rebuild, args) in handles:
+        args = list(args)
+        args[6] = local[uuid]  # rebuild_cuda_tensor's storage_device
+        state[name] = rebuild(*args)
+    return state
 
 
 def cuda_ipc_blob(tensors: list[tuple[str, torch.Tensor]]) -> bytes:

@@ -24,6 +24,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar, cast
 
@@ -154,17 +155,68 @@ def set_sync(model: torch.nn.Module, last: bool) -> None:
         model.require_backward_grad_sync = last  # type: ignore[assignment]
 
 
+@dataclass
+class _Rollouts:
+    runners: tuple[int, ...] | None = None
+    """The ranks that run episodes (``placement.episode_ranks``); None: every rank."""
+    group: Any = None
+    """A gloo group of every rank whose timeout is the wait for a step's episodes (None: the default
+    group's): a rank that runs none waits there for those that do."""
+
+
+_rollouts = _Rollouts()
+
+
+def configure_rollouts(runners: Sequence[int], wait_s: float) -> None:
+    """Only ``runners`` run episodes (a colocated tensor-parallel engine's leaders, or rank 0 with
+    its Ray pool); the other ranks receive them, waiting at most ``wait_s`` (``timeouts.data_wait_s``,
+    not the collectives' timeout: a step's rollouts can take longer). Collective: every rank calls it."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    _rollouts.runners = None if tuple(runners) == tuple(range(world)) else tuple(runners)
+    if world > 1 and _rollouts.runners is not None:
+        _rollouts.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_s))
+
+
+def subgroup(members: Sequence[Sequence[int]], timeout_s: float) -> Any:
+    """A gloo group for each list of ranks in ``members`` (collective: every rank creates every group,
+    in the same order); this rank's, or None."""
+    mine = None
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    for ranks_ in members:
+        group = dist.new_group(list(ranks_), backend="gloo", timeout=timedelta(seconds=timeout_s))
+        if rank in ranks_:
+            mine = group
+    return mine
+
+
 def gather_episodes(run: Callable[[list], list], requests: Sequence[Any]) -> list:
-    """Data-parallel rollouts: each rank runs its contiguous shard of ``requests`` and every rank
-    gets all episodes back, in request order (episodes carry their own seeds, so the result is
-    the single-process one up to batch-dependent rounding)."""
-    return gather_parts(run(local_share(requests)))
+    """Data-parallel rollouts: each rank that runs episodes runs its contiguous shard of
+    ``requests`` (``configure_rollouts``) and every rank gets all episodes back, in request order
+    (episodes carry their own seeds, so the result is the single-process one up to batch-dependent
+    rounding)."""
+    return gather_episode_parts(run(local_share(requests)))
 
 
 def local_share(requests: Sequence[Any]) -> list:
-    """This rank's contiguous share of a step's episode requests (all of them in one process)."""
+    """This rank's contiguous share of a step's episode requests (all of them in one process; none
+    on a rank that runs no episodes)."""
     rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    return [requests[i] for i in shard_rows(len(requests), rank, world).tolist()]
+    runners = _rollouts.runners if _rollouts.runners is not None else tuple(range(world))
+    if rank not in runners:
+        return []
+    k = runners.index(rank)
+    return [requests[i] for i in shard_rows(len(requests), k, len(runners)).tolist()]
+
+
+@_collective("all_gather_object")
+def gather_episode_parts(mine: list) -> list:
+    """Every rank's episodes concatenated in rank order, over the group ``configure_rollouts`` made
+    (collective; ``mine`` in one process)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return mine
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, mine, group=_rollouts.group)
+    return [ep for part in parts for ep in part]
 
 
 @_collective("all_gather_object")

@@ -24,7 +24,8 @@ order. What FSDP2 adds to the learner's loop:
 - The no-grad passes (π_old, the KL reference, the overlays) compute only the rank's own rows, and
   ``gather_rows`` assembles the whole batch's per-token statistics on every rank, so token weights
   (STARE's selection and gate) stay computed over the whole batch. ``ddp`` does the same.
-- The engine needs full weights: ``full_parameters`` all-gathers them one tensor at a time.
+- The engine needs full weights: ``engine_buckets`` gathers them a bucket per collective, in the
+  engine's dtype (``parallel/buckets.py``); ``full_parameters`` one tensor at a time.
 - Loading: rank 0 reads the checkpoint; the other ranks build the model on the meta device and
   receive their shards from rank 0 (``materialize``), so a node holds one full copy in host memory,
   not one per rank. Checkpoints are DCP (``agentrl.training.checkpoint``): each rank writes its shards.
@@ -43,6 +44,7 @@ from torch import Tensor, nn
 
 from agentrl.config import ConfigError, TrainerConfig
 from agentrl.parallel import ranks
+from agentrl.parallel.buckets import gather_buckets, pack_buckets
 
 
 @dataclass
@@ -88,6 +90,13 @@ class Strategy(Protocol):
         """(name, full tensor) of every parameter, in the same order on every rank (collective)."""
         ...
 
+    def engine_buckets(
+        self, model: nn.Module, bucket_bytes: float, dtype: torch.dtype | None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """Every parameter, whole, in buckets of at most ``bucket_bytes`` for the engine
+        (``parallel/buckets.py``), in the same order on every rank (collective)."""
+        ...
+
     def release(self, model: nn.Module) -> None:
         """Free what a no-grad pass left gathered (only a backward frees it otherwise)."""
         ...
@@ -122,6 +131,12 @@ class Replicated:
     def full_parameters(self, model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         for name, p in model.named_parameters():
             yield name, p.detach()
+
+    def engine_buckets(
+        self, model: nn.Module, bucket_bytes: float, dtype: torch.dtype | None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """Views of the parameters (the engine casts as it copies: nothing is copied here)."""
+        return pack_buckets(self.full_parameters(model), bucket_bytes)
 
     def release(self, model: nn.Module) -> None:
         pass
@@ -190,6 +205,12 @@ class Sharded:
     def full_parameters(self, model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         for name, p in model.named_parameters():
             yield name, full_tensor(p)
+
+    def engine_buckets(
+        self, model: nn.Module, bucket_bytes: float, dtype: torch.dtype | None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
+        """Each bucket's shards cast to the engine's ``dtype`` and gathered by one collective."""
+        return gather_buckets(model.named_parameters(), bucket_bytes, dtype, self.device)
 
     def release(self, model: nn.Module) -> None:
         # the root (always) and, with reshard_after_forward=False, every layer stay gathered after a

@@ -31,6 +31,7 @@ from agentrl.env import (
 from agentrl.env.data import HeldOut, load_tasks_from_source
 from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.models.tokenizer import load_tokenizer
+from agentrl.parallel.placement import Launch, Placement, Rollouts, launch_from_env, place
 from agentrl.rollout.async_runner import AsyncEpisodeRunner
 from agentrl.rollout.runner import Budgets, EpisodeRunner, RunnerSettings
 from sandboxes import SandboxSpec
@@ -48,6 +49,37 @@ def device_of(cfg: Config) -> torch.device:
     if kind == "cuda":
         return torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
     return torch.device(kind)
+
+
+def worker_gpus(cfg: Config, cuda: bool) -> float:
+    """GPUs each Ray rollout worker asks for: ``rollout.worker_gpus``, or by default none on a CPU
+    run and, on CUDA, the engine's tensor-parallel size (1 for the HF engine)."""
+    ro = cfg.rollout
+    if ro.worker_gpus is not None:
+        return float(ro.worker_gpus)
+    if not cuda:
+        return 0.0
+    return float(ro.vllm.tensor_parallel_size if ro.engine == "vllm" else 1)
+
+
+def placement(cfg: Config, launch: Launch | None = None) -> Placement:
+    """Where every process of this run lives (``parallel/placement.py``), for ``launch`` or, by
+    default, this process's own (torchrun's variables and the GPUs torch sees)."""
+    cuda = device_of(cfg).type == "cuda"
+    launch = launch or launch_from_env(cuda)
+    ro = cfg.rollout
+    return place(
+        launch,
+        Rollouts(
+            engine=ro.engine,
+            tensor_parallel=ro.vllm.tensor_parallel_size,
+            workers=ro.workers,
+            worker_gpus=worker_gpus(cfg, launch.cuda),
+            worker_placement=ro.worker_placement,
+            transport=ro.sync.transport,
+            cluster=bool(ro.ray_address),
+        ),
+    )
 
 
 def apply_threads(cfg: Config, log: Callable[[str], None] = print) -> None:
@@ -258,21 +290,37 @@ def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, pat
     return vllm_engine(cfg, path)
 
 
+def vllm_device(cfg: Config) -> str:
+    """Where a vLLM engine runs: the GPU unless ``run.device`` is cpu or none is available."""
+    return "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
+
+
+def engine_dtype(cfg: Config) -> torch.dtype:
+    """The dtype the rollout engine holds its weights in, so the one a weight sync sends them in:
+    ``rollout.dtype``, else ``model.dtype``; a vLLM engine on the CPU always float32. The same on
+    every rank and in every Ray worker (the same config), as a collective gather needs."""
+    if cfg.rollout.engine == "vllm" and vllm_device(cfg) == "cpu":
+        return torch.float32
+    return torch_dtype(cfg.rollout.dtype or cfg.model.dtype)
+
+
 def vllm_engine(cfg: Config, path: str) -> VLLMEngine:
     """The vLLM engine (the optional vllm extra) of ``rollout.vllm``, on the GPU unless ``run.device``
     is cpu or none is available."""
     from agentrl.engines.vllm import VLLMEngine
 
     v = cfg.rollout.vllm
-    device = "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
+    device = vllm_device(cfg)
     if cfg.rollout.colocate.sleep and device == "cpu":  # load_config says so first; this is the fallback
         raise ConfigError(
             "rollout.colocate.sleep needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, and "
             f"this run's engine would run on the CPU (run.device={cfg.run.device!r}, CUDA available: "
             f"{torch.cuda.is_available()}); set rollout.colocate.sleep=false"
         )
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     return VLLMEngine(
         path,
+        **vllm_distributed(v.tensor_parallel_size, world),
         dtype=(cfg.rollout.dtype or cfg.model.dtype) if device == "cuda" else "float32",
         device=device,
         seed=cfg.run.seed,
@@ -286,6 +334,22 @@ def vllm_engine(cfg: Config, path: str) -> VLLMEngine:
         # cache does not fit its share (agentrl plan counts exactly this)
         max_model_len=cfg.rollout.max_episode_tokens,
     )
+
+
+def vllm_distributed(tp: int, world: int) -> dict[str, Any]:
+    """How a vLLM engine joins this run's processes. Under torchrun (``world`` > 1) every rank's
+    engine joins the ranks through vLLM's ``external_launcher``: the engine runs in the rank's own
+    process on its ``LOCAL_RANK`` GPU, reuses torch's process group, and with tp > 1 forms its
+    tensor-parallel groups from tp consecutive ranks (``parallel/engine_group.py`` keeps their calls
+    in step). In one process with tp > 1 (a Ray worker given tp GPUs, ``rollout.worker_gpus``),
+    vLLM's multiprocessing executor starts one process per GPU among those Ray made visible (its Ray
+    executor would start actors of its own outside the worker's bundle). Otherwise vLLM's default,
+    one process."""
+    if world > 1:
+        return {"distributed_executor_backend": "external_launcher"}
+    if tp > 1:
+        return {"distributed_executor_backend": "mp"}
+    return {}
 
 
 def sampling_params(cfg: Config, seed: int | None = None, temperature: float | None = None) -> SamplingParams:

@@ -205,7 +205,7 @@ class RolloutPipeline:
         if batch.error is not None:
             raise RuntimeError(f"the rollouts of batch {batch.label} failed") from batch.error
         assert batch.episodes is not None
-        episodes = ranks.gather_parts(batch.episodes)
+        episodes = ranks.gather_episode_parts(batch.episodes)
         return episodes, batch.label, TakeInfo(time.perf_counter() - t0, queued, running)
 
     def grant_round(self, step: int, round_: int) -> None:

@@ -43,31 +43,12 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.vllm import safetensors_blob
 from agentrl.episode import Episode
 from agentrl.errors import Failure
+from agentrl.parallel.placement import Placement
 from agentrl.rollout import components
+from agentrl.rollout.ray_placement import Reservation, init_ray, report, scrub_launcher_env
 from agentrl.rollout.runner import EpisodeRequest
-from agentrl.sync.ray_broadcast import LOOPBACK
 from agentrl.sync.ray_pool import PoolWeights
 from agentrl.timeouts import WaitTimeout
-
-
-def init_ray(address: str | None = None, num_cpus: int | None = None) -> None:
-    """Join the cluster at ``address`` (``auto``, ``ray://host:port``) or start a local Ray bound to
-    loopback only. A no-op when Ray is already initialised (e.g. by the user's driver script)."""
-    import ray
-
-    if ray.is_initialized():
-        return
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-    if address:
-        ray.init(address=address, log_to_driver=True)
-    else:
-        ray.init(
-            num_cpus=num_cpus or os.cpu_count(),
-            include_dashboard=False,
-            _node_ip_address=LOOPBACK,
-            log_to_driver=True,
-        )
 
 
 def worker_config(cfg: Config) -> Config:
@@ -86,6 +67,8 @@ class RolloutWorker:
     Plain class so it can also be used (and tested) without Ray."""
 
     def __init__(self, cfg: Config, model_path: str) -> None:
+        # started from the environment of the process that started Ray (torchrun's rank 0): not a rank
+        self.scrubbed = scrub_launcher_env()
         self.cfg = worker_config(cfg)
         model, self.tokenizer = components.load_model(self.cfg, model_path)
         self.engine = components.local_engine(self.cfg, model, self.tokenizer, model_path)
@@ -96,6 +79,15 @@ class RolloutWorker:
 
     def pid(self) -> int:
         return os.getpid()
+
+    def gpu_uuid(self) -> str | None:
+        """The UUID of the GPU this worker's ``cuda:0`` is (None without one)."""
+        return str(torch.cuda.get_device_properties(0).uuid) if torch.cuda.is_available() else None
+
+    def placement(self) -> dict[str, Any]:
+        """The GPUs Ray gave this worker and the device its engine runs on (``ray_placement.report``)."""
+        device = getattr(self.engine, "device", "cpu")
+        return {**report(str(device)), "scrubbed": self.scrubbed}
 
     def version(self) -> int:
         return int(self.engine.version)
@@ -118,6 +110,23 @@ class RolloutWorker:
 
         bucket = load(blob)
         self.engine.load_weight_bucket(bucket.items())  # type: ignore[attr-defined]
+        return len(bucket)
+
+    def load_weight_bucket_ipc(self, blob: bytes) -> int:
+        """One bucket as CUDA IPC handles to the trainer's GPU memory (``rollout.sync.transport:
+        cuda_ipc``; this worker shares the trainer's GPU): copied into the engine, and the copy
+        finished, before this returns and the trainer may free them. A vLLM engine takes a copy of
+        its own first (its worker process cannot reopen memory this process opened). Not yet run
+        on a GPU."""
+        import torch
+
+        from agentrl.engines.vllm_worker import open_cuda_ipc_blob
+
+        bucket = open_cuda_ipc_blob(blob)
+        if not isinstance(self.engine, HFEngine):
+            bucket = {n: t.clone() for n, t in bucket.items()}
+        self.engine.load_weight_bucket(bucket.items())  # type: ignore[attr-defined]
+        torch.cuda.synchronize()
         return len(bucket)
 
     def join_weight_group(
@@ -203,15 +212,32 @@ class RolloutPool:
     ``generate``) plus ``run_episodes`` for whole episodes."""
 
     def __init__(
-        self, cfg: Config, model_path: str, workers: int, address: str | None = None, max_retries: int = 1
+        self,
+        cfg: Config,
+        model_path: str,
+        workers: int,
+        address: str | None = None,
+        max_retries: int = 1,
+        where: Placement | None = None,
     ) -> None:
         import ray
 
-        init_ray(address, num_cpus=None if address else max(os.cpu_count() or 1, workers))
+        where = where or components.placement(cfg)
+        init_ray(
+            address, num_cpus=None if address else max(os.cpu_count() or 1, workers), gpus=where.ray_gpus
+        )
         self.cfg, self.model_path, self.max_retries = cfg, model_path, max_retries
         self.call_timeout_s = cfg.timeouts.ray_call_s
         """How long any call to a worker may go unanswered before the worker counts as dead."""
-        self._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(RolloutWorker)
+        self._actor_cls = ray.remote(max_restarts=0)(RolloutWorker)
+        # one bundle per worker, with its GPUs (rollout.worker_gpus; ray_placement.py)
+        self.reservation = Reservation(
+            workers,
+            where.rollouts.worker_gpus,
+            cfg.rollout.worker_placement,
+            self.call_timeout_s,
+            bool(address),
+        )
         self.events: list[str] = []
         """Worker deaths, retries and replacements, for logs and tests."""
         # built before the workers start (it only records settings), so that ``shutdown`` works on a
@@ -223,8 +249,9 @@ class RolloutPool:
             workers=lambda: self.workers,
             answers=self._answers,
             events=self.events,
+            dtype=components.engine_dtype(worker_config(cfg)),
         )
-        self.workers = [self._spawn() for _ in range(workers)]
+        self.workers = [self._spawn(i) for i in range(workers)]
         late, _ = ping(
             self.workers, list(range(workers)), self.call_timeout_s
         )  # wait until all have loaded the policy
@@ -239,11 +266,17 @@ class RolloutPool:
         ray.get([w.pid.remote() for w in self.workers])  # raises a worker's start error, if one failed
 
     @classmethod
-    def from_config(cls, cfg: Config, path: str) -> RolloutPool:
-        return cls(cfg, path, cfg.rollout.workers, cfg.rollout.ray_address)
+    def from_config(cls, cfg: Config, path: str, where: Placement | None = None) -> RolloutPool:
+        return cls(cfg, path, cfg.rollout.workers, cfg.rollout.ray_address, where=where)
 
-    def _spawn(self) -> Any:
-        return self._actor_cls.remote(worker_config(self.cfg), self.model_path)
+    def _spawn(self, bundle: int) -> Any:
+        """Worker ``bundle``'s actor, on its bundle (and so its GPUs) of the placement group."""
+        options = self.reservation.options(bundle)
+        return self._actor_cls.options(**options).remote(worker_config(self.cfg), self.model_path)
+
+    def placements(self) -> list[dict[str, Any]]:
+        """Each worker's GPUs and engine device (``RolloutWorker.placement``)."""
+        return self._answers([w.placement.remote() for w in self.workers], "placement")
 
     def _setting(self) -> str:
         return f"timeouts.ray_call_s={self.call_timeout_s:g}s"
@@ -318,6 +351,7 @@ class RolloutPool:
         for w in self.workers:
             ray.kill(w)
         self.workers = []
+        self.reservation.release()
 
     # -- episodes ----------------------------------------------------------------------------
     def run_episodes(
@@ -355,7 +389,7 @@ class RolloutPool:
         stuck, dead = ping(self.workers, list(range(len(self.workers))), self.call_timeout_s)
         for i in stuck + dead:
             ray.kill(self.workers[i], no_restart=True)
-            self.workers[i] = self._spawn()
+            self.workers[i] = self._spawn(i)  # its bundle, so its GPUs, again
             if ping(self.workers, [i], self.call_timeout_s)[0]:
                 raise WaitTimeout(
                     f"replacement rollout worker {i} loading the policy",

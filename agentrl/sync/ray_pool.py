@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from agentrl.engines.base import Bucket
 from agentrl.engines.vllm import safetensors_blob
 from agentrl.sync.ray_broadcast import Answers, BroadcastGroup
@@ -26,8 +28,12 @@ class PoolWeights:
         workers: Callable[[], list],
         answers: Answers,
         events: list[str],
+        dtype: torch.dtype | None = None,
     ) -> None:
         self.transport, self.timeout_s = transport, timeout_s
+        self.dtype = dtype
+        """The workers' engines' dtype: floating tensors travel in it (half the bytes for a bfloat16
+        engine fed by a float32 trainer; the engine would cast them on arrival anyway)."""
         self._workers, self._answers, self._events = workers, answers, events
         self.version = 0
         self.lock = threading.Lock()  # held by a weight update (begin .. finish)
@@ -57,6 +63,10 @@ class PoolWeights:
         import ray
 
         workers = self._workers()
+        bucket = [(n, self._wire(t)) for n, t in bucket]
+        if self.transport == "cuda_ipc":
+            self._guarded(lambda: self._ipc(workers, bucket))
+            return
         if self.transport == "broadcast":
             self._guarded(
                 lambda: self.broadcast.send(
@@ -70,6 +80,25 @@ class PoolWeights:
             self._answers([w.load_weight_bucket.remote(ref) for w in workers], "load_weight_bucket")
 
         self._guarded(load)
+
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t
+
+    def _ipc(self, workers: list, bucket: list[tuple[str, torch.Tensor]]) -> None:
+        """``transport: cuda_ipc``: the workers (on this process's GPU, ``placement.py``) open CUDA IPC
+        handles to the bucket's tensors and copy from them; the tensors stay referenced here until every
+        worker has answered. Not yet run on a GPU."""
+        from agentrl.engines.vllm_worker import cuda_ipc_blob
+
+        alive = [(n, t.contiguous()) for n, t in bucket]
+        if not all(t.is_cuda for _, t in alive):
+            raise ValueError(
+                "rollout.sync.transport=cuda_ipc needs the trainer's weights on a GPU; these are on "
+                f"{alive[0][1].device}: use rollout.sync.transport=object_store"
+            )
+        blob = cuda_ipc_blob(alive)
+        self._answers([w.load_weight_bucket_ipc.remote(blob) for w in workers], "load_weight_bucket_ipc")
+        del alive
 
     def finish(self) -> int:
         try:

@@ -7,14 +7,17 @@ layers) into the engine (``engines/base.py``: ``WeightReceiver``)::
     begin_weight_update -> load_weight_bucket × B -> finish_weight_update (the new version)
     then, when verifying: fingerprint(names sent, probe ids) -> compared with the trainer's own
 
-- **Buckets** (``rollout.sync.bucket_mb``, ``pack_buckets``): tensors are packed in stream order
-  until the next one would pass the bucket size; a tensor bigger than a bucket travels alone. The
-  sender keeps one bucket's tensors referenced at a time (plus the next tensor, gathered before the
-  bucket goes), so a gathered or merged tensor lives only until its bucket is sent.
+- **Buckets** (``rollout.sync.bucket_mb``, ``parallel/buckets.py``): tensors are packed in stream
+  order until the next one would pass the bucket size; a tensor bigger than a bucket travels alone.
+  The sender keeps one bucket's tensors referenced at a time (plus the next tensor, gathered before
+  the bucket goes), so a gathered or merged tensor lives only until its bucket is sent. Under FSDP2
+  the learner hands over ``Bucketed`` buckets instead: each gathered by one collective, in the
+  engine's dtype, with nothing of the next gathered before the bucket goes.
 - **Proof** (``rollout.sync.verify``): for every tensor sent, the engine returns a checksum of a
   deterministic sample of its *live* tensor (``sample_indices``: ``SAMPLE`` flat indices from
   SplitMix64 seeded by the name and numel, all of them for a smaller tensor; ``checksum`` hashes the
-  values' bytes in the engine's dtype with the shape) and the log-probs of a fixed probe sequence
+  values' bytes in the engine's dtype with the shape; the sampled values of a bucket are taken on its
+  device and read back in one transfer) and the log-probs of a fixed probe sequence
   (``probe_ids``, ``rollout.sync.probe_tokens`` long) under its own forward. The trainer samples the
   same indices as the stream passes (no second gather), casts them to the engine's dtype, and runs
   the probe through its own policy (``PolicyProbe``: the peft model with LoRA; under FSDP2 a
@@ -40,7 +43,7 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -49,8 +52,9 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from agentrl.engines.base import Engine, Fingerprint, WeightReceiver
-from agentrl.engines.fingerprint import checksum, probe_ids, probe_logprobs, sampled
+from agentrl.engines.fingerprint import checksum, probe_ids, probe_logprobs, sampled_many
 from agentrl.parallel import ranks
+from agentrl.parallel.buckets import bucket_size, pack_buckets
 from agentrl.timeouts import WaitTimeout, wait_for
 
 MiB = 1 << 20
@@ -60,27 +64,13 @@ class WeightSyncError(RuntimeError):
     """A weight sync failed, or the engine does not serve the trainer's weights after it."""
 
 
-def pack_buckets(
-    stream: Iterable[tuple[str, Tensor]], bucket_bytes: float
-) -> Iterator[list[tuple[str, Tensor]]]:
-    """The stream's pairs in order, in lists of at most ``bucket_bytes`` (a tensor bigger than that
-    is a list of its own). Lazy: a bucket is handed out as soon as the next tensor does not fit, so
-    the stream has produced one bucket and that tensor at most."""
-    bucket: list[tuple[str, Tensor]] = []
-    size = 0
-    for name, t in stream:
-        n = t.numel() * t.element_size()
-        if bucket and size + n > bucket_bytes:
-            yield bucket
-            bucket, size = [], 0
-        bucket.append((name, t))
-        size += n
-    if bucket:
-        yield bucket
+@dataclass(frozen=True)
+class Bucketed:
+    """An update already cut into buckets by the sender (``Learner.engine_buckets``: FSDP2's shards
+    gathered one bucket per collective, in the engine's dtype); ``sync_weights`` sends them as they
+    come instead of packing a stream of tensors."""
 
-
-def bucket_size(bucket: Sequence[tuple[str, Tensor]]) -> int:
-    return sum(t.numel() * t.element_size() for _, t in bucket)
+    buckets: Iterable[list[tuple[str, Tensor]]]
 
 
 ATOL_16BIT = 0.5
@@ -222,7 +212,7 @@ class _Clock:
 
 def sync_weights(
     engine: Engine,
-    stream: Iterable[tuple[str, Tensor]],
+    stream: Iterable[tuple[str, Tensor]] | Bucketed,
     settings: SyncSettings,
     probe: PolicyProbe,
     defer_verify: bool = False,
@@ -266,7 +256,7 @@ def verify_synced(
 
 def _sync(
     engine: Any,
-    stream: Iterable[tuple[str, Tensor]],
+    stream: Iterable[tuple[str, Tensor]] | Bucketed,
     settings: SyncSettings,
     probe: PolicyProbe,
     verify: bool,
@@ -280,11 +270,16 @@ def _sync(
     with hold:
         clock.call("starting the update", engine.begin_weight_update)
         # not enumerate(): it keeps the last item it yielded, so the previous bucket would stay alive
-        for bucket in pack_buckets(stream, settings.bucket_mb * MiB):
+        buckets = (
+            stream.buckets if isinstance(stream, Bucketed) else pack_buckets(stream, settings.bucket_mb * MiB)
+        )
+        for bucket in buckets:
             i = len(sizes) + 1
             clock.check(f"gathering bucket {i}")
-            if verify:
-                samples.update((n, (tuple(t.shape), sampled(n, t))) for n, t in bucket)
+            if verify:  # sampled on the tensors' device, read back once per bucket
+                values = sampled_many(bucket)
+                samples.update((n, (tuple(t.shape), v)) for (n, t), v in zip(bucket, values))
+                del values
             sizes.append(bucket_size(bucket))
             names = (
                 bucket[0][0]

@@ -15,12 +15,17 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config, config_to_yaml
+from agentrl.config import Config, ConfigError, config_to_yaml
 from agentrl.engines.base import Engine
 from agentrl.models import cache_root, resolve_model_path
+from agentrl.parallel import ranks
+from agentrl.parallel.engine_group import AbsentEngine, FollowerEngine, LeaderEngine
+from agentrl.parallel.placement import Placement
+from agentrl.parallel.placement import render as render_placement
 from agentrl.rollout import components
 from agentrl.rollout.ray_workers import RayEpisodeRunner, RolloutPool
 from agentrl.rollout.runner import EpisodeRunner
+from agentrl.seeds import deterministic_kernels
 from agentrl.training.sft import run_sft, sft_seed
 
 
@@ -94,12 +99,64 @@ def _read(path: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
-def build_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, path: str) -> Engine:
-    """The generation engine: in this process (``components.local_engine``), or with
-    ``rollout.workers`` > 0 a pool of Ray workers, each holding such an engine."""
+def join_run(cfg: Config, log: Callable[[str], None] = print) -> tuple[torch.device, int, int, Placement]:
+    """This process's place in the run: its device (``run.deterministic``'s settings made before CUDA
+    starts, as cuBLAS needs), its rank and the world under torchrun (``ranks.init_from_env``: a
+    collective some rank never joins raises), and the run's placement (``run_placement``)."""
+    device = components.device_of(cfg)
+    if cfg.run.deterministic:
+        for note in deterministic_kernels(device):
+            log(note)
+    rank, world = ranks.init_from_env(timeout_s=cfg.timeouts.collective_s)
+    return device, rank, world, run_placement(cfg, rank, world, log)
+
+
+def run_placement(cfg: Config, rank: int, world: int, log: Callable[[str], None] = print) -> Placement:
+    """This process's placement (``parallel/placement.py``, from torchrun's variables and the GPUs torch
+    sees): a map that cannot work is a ``ConfigError`` naming the settings to change; rank 0 logs the
+    map of a run of several processes; every rank learns which ranks run episodes (collective)."""
+    where = components.placement(cfg)
+    if not where.ok:
+        raise ConfigError(
+            "the run's placement cannot work: " + "; ".join(f"{p.key}: {p.message}" for p in where.problems)
+        )
+    if rank == 0 and (world > 1 or cfg.rollout.workers > 0):
+        for line in render_placement(where):
+            log(line)
+    ranks.configure_rollouts(where.episode_ranks, cfg.timeouts.data_wait_s)
+    return where
+
+
+def build_engine(
+    cfg: Config,
+    model: torch.nn.Module | None,
+    tokenizer: Any,
+    path: str,
+    where: Placement | None = None,
+    rank: int = 0,
+) -> Engine:
+    """Trainer ``rank``'s generation engine, where the placement (``parallel/placement.py``; by default
+    this process's) puts it: in this process (``components.local_engine``); with ``rollout.workers``
+    > 0 a pool of Ray workers, each holding such an engine, on rank 0 and none on the other ranks
+    (``AbsentEngine``: rank 0 runs their episodes); a colocated vLLM engine that spans several ranks
+    (tensor parallelism) led by its first rank and followed by the others (``engine_group.py``).
+    Under torchrun every rank calls this at the same point: the engines' process groups are made
+    collectively."""
+    where = where or components.placement(cfg)
     if cfg.rollout.workers > 0:
-        return RolloutPool.from_config(cfg, path)
-    return components.local_engine(cfg, model, tokenizer, path)
+        if rank in where.episode_ranks:
+            return RolloutPool.from_config(cfg, path, where)
+        return AbsentEngine()
+    engine = components.local_engine(cfg, model, tokenizer, path)
+    spans = [site.ranks for site in where.engines if len(site.ranks) > 1]
+    if not spans:
+        return engine
+    group = ranks.subgroup(spans, cfg.timeouts.data_wait_s)  # the leaders' calls travel over it
+    site = where.engine_of(rank)
+    assert site is not None and group is not None
+    if rank == site.ranks[0]:
+        return LeaderEngine(engine, group, rank, seed=cfg.run.seed)  # type: ignore[return-value]
+    return FollowerEngine(engine, group, site.ranks[0])  # type: ignore[return-value]
 
 
 def build_runner(

@@ -6,6 +6,7 @@ shaping. In async mode (``trainer.mode: async``) the episodes come from the roll
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -15,6 +16,7 @@ from agentrl.engines.base import Engine
 from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.parallel import ranks
+from agentrl.parallel.engine_group import FollowerEngine, LeaderEngine
 from agentrl.rollout.pipeline import EngineGate, RolloutPipeline, batch_requests
 from agentrl.rollout.runner import EpisodeRequest
 from agentrl.seeds import mix_seed
@@ -100,6 +102,9 @@ class Collector:
 
     def run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
         """One batch's episodes on this rank's engine, with the runner seed of its (step, round)."""
+        return self.on_engine(self._run_batch, label, requests)
+
+    def _run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
         runner = build.build_runner(
             cfg := self.cfg, self.engine, self.tokenizer, seed=mix_seed(cfg.run.seed, *label)
         )
@@ -107,6 +112,25 @@ class Collector:
             return runner.run(requests)
         finally:
             runner.close()
+
+    def on_engine(self, run: Callable[..., list[Episode]], *args: Any) -> list[Episode]:
+        """``run(*args)``, whose last argument is this rank's share of a batch's requests, as the
+        placement wants it: a rank with no share (its episodes run on rank 0's Ray pool) runs
+        nothing; a rank that follows a tensor-parallel group's leader makes the leader's generation
+        calls instead, until the leader, done with its share, releases it (``engine_group.py``)."""
+        if isinstance(self.engine, FollowerEngine):
+            self.engine.follow()
+            return []
+        try:
+            return run(*args) if args[-1] else []
+        finally:
+            if isinstance(self.engine, LeaderEngine):
+                self.engine.release()
+
+    def gather(self, run: Callable[[list], list[Episode]], requests: list[EpisodeRequest]) -> list[Episode]:
+        """Every rank's episodes of ``requests``, each rank running its share with ``run``
+        (``on_engine``); under torchrun a collective (``ranks.gather_episodes``)."""
+        return ranks.gather_episodes(lambda share: self.on_engine(run, share), requests)
 
     def _pipeline(self, step: int) -> RolloutPipeline:
         """Async mode's rollout pipeline, started at the first step this process runs."""

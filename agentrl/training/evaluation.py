@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from agentrl.config import Config
@@ -17,11 +17,21 @@ from agentrl.rollout.runner import EpisodeRequest
 from agentrl.training import build
 from agentrl.training.metrics import is_correct
 
+Gather = Callable[[Callable[[list], list], list], list]
+"""``(run, requests) -> episodes``: how the ranks share a batch (``Collector.gather``)."""
+
 
 def evaluate(
-    cfg: Config, engine: Engine, tokenizer: Any, tasks: Sequence[Task], k: int | None = None
+    cfg: Config,
+    engine: Engine,
+    tokenizer: Any,
+    tasks: Sequence[Task],
+    k: int | None = None,
+    gather: Gather | None = None,
 ) -> tuple[dict[str, float], list[Episode]]:
-    """mean@k (average correctness over k samples per task) and pass@k (any of k correct) on ``tasks``."""
+    """mean@k (average correctness over k samples per task) and pass@k (any of k correct) on
+    ``tasks``. ``gather``: under torchrun, how the ranks split the episodes and share them (the
+    trainer's ``Collector.gather``); None runs them all here."""
     k = k or cfg.eval.k
     runner = build.build_runner(
         cfg, engine, tokenizer, seed=cfg.run.seed + 10_007, temperature=cfg.eval.temperature
@@ -32,7 +42,7 @@ def evaluate(
             for i, t in enumerate(tasks)
             for j in range(k)
         ]
-        episodes = runner.run(reqs)
+        episodes = gather(runner.run, reqs) if gather else runner.run(reqs)
     finally:
         runner.close()
     by_task = outcomes(episodes)

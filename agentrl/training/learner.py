@@ -313,6 +313,17 @@ class Learner:
             return lora.merged_weights(self.model)
         return self.strategy.full_parameters(self.model)
 
+    def engine_buckets(
+        self, bucket_bytes: float, dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, torch.Tensor]]]:
+        """``engine_weights`` in buckets of at most ``bucket_bytes``, for a weight sync into an engine
+        computing in ``dtype``: under FSDP2 each bucket's shards are cast to ``dtype`` and gathered
+        by one collective (``parallel/buckets.py``; consume it to its end on every rank); unsharded
+        weights travel as they are (the engine casts as it copies)."""
+        if lora.enabled(self.cfg):
+            return lora.merged_buckets(self.model, bucket_bytes, dtype, self.device)
+        return self.strategy.engine_buckets(self.model, bucket_bytes, dtype)
+
     def state_dict(self) -> dict[str, Any]:
         """The weighting's state and, when the model is not sharded, the optimizer's (a sharded
         optimizer is saved with the model's shards: ``checkpoint.save_weights``)."""

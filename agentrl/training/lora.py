@@ -97,6 +97,52 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         yield f"{name}.weight", (w.float() + scale * (b @ a)).to(w.dtype)
 
 
+def merged_buckets(
+    model: nn.Module, bucket_bytes: float, dtype: torch.dtype | None, device: torch.device
+) -> Iterator[list[tuple[str, Tensor]]]:
+    """``merged_weights`` in buckets of at most ``bucket_bytes`` (merged tensors sized in ``dtype``),
+    each bucket's W, A and B gathered together (``parallel/buckets.py``: one collective per dtype, in
+    their own dtypes: the merge needs them as they are), merged as ``merged_weights`` merges, then cast
+    to ``dtype`` (None: W's). Collective under FSDP2: every rank consumes it in step."""
+    from agentrl.parallel.buckets import gather_bucket
+
+    def travel(w: Tensor) -> torch.dtype:
+        return dtype or w.dtype
+
+    def flush(layers: list[tuple[str, Any]]) -> list[tuple[str, Tensor]]:
+        parts = []
+        for name, lay in layers:
+            parts += [
+                (f"{name}.weight", lay.base_layer.weight),
+                (f"{name}.lora_A", lay.lora_A[ADAPTER].weight),
+                (f"{name}.lora_B", lay.lora_B[ADAPTER].weight),
+            ]
+        whole = dict(gather_bucket(parts, None, device))
+        out = []
+        for name, lay in layers:
+            w, a, b = (
+                whole[f"{name}.weight"],
+                whole[f"{name}.lora_A"].float(),
+                whole[f"{name}.lora_B"].float(),
+            )
+            merged = (w.float() + float(lay.scaling[ADAPTER]) * (b @ a)).to(w.dtype)
+            out.append((f"{name}.weight", merged.to(travel(w))))
+        return out
+
+    layers: list[tuple[str, Any]] = []
+    size = 0
+    for name, layer in adapted_layers(model):
+        w = layer.base_layer.weight
+        n = w.numel() * torch.empty((), dtype=travel(w)).element_size()
+        if layers and size + n > bucket_bytes:
+            yield flush(layers)
+            layers, size = [], 0
+        layers.append((name, layer))
+        size += n
+    if layers:
+        yield flush(layers)
+
+
 def base_model(model: nn.Module) -> nn.Module:
     """The transformers model inside a peft model (the model itself without LoRA)."""
     inner: Any = model

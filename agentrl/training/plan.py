@@ -83,6 +83,8 @@ from torch import nn
 
 from agentrl.algorithms.token_stats import default_chunk
 from agentrl.config import Config, ConfigError
+from agentrl.parallel.placement import Launch, Placement
+from agentrl.parallel.placement import render as render_placement
 from agentrl.parallel.sharding import check_mesh
 
 GIB = 2**30
@@ -164,6 +166,10 @@ class Plan:
     host: list[Term] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     hints: list[str] = field(default_factory=list)  # settings that would make it fit, when it does not
+    placement: Placement | None = None
+    """Where every process lives (``parallel/placement.py``); its problems make the plan refuse."""
+    worker_budgets: list[Budget] = field(default_factory=list)
+    """The budgets of the most loaded GPU that holds rollout workers and no trainer rank."""
 
     @property
     def terms(self) -> list[Term]:
@@ -176,10 +182,12 @@ class Plan:
 
     @property
     def fits(self) -> bool:
-        return all(b.fits for b in self.budgets)
+        """Every budget holds, and the placement works."""
+        placed = self.placement is None or self.placement.ok
+        return placed and all(b.fits for b in self.budgets + self.worker_budgets)
 
     def budget(self, name: str) -> Budget:
-        return next(b for b in self.budgets if b.name == name)
+        return next(b for b in self.budgets + self.worker_budgets if b.name == name)
 
 
 def config_json(path: str) -> dict[str, Any]:
@@ -295,12 +303,13 @@ class Sizes:
     residual: int  # bytes per value of the residual stream
 
 
-def sizes(cfg: Config, a: Architecture, gpus: int, nodes: int) -> Sizes:
-    """The quantities of ``cfg`` on ``nodes`` × ``gpus`` ranks; refuses a mesh HSDP cannot build."""
+def sizes(cfg: Config, a: Architecture, ranks_per_node: int, nodes: int) -> Sizes:
+    """The quantities of ``cfg`` on ``nodes`` × ``ranks_per_node`` trainer ranks; refuses a mesh HSDP
+    cannot build."""
     from agentrl.training import lora
 
     t, r = cfg.trainer, cfg.rollout
-    world = gpus * nodes
+    world = ranks_per_node * nodes
     fsdp = t.strategy == "fsdp2"
     if fsdp:
         check_mesh(world, t.fsdp.replicas)
@@ -444,18 +453,6 @@ def vllm_engine_terms(a: Architecture, e: int, ctx: int, tp: int, dtype: str) ->
     ]
 
 
-def check_tensor_parallel(tp: int, gpus: int) -> None:
-    """A colocated engine spans tp GPUs of one node, so tp must divide the node's GPUs."""
-    if gpus % tp:
-        why = f"is larger than the {gpus} GPU(s) of a node" if tp > gpus else f"does not divide {gpus}"
-        raise ConfigError(
-            f"rollout.vllm.tensor_parallel_size={tp} {why}: a colocated vLLM engine spans tp GPUs of "
-            f"one node, so tp must divide the GPUs per node (--gpus). Valid for {gpus} GPU(s): "
-            f"{[d for d in range(1, gpus + 1) if gpus % d == 0]}; or rollout.workers > 0 to run the "
-            "engines on their own GPUs"
-        )
-
-
 def _trainer_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
     """Every term the trainer's process holds on its GPU (the HF engine's included: it lives there)."""
     from agentrl.training import lora
@@ -523,8 +520,8 @@ def _tensor_parallel_hint(cfg: Config, a: Architecture, s: Sizes, engine: Budget
         if need <= engine.capacity_gib:
             return (
                 f"rollout.vllm.tensor_parallel_size={d}: the engine's terms then take {need:.2f} GiB of "
-                f"its {engine.capacity_gib:.2f} (a memory count: a colocated engine with "
-                "tensor_parallel_size > 1 has not run yet, docs/scaling.md)"
+                f"its {engine.capacity_gib:.2f} (with rollout.sync.verify=off; a colocated engine with "
+                "tensor_parallel_size > 1 has not run on GPUs yet, docs/scaling.md)"
             )
     return f"no rollout.vllm.tensor_parallel_size up to the node's {gpus} GPU(s) fits the engine's {engine.capacity_gib:.2f} GiB"
 
@@ -547,7 +544,7 @@ def _layout(cfg: Config, s: Sizes, gpus: int, nodes: int) -> str:
 
     t, fsdp, S = cfg.trainer, s.fsdp, s.S
     return (
-        f"{nodes} node(s) × {gpus} GPU(s), trainer.strategy={t.strategy}"
+        f"{nodes} node(s) × {gpus} trainer rank(s), trainer.strategy={t.strategy}"
         + (
             f", HSDP {t.fsdp.replicas} × {S}"
             if fsdp and t.fsdp.replicas > 1
@@ -561,31 +558,101 @@ def _layout(cfg: Config, s: Sizes, gpus: int, nodes: int) -> str:
     )
 
 
-def plan(cfg: Config, gpus: int = 1, gpu_memory_gib: float = 80.0, nodes: int = 1) -> Plan:
-    """Per-GPU memory of ``cfg`` on ``nodes`` × ``gpus`` GPUs of ``gpu_memory_gib`` each, in the
-    budget each term must fit (module docstring)."""
+def default_ranks_per_node(cfg: Config, gpus: int) -> int:
+    """torchrun's ``--nproc_per_node`` when the plan is not told: one rank per GPU, less the whole
+    GPUs local Ray workers take (fractional workers share the trainer's GPUs; a cluster's workers
+    run on its own)."""
+    from agentrl.rollout.components import worker_gpus
+
     r = cfg.rollout
-    colocated_vllm = r.engine == "vllm" and r.workers == 0
-    if colocated_vllm:
-        check_tensor_parallel(r.vllm.tensor_parallel_size, gpus)
+    w = worker_gpus(cfg, cuda=True)
+    if r.workers == 0 or r.ray_address or w < 1 or gpus - math.ceil(r.workers * w) < 1:
+        return gpus  # (the last case: no room; the placement refuses it)
+    return gpus - math.ceil(r.workers * w)
+
+
+def plan(
+    cfg: Config,
+    gpus: int = 1,
+    gpu_memory_gib: float = 80.0,
+    nodes: int = 1,
+    ranks_per_node: int | None = None,
+) -> Plan:
+    """Per-GPU memory of ``cfg`` on ``nodes`` × ``gpus`` GPUs of ``gpu_memory_gib`` each, with
+    ``ranks_per_node`` trainer ranks on each (default ``default_ranks_per_node``), in the budget each
+    term must fit (module docstring), and the placement of every process."""
+    from agentrl.rollout.components import placement
+
+    r = cfg.rollout
+    ranks = ranks_per_node or default_ranks_per_node(cfg, gpus)
+    where = placement(cfg, Launch(nodes=nodes, gpus_per_node=gpus, ranks_per_node=ranks))
     a = architecture(cfg)
-    s = sizes(cfg, a, gpus, nodes)
+    s = sizes(cfg, a, ranks, nodes)
     trainer = _trainer_terms(cfg, a, s)
     notes, hints = [], []
-    if colocated_vllm:
+    shared, alone = _worker_loads(where)
+    if r.engine == "vllm" and r.workers == 0:
         budgets = _vllm_budgets(cfg, a, s, trainer, gpu_memory_gib)
-        hints = _vllm_hints(cfg, a, s, budgets, gpu_memory_gib, gpus)
+        hints = _vllm_hints(cfg, a, s, budgets, gpu_memory_gib, ranks)
     elif r.workers > 0:
-        budgets = [Budget("trainer", gpu_memory_gib, "the whole GPU", trainer)]
-        notes.append(
-            "rollout.workers > 0: the engines run in Ray workers, off the trainer's GPUs (not counted)"
-        )
+        on_trainer = [_worker_budget(cfg, a, s, gpu_memory_gib, k) for k in range(shared)]
+        rest = gpu_memory_gib - sum(b.capacity_gib for b in on_trainer)
+        how = "the whole GPU" if not shared else f"what {shared} rollout worker(s) leave of the GPU"
+        budgets = [*on_trainer, Budget("trainer", rest, how, trainer)]
+        if r.ray_address:
+            notes.append(
+                "rollout.workers > 0: the engines run in Ray workers on a cluster's GPUs (not counted)"
+            )
     else:
         budgets = [Budget("trainer and HF engine", gpu_memory_gib, "the whole GPU", trainer)]
         notes.append("the HF engine runs in the trainer's process and reserves nothing: one budget")
     return Plan(
-        a, _layout(cfg, s, gpus, nodes), budgets, gpu_memory_gib, _host_terms(cfg, s, gpus), notes, hints
+        a,
+        _layout(cfg, s, ranks, nodes),
+        budgets,
+        gpu_memory_gib,
+        _host_terms(cfg, s, ranks),
+        notes,
+        hints,
+        where,
+        [_worker_budget(cfg, a, s, gpu_memory_gib, k) for k in range(alone)],
     )
+
+
+def _worker_loads(where: Placement) -> tuple[int, int]:
+    """The most rollout workers on one GPU that also holds a trainer rank, and on one that does not
+    (node 0: a local Ray's)."""
+    trainer_gpus = {g for t in where.trainers if t.node == 0 for g in t.gpus}
+    count: dict[int, int] = {}
+    for w in where.workers:
+        for g in w.gpus if w.node == 0 else ():
+            count[g] = count.get(g, 0) + 1
+    shared = max((n for g, n in count.items() if g in trainer_gpus), default=0)
+    alone = max((n for g, n in count.items() if g not in trainer_gpus), default=0)
+    return shared, alone
+
+
+def _worker_budget(cfg: Config, a: Architecture, s: Sizes, gpu: float, k: int) -> Budget:
+    """Rollout worker ``k``'s share of a GPU it shares with others: a vLLM engine reserves
+    ``gpu_memory_utilization``·GPU (its weights split over tp GPUs and one sequence of KV cache); an
+    HF engine holds its weights and the KV cache of its running sequences in ``worker_gpus``·GPU."""
+    from agentrl.rollout.components import worker_gpus
+
+    r = cfg.rollout
+    w = min(worker_gpus(cfg, cuda=True), 1.0)
+    dtype = r.dtype or cfg.model.dtype
+    name = f"rollout worker {k}"
+    if r.engine == "vllm":
+        u = r.vllm.gpu_memory_utilization
+        terms = vllm_engine_terms(a, s.e, s.ctx, r.vllm.tensor_parallel_size, dtype)
+        return Budget(name, u * gpu, f"gpu_memory_utilization·GPU = {u:g}·{gpu:g}", terms, reserved=True)
+    seqs = min(ENGINE_BATCH, r.max_concurrent_episodes, math.ceil(s.episodes / r.workers))
+    kv = seqs * s.ctx * a.layers * 2 * a.kv_dim * s.e
+    terms = [
+        Term(f"HF engine weights ({dtype})", s.N * s.e, f"N·e = {s.N:,}·{s.e}"),
+        Term("HF engine KV cache", kv, f"q·ctx·L·2·kv·e = {seqs}·{s.ctx}·{a.layers}·2·{a.kv_dim}·{s.e}"),
+    ]
+    return Budget(name, w * gpu, f"rollout.worker_gpus·GPU = {w:g}·{gpu:g}", terms)
 
 
 ADVICE = {
@@ -628,19 +695,32 @@ def _budget_lines(b: Budget) -> list[str]:
     ]
 
 
+def launch_command(where: Placement) -> str:
+    """The torchrun line that starts this placement's trainer ranks."""
+    L = where.launch
+    nodes = f"--nnodes {L.nodes} " if L.nodes > 1 else ""
+    rdzv = "--rdzv_endpoint HOST:PORT " if L.nodes > 1 else ""
+    return f"torchrun {nodes}--nproc_per_node {L.ranks_per_node} {rdzv}-m agentrl.cli train CONFIG"
+
+
 def verdict(p: Plan) -> str:
-    """The overall verdict, naming each budget that is exceeded and by how much."""
+    """The overall verdict, naming each budget that is exceeded and by how much, and the placement's
+    problems."""
+    if p.placement is not None and not p.placement.ok:
+        keys = ", ".join(dict.fromkeys(q.key for q in p.placement.problems))
+        return f"verdict: REFUSED: the placement cannot work (change {keys}; the REFUSED lines above say why)"
     if p.fits:
-        each = ", ".join(f"{b.name} {b.total_gib:.2f} of {b.capacity_gib:.2f} GiB" for b in p.budgets)
+        each = ", ".join(
+            f"{b.name} {b.total_gib:.2f} of {b.capacity_gib:.2f} GiB" for b in p.budgets + p.worker_budgets
+        )
         return f"verdict: fits, every budget holds ({each})"
+    every = p.budgets + p.worker_budgets
     over = [
         f"the {b.name}'s budget is exceeded: {b.total_gib:.2f} GiB > {b.capacity_gib:.2f} GiB ({b.how})"
-        for b in p.budgets
+        for b in every
         if not b.fits
     ]
-    held = [
-        f"the {b.name}'s fits ({b.total_gib:.2f} of {b.capacity_gib:.2f} GiB)" for b in p.budgets if b.fits
-    ]
+    held = [f"the {b.name}'s fits ({b.total_gib:.2f} of {b.capacity_gib:.2f} GiB)" for b in every if b.fits]
     return "verdict: DOES NOT FIT: " + "; ".join(over + held)
 
 
@@ -648,7 +728,7 @@ def _advice_lines(p: Plan) -> list[str]:
     """For each exceeded budget its largest terms and what shrinks them, then the settings that
     would make the plan fit."""
     lines = []
-    for b in (b for b in p.budgets if not b.fits):
+    for b in (b for b in p.budgets + p.worker_budgets if not b.fits):
         lines += ["", f"largest terms, and what shrinks them ({b.name}'s budget):"]
         for t in sorted(b.terms, key=lambda t: -t.bytes)[:3]:
             advice = next((v for k, v in ADVICE.items() if t.name.startswith(k)), "")
@@ -666,10 +746,15 @@ def render(p: Plan) -> str:
         f"vocab {a.vocab:,})" + (f"; LoRA adapters {a.lora_params / 1e6:.1f} M" if a.lora_params else ""),
         f"layout: {p.layout}",
         "",
+        *([*render_placement(p.placement, launch_command(p.placement)), ""] if p.placement else []),
         f"{'per GPU, ' + str(len(p.budgets)) + ' budget(s)':44s} {'GiB':>7s}   how",
     ]
     for b in p.budgets:
         lines += _budget_lines(b)
+    if p.worker_budgets:
+        lines += ["", f"{'a GPU of rollout workers alone, ' + str(len(p.worker_budgets)) + ' budget(s)':44s}"]
+        for b in p.worker_budgets:
+            lines += _budget_lines(b)
     if p.host:
         lines += ["", "host memory per node", *(_term_line(t) for t in p.host)]
     lines += [""] + [f"note: {n}" for n in p.notes]

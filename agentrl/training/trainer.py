@@ -32,8 +32,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from agentrl.config import Config, config_to_dict, output_dir, run_history, save_config
 from agentrl.engines.base import Engine
 from agentrl.env.data import TaskSampler
@@ -106,9 +104,8 @@ class Trainer:
         for note in checked.notes:
             log(note)
         components.apply_threads(cfg, log)
-        # data-parallel ranks under torchrun (ranks.py); a collective some rank never joins raises
-        self.rank, self.world = ranks.init_from_env(timeout_s=cfg.timeouts.collective_s)
-        self.device = components.device_of(cfg)
+        # device, rank under torchrun, where every process lives: a map that cannot work stops here
+        self.device, self.rank, self.world, self.placement = build.join_run(cfg, log)
         components.say_slow_bf16(cfg, self.device, log)  # emulated bf16 on this CPU: many times slower
         # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
         self.strategy = sharding.make_strategy(cfg.trainer, self.rank, self.world, self.device)
@@ -121,8 +118,6 @@ class Trainer:
         # other ranks keep their own copy of the run's files
         self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
         seed_everything(cfg.run.seed)
-        if cfg.run.deterministic:
-            torch.use_deterministic_algorithms(True)
         self.start_step = self.step = 0
         self.state = RunState(cfg, self.root_dir, self.run_dir, self.rank, self.world, log)
         ckpt, state = self.state.resume_point() if cfg.run.resume else (None, None)
@@ -173,7 +168,9 @@ class Trainer:
         model, self.tokenizer = components.load_model(cfg, path, device=device)
         model.train()
         # the engine's copy of the weights, before LoRA and sharding change the model
-        engine = build.build_engine(cfg, None if sharded else model, self.tokenizer, path)
+        engine = build.build_engine(
+            cfg, None if sharded else model, self.tokenizer, path, self.placement, self.rank
+        )
         if cfg.trainer.mode == "async" and not isinstance(engine, build.RolloutPool):
             engine = EngineGate(engine)  # rollouts and weight pushes take turns (pipeline.py)
         if (
@@ -383,7 +380,7 @@ class Trainer:
         tasks = tasks or components.load_tasks(self.cfg, self.cfg.eval.split)
         if self.cfg.eval.num_tasks:
             tasks = tasks[: self.cfg.eval.num_tasks]
-        return evaluate(self.cfg, self.engine, self.tokenizer, tasks)[0]
+        return evaluate(self.cfg, self.engine, self.tokenizer, tasks, gather=self.rollouts.gather)[0]
 
     def checkpoint(self, step: int) -> Path:
         """Every rank calls this (``run_state.py``)."""

@@ -10,6 +10,7 @@ from typing import Any
 
 from agentrl.config import Config
 from agentrl.engines.base import Engine
+from agentrl.rollout import components
 from agentrl.sync import weight_sync
 
 
@@ -55,8 +56,13 @@ class WeightPush:
         return settings, probe
 
     def sync(self, defer_verify: bool = False) -> weight_sync.SyncReport:
+        """One sync: the learner's buckets (under FSDP2 each gathered by one collective in the
+        engine's dtype, ``parallel/buckets.py``) into the engine, then its proof."""
+        settings, probe = self.settings()
+        dtype = components.engine_dtype(self.cfg)
+        buckets = self.learner.engine_buckets(settings.bucket_mb * weight_sync.MiB, dtype)
         return weight_sync.sync_weights(
-            self.engine, self.learner.engine_weights(), *self.settings(), defer_verify=defer_verify
+            self.engine, weight_sync.Bucketed(buckets), settings, probe, defer_verify=defer_verify
         )
 
 

@@ -296,3 +296,22 @@ def test_an_update_with_part_of_a_fused_layer_is_refused(engine, prompts, tiny_m
     assert [c.token_ids for c in engine.generate(ids, greedy)] == [
         c.token_ids for c in HFEngine(model, tok).generate(ids, greedy)
     ]
+
+
+def test_a_tensor_parallel_engine_over_two_torchrun_ranks(tmp_path, tiny_model_dir):
+    """vLLM's CPU build under torchrun: two ranks, one engine of tensor_parallel_size 2 through vLLM's
+    external_launcher (each rank holds half of every layer). A training step runs its episodes on it
+    (the leader drives, the follower makes the same calls), the update reaches both halves, and the
+    engine's greedy tokens after the push are an HF engine's with the trainer's weights."""
+    from tests.helpers.configs import colocated_tp_overrides, torchrun_record
+
+    out = tmp_path / "record.json"
+    overrides = colocated_tp_overrides(
+        tmp_path, tiny_model_dir, "rollout.max_tokens_per_turn=8", "rollout.max_episode_tokens=128",
+        "trainer.lr=1e-2",
+    )  # fmt: skip
+    leader, follower = torchrun_record("colocated_vllm.py", out, overrides, VLLM_CPU_KVCACHE_SPACE="1")
+    assert (leader["engine"], follower["engine"]) == ("LeaderEngine", "FollowerEngine")
+    assert leader["episodes"] == follower["episodes"] == 4 and leader["trained"] and follower["trained"]
+    assert leader["version"] == follower["version"] == 1
+    assert leader["greedy"] == leader["hf_greedy"], (leader["greedy"], leader["hf_greedy"])

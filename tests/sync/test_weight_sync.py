@@ -526,37 +526,59 @@ def test_ray_pool_broadcast_names_a_worker_that_never_joins(tmp_path, tiny_model
 
 # -- FSDP2 on two ranks -------------------------------------------------------------------------------
 @pytest.mark.slow
-@pytest.mark.parametrize("lora_rank", [0, 4])
-def test_fsdp2_bucketed_sync_equals_whole_on_two_ranks(tmp_path, tiny_model_dir, lora_rank):
-    """Full weights, and LoRA's merged weights (gathered from the sharded adapters and base)."""
-
+def test_fsdp2_bucketed_gather_in_the_engines_dtype_equals_the_per_parameter_transfer(
+    tmp_path, tiny_model_dir
+):
+    """One launch of two ranks, three variants: full weights into a float32 engine and into a
+    bfloat16 one, and LoRA's merged weights. Each rank's engine after the trainer's push (each bucket
+    gathered by one all-gather, in the engine's dtype) equals, bit for bit, a copy fed the
+    transfer it replaces (one full_tensor() per parameter in float32, cast by the engine)."""
     out = tmp_path / "sync.json"
-    driver = HELPERS / "sharded_sync.py"
     overrides = [
         f"model.path={tiny_model_dir}",
-        f"run.output_dir={tmp_path / 'run'}",
         "run.device=cpu",
         "trainer.strategy=fsdp2",
         "trainer.micro_batch_size=1",
         "logging.tensorboard=false",
         "logging.plots=false",
-        f"model.lora.rank={lora_rank}",
     ]
+    variants = {
+        "fp32": [],
+        "bf16_engine": ["rollout.dtype=bfloat16"],
+        "lora": ["model.lora.rank=4"],
+    }
     proc = subprocess.run(
-        [*torchrun_prefix(2), str(driver), str(out), *overrides],
+        [
+            *torchrun_prefix(2),
+            str(HELPERS / "sharded_sync.py"),
+            str(out),
+            *overrides,
+            "--variants",
+            json.dumps(variants),
+        ],
         env={**TORCHRUN_ENV, "OMP_NUM_THREADS": "1"},
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    ranks = json.loads(out.read_text())
-    assert len(ranks) == 2
-    for r in ranks:
-        assert r["differ"] == [] and r["moved"] > 0  # bucketed == whole, and it changed
-        # full weights: every tensor moved; LoRA: the adapted layers' merged weights only
-        assert (r["moved"] == r["tensors"]) == (lora_rank == 0)
-        assert r["verified"] == 1.0 and r["buckets"] > 1 and r["probe_max_abs_diff"] < 1e-3
+    found = json.loads(out.read_text())
+    for name, ranks in found.items():
+        assert len(ranks) == 2
+        for r in ranks:
+            assert r["differ"] == [] and r["moved"] > 0, name  # the same bytes, and they changed
+            # full weights: every tensor moved (into bfloat16 some small steps round away);
+            # LoRA: the adapted layers' merged weights only
+            assert name != "fp32" or r["moved"] == r["tensors"]
+            assert name != "lora" or r["moved"] < r["tensors"]
+            assert r["verified"] == 1.0 and r["buckets"] > 1, name
+            if name == "lora":  # W, A and B of a bucket's layers gathered together, in float32
+                assert len(r["gathers"]) == r["buckets"] and set(r["gathers"]) == {"torch.float32"}
+            else:  # one collective per bucket, in the engine's dtype
+                dtype = "torch.bfloat16" if name == "bf16_engine" else "torch.float32"
+                assert r["gathers"] == [dtype] * int(r["buckets"]) and r["engine_dtype"] == dtype, name
+            limit = 0.5 if name == "bf16_engine" else 1e-3
+            assert r["probe_max_abs_diff"] < limit, name
 
 
 def test_the_settings_come_from_the_config(tmp_path, tiny_model_dir):
@@ -571,3 +593,25 @@ def test_the_settings_come_from_the_config(tmp_path, tiny_model_dir):
     assert SyncSettings().atol("float32", "float32") == 1e-3
     assert SyncSettings().atol("bfloat16", "float32") == 0.5
     assert SyncSettings(probe_atol=0.2).atol("float32", "float32") == 0.2
+
+
+def test_a_buckets_samples_are_read_back_once(monkeypatch):
+    """``sampled_many`` takes the same values as ``sampled`` one tensor at a time, with one copy
+    back to the host per device instead of one per tensor."""
+    from agentrl.engines.fingerprint import sampled, sampled_many
+
+    g = torch.Generator().manual_seed(0)
+    bucket = [
+        ("w", torch.randn(40, 30, generator=g)),
+        ("b", torch.randn(7, generator=g).to(torch.bfloat16)),
+        ("t", torch.randn(30, 40, generator=g).t()),  # not contiguous
+        ("e", torch.zeros(0)),
+    ]
+    one_by_one = [sampled(n, t) for n, t in bucket]
+    reads = []
+    real = torch.Tensor.cpu
+    monkeypatch.setattr(torch.Tensor, "cpu", lambda self, *a, **k: reads.append(1) or real(self, *a, **k))
+    together = sampled_many(bucket)
+    assert len(reads) == 1
+    for a, b in zip(together, one_by_one):
+        assert a.dtype == b.dtype and torch.equal(a, b)

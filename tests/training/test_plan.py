@@ -192,6 +192,7 @@ def test_32b_fits_the_h200s_its_header_names():
 TINY_VLLM = [
     "model.path=tiny:h128-L8",
     "rollout.engine=vllm",
+    "rollout.sync.verify=off",  # an engine with tensor parallelism cannot be fingerprinted
     "rollout.max_episode_tokens=256",
     "rollout.prompts_per_step=4",
     "rollout.group_size=4",
@@ -217,11 +218,23 @@ def test_tensor_parallel_splits_the_engines_weights_and_kv_heads():
         )
 
 
-def test_a_tensor_parallel_size_that_does_not_divide_a_nodes_gpus_is_refused():
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size=3 does not divide 4.*\[1, 2, 4\]"):
-        plan(load_config(None, [*TINY_VLLM, "rollout.vllm.tensor_parallel_size=3"]), gpus=4, nodes=2)
-    with pytest.raises(ConfigError, match=r"tensor_parallel_size=16 is larger than the 8 GPU\(s\) of a node"):
-        plan(load_config(None, [*TINY_VLLM, "rollout.vllm.tensor_parallel_size=16"]), gpus=8, nodes=2)
+def test_a_tensor_parallel_size_that_does_not_divide_a_nodes_ranks_is_refused(capsys):
+    p = plan(load_config(None, [*TINY_VLLM, "rollout.vllm.tensor_parallel_size=3"]), gpus=4, nodes=2)
+    assert not p.fits and [q.key for q in p.placement.problems] == ["rollout.vllm.tensor_parallel_size"]
+    assert re.search(r"tensor_parallel_size=3 does not divide the 4 trainer ranks.*\[1, 2, 4\]", render(p))
+    p = plan(load_config(None, [*TINY_VLLM, "rollout.vllm.tensor_parallel_size=16"]), gpus=8, nodes=2)
+    assert "tensor_parallel_size=16 does not divide the 8 trainer ranks per node" in render(p)
+    # the command says so, names the key, and exits 1
+    cmd = [
+        "plan",
+        str(ROOT / "configs" / "quickstart.yaml"),
+        *TINY_VLLM[1:],
+        "rollout.vllm.tensor_parallel_size=3",
+    ]
+    assert main([*cmd, "--gpus", "4"]) == 1
+    out = capsys.readouterr().out
+    assert "REFUSED (rollout.vllm.tensor_parallel_size)" in out
+    assert "verdict: REFUSED: the placement cannot work (change rollout.vllm.tensor_parallel_size" in out
 
 
 def test_the_trainers_budget_exceeded_while_the_engine_fits():
