@@ -29,6 +29,8 @@ import time
 
 import torch
 
+from agentrl.models.cache_api import cache_kwargs
+
 
 def timed(fn, reps: int) -> list[float]:
     out = []
@@ -98,7 +100,9 @@ def main() -> None:
 
     def prefill() -> DynamicCache:
         cache = DynamicCache(config=model.config)
-        model(input_ids=ids, attention_mask=mask, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(
+            input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1
+        )
         return cache
 
     def decode_transformers() -> None:
@@ -107,7 +111,10 @@ def main() -> None:
         for _ in range(steps):
             m = torch.cat([m, m.new_ones((B, 1))], dim=1)
             model(
-                input_ids=tokens[:, None], attention_mask=m, position_ids=pos[:, None], past_key_values=cache
+                input_ids=tokens[:, None],
+                attention_mask=m,
+                position_ids=pos[:, None],
+                **cache_kwargs(model, cache),
             )
             pos = pos + 1
 

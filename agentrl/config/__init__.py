@@ -332,6 +332,24 @@ def _mode_problems(cfg: Config) -> Iterator[tuple[str, str]]:
             "workers, but rollout.workers=0 runs the engine in the trainer's process (it takes the tensors "
             "directly): set rollout.workers >= 1 or rollout.sync.transport=object_store",
         )
+    yield from _engine_placement_problems(cfg)
+    if ro.colocate.sleep:
+        yield from _colocate_problems(cfg)
+    weighting = registry.WEIGHTINGS[weighting_name(cfg)]
+    if weighting.check is not None:  # the selected method's own rules (its record)
+        yield from weighting.check(weighting_settings(cfg), cfg.trainer)
+
+
+def _engine_placement_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """Engine settings that only some engines or placements use: the HF engine's poll interval, the
+    workers' GPU share, tensor parallelism's limits."""
+    ro = cfg.rollout
+    if ro.poll_every is not None and ro.engine != "hf":
+        yield (
+            "rollout.poll_every",
+            f"rollout.poll_every={ro.poll_every} sets the HF engine's decode loop, but rollout.engine="
+            f"{ro.engine!r} has its own scheduler: leave rollout.poll_every unset",
+        )
     if ro.worker_gpus is not None and ro.workers == 0:
         yield (
             "rollout.worker_gpus",
@@ -362,11 +380,6 @@ def _mode_problems(cfg: Config) -> Iterator[tuple[str, str]]:
             "ranks of a tensor-parallel group follow their leader's generation calls in the trainer's main "
             "thread, which async mode keeps for the update; use trainer.mode=sync, or rollout.workers > 0",
         )
-    if ro.colocate.sleep:
-        yield from _colocate_problems(cfg)
-    weighting = registry.WEIGHTINGS[weighting_name(cfg)]
-    if weighting.check is not None:  # the selected method's own rules (its record)
-        yield from weighting.check(weighting_settings(cfg), cfg.trainer)
 
 
 def _colocate_problems(cfg: Config) -> Iterator[tuple[str, str]]:

@@ -5,9 +5,11 @@ one batch and returns the log-probability of each sampled token under the distri
 from (after temperature, top-k and top-p, renormalised), which ``generate``'s scores cannot give
 without recomputation.
 
-How a batch runs: prompts are sorted by length, cut into batches of ``max_batch_size``, left-padded
-(attention mask + explicit position ids, so padding never changes a row's numbers beyond float
-rounding), prefilled in one forward, then decoded one token per forward with ``past_key_values``.
+How a batch runs: prompts are sorted by length, cut into batches as large as the KV cache's memory
+budget holds (``batch_rows``; ``max_batch_size`` caps them), left-padded (attention mask + explicit
+position ids, so padding never changes a row's numbers beyond float rounding), prefilled in one
+forward, then decoded one token per step: by the lean step's static loop on the device
+(``decode_loop.py``; a CUDA graph on CUDA), or by the transformers forward with a growing cache.
 Finished rows stop being appended to at once and are dropped from the batch (KV cache included) once
 a quarter of the rows are done, so long stragglers do not pay for finished neighbours.
 
@@ -30,6 +32,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -44,65 +47,15 @@ from agentrl.engines.base import (
     per_prompt_params,
     weight_items,
 )
+from agentrl.engines.decode_loop import DecodeState, decode_batch, sample_next
 from agentrl.engines.fingerprint import checksum, probe_logprobs, sampled_many
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import pays_off as lean_pays_off
 from agentrl.engines.lean_decode import supports as lean_supports
 from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
+from agentrl.models.cache_api import cache_kwargs
 from agentrl.timeouts import WaitTimeout
-
-
-def sample_next(
-    logits: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    u: torch.Tensor,
-    *,
-    filtered: bool | None = None,
-    plain: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One token per row and its log-probability under the sampling distribution.
-
-    logits (B, V) float32; temperature, top_p (B,) float; top_k (B,) long (0 = off); u (B,) uniforms in
-    [0, 1). Order: temperature, then top-k, then top-p on the renormalised top-k distribution (the
-    order transformers' warpers and vLLM use). Top-p keeps the smallest most-likely prefix whose mass
-    reaches ``top_p``. Sampling is by inverse CDF on ``u`` so each row's draw depends only on its own
-    uniform, not on the batch.
-
-    Hints a caller may pass once per batch to skip per-step checks: ``filtered`` (whether any row
-    uses top-k or top-p; None = find out) and ``plain`` (every row has temperature exactly 1, no
-    top-k, no top-p)."""
-    vocab = logits.shape[-1]
-    order, greedy = None, None
-    scaled = logits  # plain: temperature 1, nothing filtered, no greedy row
-    if not plain:
-        greedy = temperature <= 0
-        scaled = logits / torch.where(greedy, torch.ones_like(temperature), temperature)[:, None]
-        if filtered is None:
-            filtered = bool((top_k > 0).any()) or bool((top_p < 1).any())
-    if filtered and not plain:
-        scaled, order = scaled.sort(dim=-1, descending=True)  # (B, V), most likely first
-        ranks = torch.arange(vocab, device=logits.device)[None, :]
-        k = torch.where(top_k > 0, top_k, torch.full_like(top_k, vocab))
-        scaled = scaled.masked_fill(ranks >= k[:, None], float("-inf"))
-        probs = scaled.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs  # mass of strictly more likely tokens
-        drop = (mass_before >= top_p[:, None]) & (top_p < 1)[:, None]
-        scaled = scaled.masked_fill(drop, float("-inf"))
-    logp = scaled.log_softmax(dim=-1)  # (B, V)
-    cdf = logp.exp().cumsum(dim=-1)
-    total = cdf[:, -1]
-    # u * total < total strictly, so the chosen index always has a positive probability increment.
-    target = torch.minimum(u.to(cdf.dtype) * total, torch.nextafter(total, torch.zeros_like(total)))
-    idx = torch.searchsorted(cdf, target[:, None], right=True).clamp(max=vocab - 1)  # (B, 1)
-    token_lp = logp.gather(1, idx).squeeze(1)
-    tokens = (order.gather(1, idx) if order is not None else idx).squeeze(1)
-    if greedy is not None:
-        tokens = torch.where(greedy, logits.argmax(dim=-1), tokens)
-        token_lp = torch.where(greedy, torch.zeros_like(token_lp), token_lp)
-    return tokens, token_lp
 
 
 @dataclass
@@ -142,8 +95,10 @@ class HFEngine:
         tokenizer: Any = None,
         device: str | torch.device = "cpu",
         dtype: str | torch.dtype | None = None,
-        max_batch_size: int = 64,
+        max_batch_size: int | None = None,
         lean_decode: bool | None = None,
+        poll_every: int | None = None,
+        cuda_graphs: bool = True,
     ) -> None:
         self.device = torch.device(device)
         if dtype is not None and torch_dtype(dtype) != next(model.parameters()).dtype:
@@ -151,13 +106,19 @@ class HFEngine:
         self.model = model.to(self.device)
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        """Rows decoded together; None: as many as the KV cache's memory budget holds (``batch_rows``)."""
+        cuda = self.device.type == "cuda"
+        self.poll_every = poll_every or (DEFAULT_POLL_CUDA if cuda else 1)
+        """The lean loop reads its new tokens back every this many steps (module docstring)."""
+        self.cuda_graphs = cuda_graphs and cuda
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._decode = token_decoder(tokenizer) if tokenizer is not None else None
         self._version = 0
         # decode steps: the lean Qwen2/Llama step (engines/lean_decode.py) for a model it reproduces,
-        # by default (None) only where it is the faster one (small models), True wherever it can;
-        # else the transformers forward. Recorded so benchmarks and logs can say which ran
-        auto = lean_decode is None and lean_pays_off(self.model)
+        # by default (None) on CUDA (its static step is replayed as a CUDA graph) and on the CPU where
+        # it is the faster one (small models), True wherever it can; else the transformers forward.
+        # Recorded so benchmarks and logs can say which ran
+        auto = lean_decode is None and (cuda or lean_pays_off(self.model))
         lean = bool(lean_decode or auto) and lean_supports(self.model)
         self.decode_path = "lean" if lean else "transformers"
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
@@ -248,12 +209,42 @@ class HFEngine:
         was_training = self.model.training
         self.model.eval()
         try:
-            with torch.inference_mode():
-                for start in range(0, len(todo), self.max_batch_size):
-                    self._run_batch(todo[start : start + self.max_batch_size])
+            with torch.inference_mode(), self._attention_kernels():
+                start = 0
+                while start < len(todo):
+                    n = self.batch_rows(todo[start:])
+                    self._run_batch(todo[start : start + n])
+                    start += n
         finally:
             self.model.train(was_training)
         return [self._completion(r, version) for r in requests]
+
+    def batch_rows(self, todo: Sequence[_Request]) -> int:
+        """How many of ``todo`` (sorted longest prompt first) to decode together: ``max_batch_size``
+        when set; else as many as the KV cache's memory budget holds (``kv_budget_bytes``), at least
+        one. Rows decoded together cost one step for all of them, so fewer, larger batches are
+        faster wherever memory allows (the 128-row runs of the GPU benchmark decoded two 64-row
+        batches one after the other when 64 was fixed)."""
+        if self.max_batch_size:
+            return min(self.max_batch_size, len(todo))
+        c: Any = self.model.config
+        layers = int(getattr(c, "num_hidden_layers", 1))
+        heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+        width = len(todo[0].prompt) + max(r.params.max_tokens for r in todo)
+        per_row = 2 * layers * heads * head_dim * width * next(self.model.parameters()).element_size()
+        return max(1, min(len(todo), int(kv_budget_bytes(self.device) // per_row)))
+
+    def _attention_kernels(self) -> contextlib.AbstractContextManager:
+        """On CUDA, scaled-dot-product attention without cuDNN for the engine's own calls (the
+        prefill, and the transformers decode path): cuDNN keeps a graph per key length and builds a
+        new one, on the host, whenever the length grows, which a decode does every step (the
+        measured 1.3 ms per call on an H200, docs/performance.md). The trainer's forward keeps it."""
+        if self.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     # -- internals -------------------------------------------------------------------------
     def _request(self, index: int, prompt: Sequence[int], sp: SamplingParams) -> _Request:
@@ -300,7 +291,7 @@ class HFEngine:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **cache_kwargs(self.model, cache),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -319,18 +310,33 @@ class HFEngine:
                 for r in batch
             ]
         ).to(self.device)  # (B, steps): row i's draws depend only on its own seed
-        temperature = torch.tensor([float(r.params.temperature) for r in batch], device=self.device)
-        top_k = torch.tensor([int(r.params.top_k) for r in batch], device=self.device)
-        top_p = torch.tensor([float(r.params.top_p) for r in batch], device=self.device)
         filtered = any(r.params.top_k > 0 or r.params.top_p < 1 for r in batch)
         plain = not filtered and all(float(r.params.temperature) == 1.0 for r in batch)
         logits, mask, positions, cache = self._prefill(batch)
-        lean = LeanDecoder.from_cache(self.model, cache, mask, steps) if self.decode_path == "lean" else None
-        rows = list(batch)  # requests still in the batch, aligned with tensor rows
+        state = DecodeState.start(logits, positions, uniforms, [r.params for r in batch], filtered, plain)
+        if self.decode_path == "lean":
+            lean = LeanDecoder.from_cache(self.model, cache, mask, steps)
+            graphs = self.device if self.cuda_graphs else None
+            decode_batch(batch, state, lean, steps, self.poll_every, graphs, self._check_deadline)
+        else:
+            self._decode_transformers(batch, state, mask, cache, steps)
+
+    def _decode_transformers(
+        self, batch: list[_Request], state: DecodeState, mask: torch.Tensor, cache: DynamicCache, steps: int
+    ) -> None:
+        """The transformers forward, one step at a time (models the lean step does not reproduce)."""
+        rows, positions, logits = list(batch), state.positions, state.logits
+        temperature, top_k, top_p, uniforms = state.temperature, state.top_k, state.top_p, state.uniforms
         for step in range(steps):
             self._check_deadline(f"at decode step {step}")
             tokens, lps = sample_next(
-                logits, temperature, top_k, top_p, uniforms[:, step], filtered=filtered, plain=plain
+                logits,
+                temperature,
+                top_k,
+                top_p,
+                uniforms[:, step],
+                filtered=state.filtered,
+                plain=state.plain,
             )
             done = [
                 r.finish is not None or r.add(t, lp) for r, t, lp in zip(rows, tokens.tolist(), lps.tolist())
@@ -338,12 +344,10 @@ class HFEngine:
             if all(done):
                 return
             if 4 * sum(done) >= len(rows):  # compact: drop finished rows everywhere
-                keep = torch.tensor([i for i, d in enumerate(done) if not d], device=self.device)
-                if lean is not None:
-                    lean.keep(keep)
-                else:
-                    cache.reorder_cache(keep)  # type: ignore[arg-type]
-                rows = [rows[i] for i in keep.tolist()]
+                kept = [i for i, d in enumerate(done) if not d]
+                keep = torch.tensor(kept, device=self.device)
+                cache.reorder_cache(keep)  # type: ignore[arg-type]
+                rows = [rows[i] for i in kept]
                 tokens, mask, positions = tokens[keep], mask[keep], positions[keep]
                 uniforms, temperature, top_k, top_p = (
                     uniforms[keep],
@@ -351,16 +355,32 @@ class HFEngine:
                     top_k[keep],
                     top_p[keep],
                 )
-            if lean is not None:
-                logits = lean.step(tokens, positions)
-            else:
-                mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-                out = self.model(
-                    input_ids=tokens[:, None],
-                    attention_mask=mask,
-                    position_ids=positions[:, None],
-                    past_key_values=cache,
-                    use_cache=True,
-                )
-                logits = out.logits[:, -1].float()
+            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+            out = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=positions[:, None],
+                **cache_kwargs(self.model, cache),
+                use_cache=True,
+            )
+            logits = out.logits[:, -1].float()
             positions = positions + 1
+
+
+DEFAULT_POLL_CUDA = 8
+"""On CUDA the lean loop reads its tokens back every 8 steps: a read waits for the GPU, and 8 steps
+of graph replays keep it busy in between; finished rows run at most 7 wasted steps."""
+
+
+def kv_budget_bytes(device: torch.device) -> int:
+    """The memory a batch's KV cache may take: on CUDA half of what is free on the device now; on the
+    CPU a quarter of the memory available (``MemAvailable``), at most 4 GiB."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free // 2)
+    available = 8 << 30
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    return min(available // 4, 4 << 30)

@@ -161,8 +161,10 @@ class LeanDecoder:
         m: Any = model  # a Qwen2/LlamaForCausalLM (supports() checked); its attributes are typed loosely
         self.model, self.inner = m, m.model
         self.keys, self.values = keys, values  # per layer [B, kvH, D, capacity], [B, kvH, capacity, D]
-        self.bias = bias  # [B, kvH, 1, capacity]: -inf on left padding, 0 elsewhere
-        self.length = length  # columns filled
+        self.bias = bias  # [B, kvH, 1, capacity]: 0 on columns written, -inf on padding and columns to come
+        self.length = length  # columns the prefill filled
+        self.col = torch.full((1,), length, dtype=torch.long, device=bias.device)
+        """The next column to write, on the device: the step reads it, so its shapes never change."""
         cfg = m.config
         self.n_heads: int = cfg.num_attention_heads
         self.n_kv: int = cfg.num_key_value_heads
@@ -203,8 +205,8 @@ class LeanDecoder:
             keys.append(kb)
             values.append(vb)
         n_kv = keys[0].shape[1]
-        bias = keys[0].new_zeros((B, n_kv, 1, W + extra))
-        bias[:, :, 0, :W].masked_fill_(~mask.bool()[:, None, :], float("-inf"))
+        bias = keys[0].new_full((B, n_kv, 1, W + extra), float("-inf"))  # columns to come: -inf
+        bias[:, :, 0, :W].masked_fill_(mask.bool()[:, None, :], 0.0)
         return cls(model, keys, values, bias, W, positions_needed=W + extra + 1)
 
     def keep(self, rows: Tensor) -> None:
@@ -223,38 +225,51 @@ class LeanDecoder:
         self.bias3 = self.bias.view(B * nKV, 1, cap)
         self.ws = _Workspace(self, B)
 
-    def step(self, tokens: Tensor, positions: Tensor) -> Tensor:
+    def step(self, tokens: Tensor, positions: Tensor, span: int | None = None) -> Tensor:
         """Logits [B, V] (float32) of the next token after appending ``tokens`` [B] at rotary
         ``positions`` [B]. Intermediate results go to the workspace's buffers through views made
         once per batch (``out=`` and in-place calls): at these sizes, allocations and the Python
-        around each call are a measurable share of a step."""
-        col = self.length
-        if col >= self.bias.shape[-1]:
-            raise RuntimeError("LeanDecoder: KV buffer full (more steps than reserved)")
-        ws, L = self.ws, col + 1
+        around each call are a measurable share of a step.
+
+        No host read: the column written is ``self.col``, a device tensor. With ``span`` None the
+        attention reads the whole capacity, the columns not yet written masked by a -inf bias
+        (exp(-inf) = 0: the same weights, summed over more zeros), so every step runs the same
+        operations on the same shapes and can be replayed as a CUDA graph. ``span``: read only the
+        first ``span`` columns (at least the one written), a length the caller knows without
+        reading the device; on the CPU, where nothing is replayed, attending over the whole capacity
+        cost 1.6x the attention of the columns in use (a 2 M model, 32 rows, 2 cores). The capacity is
+        the caller's to respect: ``from_cache`` reserves room for ``extra`` steps, and a column past
+        the buffer is an index error."""
+        ws, col = self.ws, self.col
+        keys3, values3, bias3 = self.keys3, self.values3, self.bias3
+        if span is not None:
+            keys3 = [k.narrow(2, 0, span) for k in keys3]
+            values3 = [v.narrow(1, 0, span) for v in values3]
+            bias3 = bias3.narrow(2, 0, span)
         h = F.embedding(tokens, self.embed)  # [B, H], the residual stream, updated in place
         torch.index_select(self.cos, 0, positions, out=ws.cos)
         torch.index_select(self.sin, 0, positions, out=ws.sin)
-        bias = self.bias3.narrow(2, 0, L)
+        self.bias.index_fill_(3, col, 0.0)  # the new token's column is attended to from now on
         f32 = h.dtype == torch.float32
-        for lw, k4, k3, v4, v3 in zip(self.layers, self.keys, self.keys3, self.values, self.values3):
+        for lw, k4, k3, v4, v3 in zip(self.layers, self.keys, keys3, self.values, values3):
             torch.addmm(lw.qkv_b, ws.normed(h), lw.qkv_t, out=ws.qkv)  # [q k | v | rot(q) rot(k)]
-            # rotary (queries also scaled); the keys go straight into the cache column
+            # rotary (queries also scaled); key and value written into the cache's column ``col``
             torch.mul(ws.q_raw, ws.cos_q, out=ws.q).addcmul_(ws.q_rot, ws.sin_q)
-            torch.mul(ws.k_raw, ws.cos_k, out=k4.select(3, col)).addcmul_(ws.k_rot, ws.sin_k)
-            v4.select(2, col).copy_(ws.v)
-            scores = torch.baddbmm(bias, ws.q3, k3.narrow(2, 0, L))  # [B kvH, g, L]
+            torch.mul(ws.k_raw, ws.cos_k, out=ws.k).addcmul_(ws.k_rot, ws.sin_k)
+            k4.index_copy_(3, col, ws.k[..., None])  # [B, kvH, D, 1] into [B, kvH, D, capacity]
+            v4.index_copy_(2, col, ws.v[:, :, None])  # [B, kvH, 1, D] into [B, kvH, capacity, D]
+            scores = torch.baddbmm(bias3, ws.q3, k3)  # [B kvH, g, capacity or span]
             if f32:
                 probs = torch.softmax(scores, dim=-1)
             else:  # eager attention's softmax runs in float32
-                probs = torch.softmax(scores.float(), dim=-1).to(scores.dtype)
-            torch.bmm(probs, v3.narrow(1, 0, L), out=ws.attn)
+                probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
+            torch.bmm(probs, v3, out=ws.attn)
             h.addmm_(ws.attn2, lw.o_t)
             if lw.o_b is not None:
                 h.add_(lw.o_b)
             torch.mm(ws.normed(h), lw.gate_up_t, out=ws.gate_up)
             h.addmm_(lw.act(ws.gate).mul_(ws.up), lw.down_t)
-        self.length = L
+        col.add_(1)
         logits = torch.mm(ws.normed(h), self.head_t)
         if self.head_b is not None:
             logits = logits + self.head_b
@@ -283,6 +298,7 @@ class _Workspace:
         self.cos_k = self.cos.narrow(1, qd, kd).view(B, nKV, D)
         self.sin_k = self.sin.narrow(1, qd, kd).view(B, nKV, D)
         self.q = new(B, qd)
+        self.k = new(B, nKV, D)  # the rotated keys of the step, before they go into the cache
         self.q3 = self.q.view(B * nKV, nH // nKV, D)  # heads j*g..j*g+g-1 read KV head j
         self.attn = new(B * nKV, nH // nKV, D)
         self.attn2 = self.attn.view(B, qd)

@@ -286,7 +286,9 @@ def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, pat
         engine_model.eval()
         for p in engine_model.parameters():
             p.requires_grad_(False)
-        return HFEngine(engine_model, tokenizer=tokenizer, device=device_of(cfg))
+        return HFEngine(
+            engine_model, tokenizer=tokenizer, device=device_of(cfg), poll_every=cfg.rollout.poll_every
+        )
     return vllm_engine(cfg, path)
 
 

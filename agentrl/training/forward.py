@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from agentrl.models.cache_api import cache_kwargs, returned_cache
+
 
 def shared_prefix_len(ids: Tensor, lengths: Tensor | None = None, limit: int | None = None) -> int:
     """Length of the longest prefix that every row of ``ids`` [B, T] shares, capped at ``limit``
@@ -103,7 +105,7 @@ def suffix_logits(model: torch.nn.Module, ids: Tensor, share: int, owners: Tenso
     else:
         reps, index = torch.unique(owners, sorted=True, return_inverse=True)  # index: row -> rep
     prefix = model(input_ids=ids[reps, :share], use_cache=True)
-    cache = prefix.past_key_values
+    cache = returned_cache(prefix)
     if cache is None:  # e.g. gradient checkpointing turns the cache off: fall back, still correct
         return model(input_ids=ids).logits[:, share:]
     if len(reps) == 1:
@@ -111,7 +113,7 @@ def suffix_logits(model: torch.nn.Module, ids: Tensor, share: int, owners: Tenso
             cache.batch_repeat_interleave(B)
     else:
         cache.reorder_cache(index)  # index_select along the batch (differentiable)
-    return model(input_ids=ids[:, share:], past_key_values=cache, use_cache=False).logits
+    return model(input_ids=ids[:, share:], **cache_kwargs(model, cache), use_cache=False).logits
 
 
 def output_head(model: nn.Module) -> nn.Linear | None:

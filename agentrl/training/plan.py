@@ -47,8 +47,9 @@ The trainer's budget (or the whole GPU's):
   vocabulary, outside FSDP2) only one chunk's exist, min(t, ⌊2²³/V⌋)·V·4·k, k = ``CHUNK_COPIES``;
 - the KL reference (``kl_coef`` > 0; not with LoRA, whose reference is the base itself): N·b/S;
 - the colocated HF engine (same budget): its copy of the weights, N·e, and the KV cache of its
-  running sequences, q·ctx·L·2·kv·e with q = min(64, ``max_concurrent_episodes``, episodes per
-  rank); the weight sync streams one tensor at a time into it, so its transient is the largest
+  running sequences, q·ctx·L·2·kv·e with q = min(``max_concurrent_episodes``, episodes per rank)
+  (the engine decodes together as many rows as its KV budget, half the GPU's free memory, holds);
+  the weight sync streams one tensor at a time into it, so its transient is the largest
   tensor in e bytes;
 - a fixed 2 GiB for the CUDA context, NCCL buffers and the allocator's slack.
 
@@ -89,7 +90,6 @@ from agentrl.parallel.sharding import check_mesh
 
 GIB = 2**30
 OVERHEAD_GIB = 2.0
-ENGINE_BATCH = 64  # HFEngine's default max_batch_size: sequences decoded together
 BUNDLED = Path(__file__).resolve().parents[1] / "assets" / "architectures"
 
 
@@ -430,7 +430,7 @@ def chunked_head(cfg: Config, vocab: int) -> bool:
 def _hf_engine_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
     """The in-process HF engine: its weights, its running sequences' KV cache, the sync's transient."""
     r, e, ctx = cfg.rollout, s.e, s.ctx
-    seqs = min(ENGINE_BATCH, r.max_concurrent_episodes, math.ceil(s.episodes / s.world))
+    seqs = min(r.max_concurrent_episodes, math.ceil(s.episodes / s.world))  # all decode together
     kv = seqs * ctx * a.layers * 2 * a.kv_dim * e
     return [
         Term(f"HF engine weights ({r.dtype or cfg.model.dtype})", s.N * e, f"N·e = {s.N:,}·{e}"),
@@ -646,7 +646,7 @@ def _worker_budget(cfg: Config, a: Architecture, s: Sizes, gpu: float, k: int) -
         u = r.vllm.gpu_memory_utilization
         terms = vllm_engine_terms(a, s.e, s.ctx, r.vllm.tensor_parallel_size, dtype)
         return Budget(name, u * gpu, f"gpu_memory_utilization·GPU = {u:g}·{gpu:g}", terms, reserved=True)
-    seqs = min(ENGINE_BATCH, r.max_concurrent_episodes, math.ceil(s.episodes / r.workers))
+    seqs = min(r.max_concurrent_episodes, math.ceil(s.episodes / r.workers))
     kv = seqs * s.ctx * a.layers * 2 * a.kv_dim * s.e
     terms = [
         Term(f"HF engine weights ({dtype})", s.N * s.e, f"N·e = {s.N:,}·{s.e}"),

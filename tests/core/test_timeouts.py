@@ -200,7 +200,9 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
             ), ep.failure.message
             assert ep.failure.message.endswith("killed it")
 
-        pool.call_timeout_s = 60.0  # the replacement loads the policy
+        pool.call_timeout_s = (
+            180.0  # the replacement loads the policy (15-60 s alone, more beside other jobs)
+        )
         eps = pool.run_episodes(hanging(2, 0.0))
         assert not any(ep.failed for ep in eps), [ep.failure for ep in eps]
         assert "replaced dead worker 0" in pool.events

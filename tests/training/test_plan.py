@@ -71,7 +71,7 @@ def test_single_gpu_full_fine_tune_term_by_term():
         "activations (one micro-batch)": t * L * per_token_layer,
         "logits and their gradient": t * V * 8,
         "HF engine weights (float32)": 4 * N,
-        "HF engine KV cache": 8 * 256 * L * 2 * KV * 4,  # min(64, 8 concurrent, 16 episodes) sequences
+        "HF engine KV cache": 8 * 256 * L * 2 * KV * 4,  # min(8 concurrent, 16 episodes) sequences
         "weight sync (streamed)": V * H * 4,
         "CUDA context, NCCL, allocator slack": 2 * GIB,
     }

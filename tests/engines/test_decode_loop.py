@@ -1,0 +1,166 @@
+"""The HF engine's static decode loop (``engines/decode_loop.py`` over ``engines/lean_decode.py``): the
+same completions as the transformers loop whatever the poll interval, a step that never reads the
+device from the host and keeps its shapes (so it can be a CUDA graph), the batch size from the
+memory budget, and transformers' current cache API (no deprecation warning)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from agentrl.engines import hf
+from agentrl.engines.base import SamplingParams
+from agentrl.engines.decode_loop import DecodeState, decode_step
+from agentrl.engines.hf import HFEngine
+from agentrl.engines.lean_decode import LeanDecoder
+
+TEXTS = [
+    "1",
+    "<|im_start|>user\nWhat is 2+3?<|im_end|>\n<|im_start|>assistant\n",
+    "def f(x):\n    return",
+    "Alice has 12 apples. She buys 7 more at the store and gives 3 to Bob. How many apples?",
+]
+
+
+def mixed_requests(tok) -> tuple[list[list[int]], list[SamplingParams]]:
+    """Prompts of four lengths, each twice (the prefill shares them), with rows that finish at
+    different steps (max_tokens 3..23, so the batch is compacted), a greedy row, top-k and top-p rows
+    and stop ids."""
+    prompts = [tok.encode(t, add_special_tokens=False) for t in TEXTS] * 2
+    params = [
+        SamplingParams(
+            max_tokens=3 + 5 * (i % 5),
+            temperature=0.0 if i == 5 else 0.8 + 0.1 * (i % 3),
+            top_k=20 if i % 4 == 1 else 0,
+            top_p=0.9 if i % 4 == 2 else 1.0,
+            stop_token_ids=(7, 11) if i % 3 == 0 else (),
+            seed=21 + i,
+        )
+        for i in range(len(prompts))
+    ]
+    return prompts, params
+
+
+def same(a, b) -> None:
+    for x, y in zip(a, b):
+        assert x.token_ids == y.token_ids
+        assert (x.finish_reason, x.stop_reason) == (y.finish_reason, y.stop_reason)
+        assert max((abs(p - q) for p, q in zip(x.logprobs, y.logprobs)), default=0.0) < 1e-5
+
+
+@pytest.mark.parametrize("poll_every", [1, 3, 16])
+def test_the_static_loop_equals_the_transformers_loop(peaky_policy, poll_every):
+    """float32: identical tokens, finish and stop reasons, log-probs within 1e-5, with prompt sharing,
+    compaction, greedy and filtered rows, stop ids and a stop string; reading the tokens back every
+    1, 3 or 16 steps changes nothing (what a row samples past its end is cut exactly)."""
+    model, tok = peaky_policy
+    prompts, params = mixed_requests(tok)
+    slow = HFEngine(model, tok, lean_decode=False)
+    reference = slow.generate(prompts, params)
+    # a stop string the reference met in row 3's text, so it ends that row early in both loops
+    text = tok.decode(reference[3].token_ids[2:6])
+    assert text, "the reference produced no text to stop on"
+    params[3] = SamplingParams(**{**params[3].__dict__, "stop": (text[: max(1, len(text) // 2)],)})
+    reference = slow.generate(prompts, params)
+    assert reference[3].finish_reason == "stop" and isinstance(reference[3].stop_reason, str)
+    assert {c.finish_reason for c in reference} == {"stop", "length"}
+    static = HFEngine(model, tok, lean_decode=True, poll_every=poll_every)
+    assert static.decode_path == "lean"
+    same(static.generate(prompts, params), reference)
+
+
+def fresh_step(model, tok, rows: int = 3):
+    """A prefilled batch of ``rows`` prompts and its ``DecodeState`` and ``LeanDecoder``."""
+    engine = HFEngine(model, tok, lean_decode=True)
+    prompts = [tok.encode(t, add_special_tokens=False) for t in TEXTS[:rows]]
+    params = [SamplingParams(max_tokens=8, temperature=1.0, top_k=5 * i, seed=i) for i in range(rows)]
+    batch = [engine._request(i, p, sp) for i, (p, sp) in enumerate(zip(prompts, params))]
+    logits, mask, positions, cache = engine._prefill(batch)
+    uniforms = torch.rand(rows, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    state = DecodeState.start(logits, positions, uniforms, params, filtered=True, plain=False)
+    return state, LeanDecoder.from_cache(model, cache, mask, 8)
+
+
+def test_one_decode_step_compiles_into_one_graph(peaky_policy):
+    """``torch.compile(fullgraph=True)`` fails on any host read (``.item()``, ``.tolist()``,
+    ``bool(tensor)``) or data-dependent shape inside the step: the precondition of a CUDA graph,
+    checked on the CPU. The compiled step computes what the eager one does."""
+    model, tok = peaky_policy
+    with torch.inference_mode():
+        eager_state, eager_lean = fresh_step(model, tok)
+        state, lean = fresh_step(model, tok)
+        compiled = torch.compile(decode_step, fullgraph=True, backend="eager", dynamic=False)
+        for _ in range(2):
+            decode_step(eager_state, eager_lean)
+            compiled(state, lean)
+    assert torch.equal(state.tokens, eager_state.tokens) and int(state.step) == 2
+    assert torch.allclose(state.logprobs, eager_state.logprobs) and torch.equal(
+        state.positions, eager_state.positions
+    )
+
+
+class ShapeLog(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[tuple[str, tuple]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        shapes = tuple(
+            tuple(o.shape) for o in (out if isinstance(out, (tuple, list)) else [out]) if hasattr(o, "shape")
+        )
+        self.ops.append((str(func), shapes))
+        return out
+
+
+def test_a_step_keeps_its_shapes_and_never_reads_the_device(peaky_policy, monkeypatch):
+    """Two consecutive steps run the same operations on the same shapes (a CUDA graph replays one
+    recording), and none of them reads a tensor back to the host."""
+    model, tok = peaky_policy
+    with torch.inference_mode():
+        state, lean = fresh_step(model, tok)
+        for name in ("item", "tolist", "__bool__", "cpu", "numpy"):
+            monkeypatch.setattr(torch.Tensor, name, lambda *a, _n=name, **k: pytest.fail(f"host read: {_n}"))
+        logs = []
+        for _ in range(2):
+            with ShapeLog() as log:
+                decode_step(state, lean)
+            logs.append(log.ops)
+    assert logs[0] == logs[1] and len(logs[0]) > 50
+
+
+def test_the_batch_is_as_large_as_the_memory_budget_allows(peaky_policy, monkeypatch):
+    """No fixed 64-row split: rows decode together as far as the KV budget holds them. The test model
+    (hidden 128, 2 layers, 2 KV heads of 32) holds 2 layers · 2 · 2 · 32 · 4 bytes = 1 KiB per
+    token; 80 rows of a 10-token prompt and 6 new tokens take 16 KiB each."""
+    model, tok = peaky_policy
+    engine = HFEngine(model, tok)
+    requests = [engine._request(i, [5] * 10, SamplingParams(max_tokens=6)) for i in range(80)]
+    assert engine.batch_rows(requests) == 80
+    monkeypatch.setattr(hf, "kv_budget_bytes", lambda device: 20 * 16 * 1024)
+    assert engine.batch_rows(requests) == 20
+    assert HFEngine(model, tok, max_batch_size=16).batch_rows(requests) == 16
+    sizes = []
+    real = engine._run_batch
+    monkeypatch.setattr(engine, "_run_batch", lambda batch: sizes.append(len(batch)) or real(batch))
+    outs = engine.generate([[5] * 10] * 80, SamplingParams(max_tokens=6, seed=1))
+    assert sizes == [20, 20, 20, 20] and all(len(o.token_ids) == 6 for o in outs)
+
+
+def test_the_engine_and_the_shared_prefix_forward_warn_nothing(peaky_policy):
+    """transformers 5.24 deprecates ``past_key_values=`` with a FutureWarning on every call: the
+    engine (both decode paths) and the trainer's shared-prefix forward use ``cache=``."""
+    from agentrl.training.forward import suffix_logits
+
+    model, tok = peaky_policy
+    prompts, params = mixed_requests(tok)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for lean in (True, False):
+            HFEngine(model, tok, lean_decode=lean).generate(prompts[:3], params[:3])
+        ids = torch.tensor([[5, 6, 7, 8, 9], [5, 6, 7, 10, 11]])
+        with torch.no_grad():
+            suffix_logits(model, ids, 3)
