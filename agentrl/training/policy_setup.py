@@ -26,13 +26,24 @@ def prepare_policy(
     Ranks > 0 of a sharded run start on meta and get rank 0's weights; a run whose every rank starts
     on meta (a DCP checkpoint will fill it) broadcasts nothing."""
     if cfg.model.gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})  # type: ignore[operator]
+        checkpointing(model)
     if lora.enabled(cfg):
         model = lora.apply(model, cfg.model.lora, cfg.run.seed)
         log(lora.describe(model))
     sharded = strategy.equal_forwards and strategy.world > 1
     broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
     return model, broadcast, model.state_dict() if broadcast and strategy.rank == 0 else None
+
+
+def checkpointing(model: torch.nn.Module) -> None:
+    """Non-reentrant activation checkpointing in every decoder layer, by the name the installed
+    transformers gives it: ``activation_checkpointing_enable`` (5.24 deprecates
+    ``gradient_checkpointing_enable`` with a warning), or the old name before."""
+    m: Any = model
+    if hasattr(m, "activation_checkpointing_enable"):
+        m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def reference_model(

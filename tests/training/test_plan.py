@@ -15,6 +15,7 @@ import torch
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.training.plan import CHUNK_COPIES, GIB, architecture, plan, render, sizes
+from agentrl.training.policy_setup import checkpointing as enable_checkpointing
 from tests.helpers import ROOT
 
 # tiny:h128-L8: hidden 128, 8 layers, 4 heads (head_dim 32), 2 KV heads (kv width 64), MLP 448, vocab 1024
@@ -322,7 +323,7 @@ def test_activation_estimate_matches_autograds_saved_tensors(mid_model_dir, bf16
     measured = saved_bytes(model, ids, bf16)
     if checkpointing:
         one_layer = measured / 2  # what the backward recomputes and keeps for one layer
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        enable_checkpointing(model)
         measured = saved_bytes(model, ids, bf16) + one_layer
     assert measured == pytest.approx(estimate, rel=0.05)
 
