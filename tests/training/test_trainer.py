@@ -64,6 +64,25 @@ def test_every_parameter_changes_after_one_update(tmp_path, tiny_model_dir):
     assert all(torch.equal(eng[n], p) for n, p in trainer.model.named_parameters())
 
 
+def test_gradient_checkpointing_trains_the_same_step(tmp_path, tiny_model_dir):
+    """``model.gradient_checkpointing`` turns checkpointing on through transformers' current API (no
+    deprecation warning) and changes nothing but memory: the same step's loss and gradient norm."""
+    import warnings
+
+    runs = {}
+    for on in (False, True):
+        cfg = small_config(
+            tmp_path / str(on), tiny_model_dir, f"model.gradient_checkpointing={on}", "trainer.total_steps=1"
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", FutureWarning)
+            trainer = Trainer(cfg, log=lambda *_: None)
+            runs[on] = trainer.train_step(0).metrics
+        assert trainer.model.is_gradient_checkpointing == on
+    for key in ("loss/pg_loss", "grad/norm"):
+        assert runs[True][key] == pytest.approx(runs[False][key], rel=1e-5), key
+
+
 def _metrics_without_time(run: Path) -> list[dict]:
     rows = [json.loads(line) for line in lines(run / "metrics.jsonl")]
     return [{k: v for k, v in r.items() if not k.startswith(("time/", "tokens/s"))} for r in rows]
