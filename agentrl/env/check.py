@@ -27,6 +27,7 @@ from agentrl.env import (
     make_env,
     task_loading_options,
 )
+from agentrl.env.values import reward_value
 from agentrl.errors import OptionsRequired
 
 SCRIPTED_BAD_ACTIONS = {
@@ -243,7 +244,7 @@ def _replay(name: str, options: dict[str, Any], task: Task, demo: list[dict], se
         total = reward
         for fn in env.rewards():
             try:
-                total += fn.weight * float(fn.fn(task, state))
+                total += fn.weight * reward_value(repr(fn.name), fn.fn(task, state))
             except Exception as e:
                 raise AssertionError(f"reward {fn.name!r} raised {type(e).__name__}: {e}") from e
         assert total > 0, f"the solver's demonstration earns reward {total}"

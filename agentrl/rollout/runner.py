@@ -19,6 +19,7 @@ from typing import Any
 
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
+from agentrl.env.values import RewardValueError, reward_value
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
 from agentrl.models.chat import ChatRenderer, Piece
@@ -384,16 +385,21 @@ class EpisodeRunner:
             total = 0.0
             for r in env.rewards():
                 current[0] = repr(r.name)
-                value = float(r.fn(task, state))
+                value = reward_value(repr(r.name), r.fn(task, state))  # a finite real number
                 comps[r.name] = value
                 total += r.weight * value
             return total
 
         try:
-            total = lv.step_reward + self._bounded(compute, env, "rewards")
+            total = reward_value(repr(self.step_reward_name), lv.step_reward)  # steps' rewards, summed
+            total += self._bounded(compute, env, "rewards")
         except Exception as e:
-            how = "did not return" if isinstance(e, WaitTimeout) else f"raised {type(e).__name__}"
-            ep.failure = Failure("reward", f"reward {current[0]} {how}: {e}")
+            if isinstance(e, RewardValueError):
+                message = str(e)
+            else:
+                how = "did not return" if isinstance(e, WaitTimeout) else f"raised {type(e).__name__}"
+                message = f"reward {current[0]} {how}: {e}"
+            ep.failure = Failure("reward", message)
             ep.reward_components = dict(comps)
             ep.reward = 0.0
             return

@@ -10,6 +10,7 @@ metrics and overlays.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -65,6 +66,7 @@ class Learner:
         self.device = self.strategy.device  # every batch tensor follows the policy
         self.step = 0
         # ranks > 0 of a sharded run get their shards from rank 0's weights
+        self.log = log
         self.model, broadcast, rank0_state = prepare_policy(cfg, model, self.strategy, log)
         self.train_module = self.strategy.prepare(self.model)  # DDP's wrapper, or the sharded model
         if broadcast or sharding.on_meta(self.model):
@@ -121,6 +123,10 @@ class Learner:
         ref = self.reference_logprobs(batch)
         batch.advantages, out = self.advantages(batch, stats, ref)
         tw = self.token_weights(batch, stats, plan)
+        bad = nonfinite({"advantages": batch.advantages, f"{self.weighting} token weights": tw.weights})
+        if bad:  # nothing non-finite reaches the update: the step's weights stay as they are
+            self.log(f"warning (step {step}): {bad} hold non-finite values: the update is skipped")
+            return {**out, "update/nonfinite": 1.0}
         losses, clip_status = self.optimise(batch, stats, ref, tw, plan)
         out.update(losses)
         out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
@@ -221,6 +227,7 @@ class Learner:
         parts: dict[str, list[tuple[float, float]]] = defaultdict(list)
         pg_losses = []  # per mini-batch: micro-batches' (and ranks') shares add up to its loss
         grad_norms = []
+        skipped = 0  # optimizer steps whose gradient norm was not finite
         for minis in plan:
             clip_status.zero_()  # the last epoch's status is the one shown
             for mini in minis:
@@ -241,8 +248,15 @@ class Learner:
                     for k, v in result.stats.items():
                         if k != "pg_loss":  # the rest are means over the micro-batch's tokens
                             parts[k].append((v, result.stats["n_tokens"]))
+                norm = self.strategy.clip_grad_norm(
+                    self.model, t.grad_clip or math.inf
+                )  # the same on every rank
+                if not math.isfinite(norm):  # a non-finite loss or gradient: this optimizer step is skipped
+                    self.optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                    continue
                 if t.grad_clip:
-                    grad_norms.append(self.strategy.clip_grad_norm(self.model, t.grad_clip))
+                    grad_norms.append(norm)
                 set_lr(self.cfg, self.optimizer, self.step)
                 self.optimizer.step()
         if self.world > 1:  # every rank trained its own rows: share what the metrics and overlays read
@@ -258,6 +272,13 @@ class Learner:
             out["offpolicy/tis_capped_frac"] = float((tis[has] >= a.is_cap).float().mean())
         if grad_norms:
             out["grad/norm"] = float(np.mean(grad_norms))
+        if skipped:
+            out["update/nonfinite"] = float(skipped)
+            self.log(
+                f"warning (step {self.step}): the gradient of {skipped} of {sum(map(len, plan))} mini-batch(es) "
+                "was not finite (the loss, or a token's log-prob, was NaN or infinite): those optimizer steps "
+                "were skipped"
+            )
         return out, clip_status
 
     def micro_step(
@@ -344,6 +365,11 @@ class Learner:
         saved = state.get("weighting_state")
         if saved is not None and record.state is not None and state.get("weighting") == self.weighting:
             self.weighting_state = record.state.from_dict(saved)  # type: ignore[attr-defined]
+
+
+def nonfinite(tensors: dict[str, torch.Tensor]) -> str:
+    """The names of the tensors holding a NaN or an infinity, joined (empty when all are finite)."""
+    return ", ".join(name for name, t in tensors.items() if not bool(torch.isfinite(t).all()))
 
 
 def _weighted(pairs: list[tuple[float, float]]) -> float:

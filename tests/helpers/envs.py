@@ -34,3 +34,19 @@ class AllCorrect(Chatter):
 
     def rewards(self):
         return [Reward("correct", lambda task, s: 1.0)]
+
+
+@register
+class OddRewards(Chatter):
+    """Task ``train-0``'s reward is NaN and task ``train-1``'s the string "1.0": neither is a real,
+    finite number, so those episodes fail at the reward boundary; the other tasks score as
+    ``test_chatter``."""
+
+    name = "test_odd_rewards"
+
+    def rewards(self):
+        def variety(task, s):
+            odd = {"train-0": float("nan"), "train-1": "1.0"}
+            return odd.get(task.id, len(set(s.final_text or "")) / 10.0)
+
+        return [Reward("variety", variety)]
