@@ -385,7 +385,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
     options = json.loads(args.options) if args.options else {}
     failed = 0
     for name in names:
-        report = check_environment(name, options)
+        report = check_environment(name, options, limit_s=args.timeout_s)
         if args.all and report.missing:  # an adapter whose package is not installed
             print(f"environment {name!r}: SKIPPED: {report.missing}")
             continue
@@ -595,6 +595,12 @@ def build_parser() -> argparse.ArgumentParser:
     sp.add_argument("--all", action="store_true", help="check all (skips adapters not installed)")
     sp.add_argument("--options", help="JSON object of environment options")
     sp.add_argument("--module", help="your environment's module or .py file, imported first")
+    sp.add_argument(
+        "--timeout-s",
+        type=float,
+        default=600.0,
+        help="how long each call of the environment's code may take (default 600, timeouts.env_step_s's)",
+    )
     sp.set_defaults(fn=cmd_envs)
     sp = sub.add_parser("replay", help="render episodes in the terminal")
     sp.add_argument("path", help="transcripts.jsonl or a run directory")

@@ -29,6 +29,10 @@ from agentrl.env import (
 )
 from agentrl.env.values import reward_value
 from agentrl.errors import OptionsRequired
+from agentrl.timeouts import call_with_timeout
+
+ENV_LIMIT_S = 600.0
+"""The default limit of each call, ``timeouts.env_step_s``'s default (what rollouts allow)."""
 
 SCRIPTED_BAD_ACTIONS = {
     "malformed JSON tool call": '<tool_call>{"name": "x", "arguments": {</tool_call>',
@@ -50,6 +54,10 @@ class CheckReport:
     """Set when the environment could not be built because a package is missing (an adapter whose
     extra is not installed) or it needs options that have no default (``OptionsRequired``):
     ``agentrl envs check --all`` skips it, a named check fails."""
+    limit_s: float = ENV_LIMIT_S
+    """How long each call of the environment's code may take (its construction, ``reset``, ``step``,
+    the rewards, the solver's demonstrations): a call that has not returned by then is a FAIL line
+    naming it, and is abandoned (its daemon thread cannot hold the process)."""
 
     @property
     def ok(self) -> bool:
@@ -58,7 +66,7 @@ class CheckReport:
 
 def _check(report: CheckReport, what: str, fn: Callable[[], Any]) -> Any:
     try:
-        out = fn()
+        out = bounded(report, what, fn)
     except AssertionError as e:
         report.problems.append(f"{what}: {e}")
         return None
@@ -67,6 +75,13 @@ def _check(report: CheckReport, what: str, fn: Callable[[], Any]) -> Any:
         return None
     report.passed.append(what)
     return out
+
+
+def bounded(report: CheckReport, what: str, fn: Callable[[], Any]) -> Any:
+    """``fn()`` under the check's time limit (``CheckReport.limit_s``), as rollouts bound the same code
+    (``timeouts.env_step_s``): ``WaitTimeout`` naming the environment and the call past it."""
+    setting = f"timeouts.env_step_s={report.limit_s:g}s; agentrl envs check --timeout-s"
+    return call_with_timeout(fn, report.limit_s, f"environment {report.env!r}: {what}", setting)
 
 
 def _valid_messages(msgs: Any) -> None:
@@ -85,11 +100,14 @@ def _valid_step(result: Any) -> StepResult:
     return step
 
 
-def check_environment(name: str, options: dict[str, Any] | None = None, seed: int = 0) -> CheckReport:
+def check_environment(
+    name: str, options: dict[str, Any] | None = None, seed: int = 0, limit_s: float = ENV_LIMIT_S
+) -> CheckReport:
+    """Check environment ``name``'s contract; each call of its code may take ``limit_s`` seconds."""
     options = options or {}
-    report = CheckReport(name)
+    report = CheckReport(name, limit_s=limit_s)
     try:
-        env_cls = type(make_env(name, **options))
+        env_cls = type(bounded(report, "constructing it", lambda: make_env(name, **options)))
     except Exception as e:  # the constructor is user code: a FAIL line, like reset and step
         report.problems.append(f"constructing the environment raised {type(e).__name__}: {e}")
         if isinstance(e, (ImportError, OptionsRequired)):
@@ -174,7 +192,7 @@ def _check_demonstrations(
 ) -> None:
     """Up to three solver demonstrations replay through ``step`` and score above zero."""
     try:
-        demos = env_cls.demonstrations(tasks, seed=seed)
+        demos = bounded(report, "demonstrations()", lambda: env_cls.demonstrations(tasks, seed=seed))
     except NotImplementedError:
         report.notes.append("no solver demonstrations: replay check skipped")
         return

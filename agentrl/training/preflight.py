@@ -433,11 +433,11 @@ def demonstration_problems(cfg: Config, env_cls: type[Environment]) -> Iterator[
             "or set sft.enabled=false"
         )
         return
-    from agentrl.training.sft import demo_tasks, sft_seed
+    from agentrl.training.sft import demo_tasks, solver_demonstrations
 
     try:
         tasks = demo_tasks(cfg)
-        env_cls.demonstrations(tasks, seed=sft_seed(cfg))
+        solver_demonstrations(cfg, env_cls, tasks)
     except Exception as e:
         hint = (
             " The rows of a data file need a `solution` column (a worked solution; its last line or "

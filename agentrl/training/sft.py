@@ -26,6 +26,7 @@ from agentrl.env import Task
 from agentrl.env.demos import load_demonstrations
 from agentrl.models.chat import ChatRenderer
 from agentrl.rollout import components
+from agentrl.timeouts import call_with_timeout
 from agentrl.training.forward import first_loss_column, prefix_plan, suffix_logits
 
 Message = dict[str, Any]
@@ -254,8 +255,20 @@ def build_examples(
             tasks[i % len(tasks)]
             for i in rng.sample(range(max(len(tasks), cfg.sft.num_demos)), cfg.sft.num_demos)
         ]
-        demos = type(env).demonstrations(tasks, seed=sft_seed(cfg))
+        demos = solver_demonstrations(cfg, type(env), tasks)
     return [tokenize_conversation(renderer, d) for d in demos]
+
+
+def solver_demonstrations(cfg: Config, env_cls: Any, tasks: list[Any]) -> list[Any]:
+    """The environment's solver demonstrations of ``tasks``: user code, bounded as rollouts bound it
+    (``timeouts.env_step_s`` for the whole call; ``WaitTimeout`` naming the environment past it)."""
+    n, limit = len(tasks), cfg.timeouts.env_step_s
+    return call_with_timeout(
+        lambda: env_cls.demonstrations(tasks, seed=sft_seed(cfg)),
+        limit,
+        f"environment {cfg.env.name!r}: demonstrations() of {n} task(s)",
+        f"timeouts.env_step_s={limit:g}s",
+    )
 
 
 # A separate task stream for demonstrations kept off RL's tasks (an offset far from any run seed).

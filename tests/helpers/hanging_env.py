@@ -63,3 +63,16 @@ class HangingEnv(Environment):
             return float(self.seed % 2)  # rewards differ within a group: the step trains
 
         return [Reward("correct", varies)]
+
+
+@register
+class HangingSolver(HangingEnv):
+    """A solver whose demonstrations call the hanging tool directly, as the calculator's call its
+    ``calculate``: the preflight and ``envs check`` run them outside any rollout."""
+
+    name = "hanging_solver"
+
+    @classmethod
+    def demonstrations(cls, tasks, seed: int = 0) -> list[list[dict]]:
+        env = cls()
+        return [[*env.reset(t, seed), {"role": "assistant", "content": str(env.wait(1))}] for t in tasks]
