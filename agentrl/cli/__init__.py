@@ -62,6 +62,7 @@ def train_config(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
+    from agentrl.training.run_state import DiskFull
     from agentrl.training.trainer import TrainingFailed, train
 
     try:
@@ -81,6 +82,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     except TrainingFailed as e:
         print(f"training failed: {e}", file=sys.stderr)
         return 3
+    except DiskFull as e:
+        print(f"agentrl: {e}", file=sys.stderr)
+        return 4
     finally:
         from agentrl.parallel import ranks
 

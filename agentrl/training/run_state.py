@@ -4,6 +4,8 @@ back to it, weights pushed, RNG streams restored). The formats are ``checkpoint.
 
 from __future__ import annotations
 
+import errno
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,18 @@ from agentrl.training.collect import Collector
 from agentrl.training.weight_push import WeightPush
 
 
+class DiskFull(RuntimeError):
+    """A checkpoint could not be written: the disk is full (``agentrl train`` exits 4)."""
+
+
+def disk_full(e: BaseException) -> bool:
+    """Whether ``e`` (an ``OSError``, or safetensors' own error) says the device has no space left."""
+    if isinstance(e, OSError) and e.errno == errno.ENOSPC:
+        return True
+    text = str(e)
+    return "No space left on device" in text or "StorageFull" in text
+
+
 class RunState:
     def __init__(
         self, cfg: Config, root_dir: Path, run_dir: Path, rank: int, world: int, log: Callable
@@ -41,7 +55,52 @@ class RunState:
     ) -> Path:
         """Every rank calls this. Each writes its part of the weights (all of them on rank 0 unless
         sharded) into one temporary directory; rank 0 adds the state (sampler, algorithm state, every
-        rank's RNG states and JSONL lengths gathered) and renames it complete (``checkpoint.commit``)."""
+        rank's RNG states and JSONL lengths gathered) and renames it complete (``checkpoint.commit``).
+
+        A full disk: the temporary directory is removed and ``DiskFull`` says which directory is
+        full, which checkpoint is the last complete one and how to resume (nothing of it is lost: the
+        run's files are cut back to that checkpoint on resume). Before writing, a warning when the
+        disk has less room than the checkpoint is expected to take."""
+        self._room_for(step, learner)
+        try:
+            return self._save(step, learner, base_path, rollouts, engine, tokenizer)
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            shutil.rmtree(self.root_dir / "checkpoints" / f".tmp_step_{step}", ignore_errors=True)
+            last = latest_checkpoint(self.root_dir)
+            kept = (
+                f"the last complete checkpoint, {last.name}, is intact"
+                if last
+                else "no checkpoint was complete yet"
+            )
+            resume = f"agentrl train --resume {self.root_dir}" if last else "the same command again"
+            raise DiskFull(
+                f"no space left on device while writing checkpoint step_{step} in {self.root_dir / 'checkpoints'} "
+                f"({type(e).__name__}); {kept}: free space there (or lower trainer.keep_checkpoints), then "
+                f"run {resume}"
+            ) from e
+
+    def _room_for(self, step: int, learner: Any) -> None:
+        """Warn when the checkpoint's expected size (weights, or LoRA's adapters, and AdamW's two
+        moments) exceeds the free space of the run's disk."""
+        if self.rank:  # rank 0 checks for every rank (their parts land in the same directory)
+            return
+        params = list(learner.model.parameters())  # a sharded parameter counts whole
+        trainable = sum(p.numel() for p in params if p.requires_grad)
+        lora = self.cfg.model.lora.rank > 0
+        weights = trainable * 4 if lora else sum(p.numel() * p.element_size() for p in params)
+        need = weights + 2 * trainable * 4
+        free = shutil.disk_usage(self.root_dir).free
+        if free < need:
+            self.log(
+                f"warning: checkpoint step_{step} needs about {need / 2**30:.2f} GiB, and {self.root_dir} has "
+                f"{free / 2**30:.2f} GiB free: the save will fail; free space or lower trainer.keep_checkpoints"
+            )
+
+    def _save(
+        self, step: int, learner: Any, base_path: str, rollouts: Collector, engine: Engine, tokenizer: Any
+    ) -> Path:
         parts = ranks.gather_to_rank0(rank_state(self.run_dir))
         tmp = begin(self.root_dir, step, self.rank)
         record = save_weights(tmp, learner, base_path)

@@ -1,0 +1,51 @@
+"""A full disk during a checkpoint: the run stops with exit 4 and a message naming the full
+directory, the last complete checkpoint (intact) and the resume command, not a traceback; the
+half-written checkpoint is removed; a warning comes before a save the disk has no room for."""
+
+from __future__ import annotations
+
+import errno
+import shutil
+
+from agentrl.cli import main
+from agentrl.training import run_state
+from tests.helpers.configs import cli_args
+
+
+def test_a_full_disk_stops_the_run_with_exit_4_and_the_resume_command(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """Before: a 20-line ``SafetensorError: ... No space left on device`` traceback, exit 1."""
+    run = tmp_path / "run"
+    args = cli_args(run, tiny_model_dir, "trainer.total_steps=4", "trainer.checkpoint_every=2")
+    real = run_state.save_weights
+
+    def fills_up(out, learner, base_path):
+        if out.name == ".tmp_step_4":  # step_2 is written; step_4 meets a full disk
+            (out / "model.safetensors").write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(out, learner, base_path)
+
+    monkeypatch.setattr(run_state, "save_weights", fills_up)
+    assert main(["train", *args]) == 4
+    err = capsys.readouterr().err
+    assert f"no space left on device while writing checkpoint step_4 in {run / 'checkpoints'}" in err
+    assert "the last complete checkpoint, step_2, is intact" in err
+    assert f"agentrl train --resume {run}" in err and "Traceback" not in err
+    assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2"]  # the partial one is gone
+
+
+def test_a_save_the_disk_has_no_room_for_is_announced(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(run_state.shutil, "disk_usage", lambda path: usage._replace(free=1024))
+    run = tmp_path / "run"
+    assert main(["train", *cli_args(run, tiny_model_dir, "trainer.total_steps=1")]) == 0
+    out = capsys.readouterr()
+    assert (
+        f"warning: checkpoint step_1 needs about 0.01 GiB, and {run} has 0.00 GiB free" in out.out + out.err
+    )
+    assert run_state.disk_full(
+        RuntimeError(
+            'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
+        )
+    )
