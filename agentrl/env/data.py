@@ -82,7 +82,7 @@ ROW_FORMAT = 'one JSON object per line, e.g. {"prompt": "What is 2+2?", "answer"
 def read_json_rows(file: Path) -> list[dict[str, Any]]:
     """A ``.jsonl`` file (one object per line) or a ``.json`` file (an array of objects, or JSON
     lines). Errors name the file, the line and what was found there."""
-    text = file.read_text()
+    text = read_utf8(file)
     if file.suffix == ".json" and text.lstrip().startswith("["):
         try:
             rows = json.loads(text)
@@ -111,6 +111,21 @@ def read_json_rows(file: Path) -> list[dict[str, Any]]:
         rows.append(row)
         rows.lines.append(n)
     return rows
+
+
+def read_utf8(file: Path) -> str:
+    """``file``'s text as UTF-8; bytes that are not UTF-8 are an error naming the file, the line and
+    the column where they start."""
+    raw = file.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw.count(b"\n", 0, e.start) + 1
+        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
+        raise ValueError(
+            f"{file}, line {line}, column {column}: not UTF-8 (byte 0x{raw[e.start]:02x}): save the file as UTF-8 "
+            "(e.g. iconv -f latin1 -t utf-8)"
+        ) from None
 
 
 class JsonRows(list):

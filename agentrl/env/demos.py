@@ -8,6 +8,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from agentrl.env.data import read_utf8
+
 Message = dict[str, Any]
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -23,50 +25,42 @@ def load_demonstrations(path: str | Path) -> list[list[Message]]:
     """A JSONL file of demonstrations (``DEMO_FORMAT``). A line in another format is an error that
     names the line, what was found there and what was expected."""
     demos = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}, line {n}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: not JSON ({e.msg}); expected {DEMO_FORMAT}") from None
-            if isinstance(obj, dict):
-                if "messages" not in obj:
-                    raise ValueError(
-                        f"{where}: an object with keys {sorted(obj)[:8]} but no 'messages'; expected {DEMO_FORMAT}"
-                    )
-                obj = obj["messages"]
-            if not isinstance(obj, list) or not obj:
+    # the text is read as UTF-8 first: a byte that is not names the file and the line
+    for n, line in enumerate(read_utf8(Path(path)).splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}, line {n}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not JSON ({e.msg}); expected {DEMO_FORMAT}") from None
+        if isinstance(obj, dict):
+            if "messages" not in obj:
                 raise ValueError(
-                    f"{where}: found {type(obj).__name__} {str(obj)[:80]!r}; expected {DEMO_FORMAT}"
+                    f"{where}: an object with keys {sorted(obj)[:8]} but no 'messages'; expected {DEMO_FORMAT}"
                 )
-            for i, m in enumerate(obj):
-                if not (
-                    isinstance(m, dict)
-                    and isinstance(m.get("role"), str)
-                    and isinstance(m.get("content"), str)
-                ):
-                    raise ValueError(
-                        f"{where}: message {i} is {str(m)[:80]!r}, not a {{'role': str, 'content': str}} dict; "
-                        f"expected {DEMO_FORMAT}"
-                    )
-                if m["role"] not in ROLES:
-                    raise ValueError(
-                        f"{where}: message {i} has role {m['role']!r}; valid: {', '.join(ROLES)}"
-                    )
-            roles = [m["role"] for m in obj]
-            if "assistant" not in roles:
+            obj = obj["messages"]
+        if not isinstance(obj, list) or not obj:
+            raise ValueError(f"{where}: found {type(obj).__name__} {str(obj)[:80]!r}; expected {DEMO_FORMAT}")
+        for i, m in enumerate(obj):
+            if not (
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            ):
                 raise ValueError(
-                    f"{where}: no assistant message, so nothing to learn; expected {DEMO_FORMAT}"
+                    f"{where}: message {i} is {str(m)[:80]!r}, not a {{'role': str, 'content': str}} dict; "
+                    f"expected {DEMO_FORMAT}"
                 )
-            if roles[0] == "assistant":
-                raise ValueError(
-                    f"{where}: starts with an assistant message; a demonstration starts with what the "
-                    "environment's reset returns (a system and/or user message)"
-                )
-            demos.append(obj)
+            if m["role"] not in ROLES:
+                raise ValueError(f"{where}: message {i} has role {m['role']!r}; valid: {', '.join(ROLES)}")
+        roles = [m["role"] for m in obj]
+        if "assistant" not in roles:
+            raise ValueError(f"{where}: no assistant message, so nothing to learn; expected {DEMO_FORMAT}")
+        if roles[0] == "assistant":
+            raise ValueError(
+                f"{where}: starts with an assistant message; a demonstration starts with what the "
+                "environment's reset returns (a system and/or user message)"
+            )
+        demos.append(obj)
     if not demos:
         raise ValueError(f"{path} holds no demonstration; expected {DEMO_FORMAT}")
     return demos

@@ -91,6 +91,20 @@ def test_a_malformed_jsonl_file_names_the_file_and_line(tmp_path, capsys):
     assert f"{path}, line 2: not JSON (Expecting property name enclosed in double quotes" in err
 
 
+def test_a_data_or_demonstration_file_that_is_not_utf8_names_the_file_and_line(tmp_path, capsys):
+    """Before: a bare ``UnicodeDecodeError`` naming neither the file nor the line."""
+    from agentrl.env.demos import load_demonstrations
+
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(b'{"question": "a", "answer": "1"}\n{"question": "caf\xe9", "answer": "2"}\n')
+    err = refused(tmp_path, capsys, *own_data(path), "sft.enabled=false", config=OWN)
+    assert f"{path}, line 2, column 18: not UTF-8 (byte 0xe9): save the file as UTF-8" in err
+    demos = tmp_path / "demos.jsonl"
+    demos.write_bytes(b'[{"role": "user", "content": "caf\xe9"}]\n')
+    with pytest.raises(ValueError, match=r"demos\.jsonl, line 1, column 34: not UTF-8 \(byte 0xe9\)"):
+        load_demonstrations(demos)
+
+
 def test_a_row_without_an_answer_names_the_line(tmp_path, capsys):
     path = qa_file(tmp_path, '{"question": "a", "answer": "1"}\n\n{"question": "b"}\n')
     err = refused(tmp_path, capsys, *own_data(path, "data.test_fraction=0"), "sft.enabled=false", config=OWN)
