@@ -134,3 +134,13 @@ def test_every_adapter_names_an_extra_that_brings_its_package():
                 f"{path}: {module} comes from {sorted(providers)}, not in extra {extra!r}: {sorted(held)}"
             )
     assert not problems, "\n".join(problems)
+
+
+def test_the_metadata_builds_without_a_deprecation_warning():
+    """setuptools 77 deprecates ``project.license`` as a table (``{text = ...}``), with a warning on every
+    install: the license is an SPDX expression, and the build asks for a setuptools that reads one."""
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert isinstance(meta["project"]["license"], str) and meta["project"]["license"] == "Apache-2.0"
+    assert not any("License ::" in c for c in meta["project"].get("classifiers", []))  # refused beside SPDX
+    (setuptools,) = [r for r in meta["build-system"]["requires"] if r.startswith("setuptools")]
+    assert setuptools == "setuptools>=77"
