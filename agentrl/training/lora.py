@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -68,7 +69,12 @@ def apply(model: nn.Module, settings: LoraConfig, seed: int) -> nn.Module:
         bias="none",
         task_type="CAUSAL_LM",
     )
-    with torch.random.fork_rng(devices=[]):
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+        # peft reads transformers' deprecated ``is_gradient_checkpointing`` (a FutureWarning from 5.24 on,
+        # on every run with LoRA): peft's call, nothing a user can change, so not shown
+        warnings.filterwarnings(
+            "ignore", message=".*is_gradient_checkpointing.* is deprecated", category=FutureWarning
+        )
         torch.manual_seed(mix_seed(seed, 0, 41))
         return get_peft_model(model, peft_config)  # type: ignore[arg-type]
 

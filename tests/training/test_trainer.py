@@ -66,21 +66,28 @@ def test_every_parameter_changes_after_one_update(tmp_path, tiny_model_dir):
 
 def test_gradient_checkpointing_trains_the_same_step(tmp_path, tiny_model_dir):
     """``model.gradient_checkpointing`` turns checkpointing on through transformers' current API (no
-    deprecation warning) and changes nothing but memory: the same step's loss and gradient norm."""
+    deprecation warning, LoRA included) and changes nothing but memory: the same step's loss and
+    gradient norm."""
     import warnings
 
     runs = {}
-    for on in (False, True):
+    for on, lora in ((False, 0), (True, 0), (True, 4)):
         cfg = small_config(
-            tmp_path / str(on), tiny_model_dir, f"model.gradient_checkpointing={on}", "trainer.total_steps=1"
-        )
+            tmp_path / f"{on}{lora}", tiny_model_dir, f"model.gradient_checkpointing={on}",
+            f"model.lora.rank={lora}", "trainer.total_steps=1",
+        )  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)
             trainer = Trainer(cfg, log=lambda *_: None)
-            runs[on] = trainer.train_step(0).metrics
-        assert trainer.model.is_gradient_checkpointing == on
+            runs[on, lora] = trainer.train_step(0).metrics
+            m = trainer.model
+            assert (
+                m.is_activation_checkpointing
+                if hasattr(m, "is_activation_checkpointing")
+                else m.is_gradient_checkpointing
+            ) == on
     for key in ("loss/pg_loss", "grad/norm"):
-        assert runs[True][key] == pytest.approx(runs[False][key], rel=1e-5), key
+        assert runs[True, 0][key] == pytest.approx(runs[False, 0][key], rel=1e-5), key
 
 
 def _metrics_without_time(run: Path) -> list[dict]:
