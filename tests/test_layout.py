@@ -192,7 +192,7 @@ def test_at_most_eight_core_modules():
         # a climb under TYPE_CHECKING, and one inside a function
         ("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from agentrl.training.trainer import Trainer\n",
          "imports agentrl.training.trainer (agentrl.training), a higher floor"),
-        ("def f():\n    from agentrl.cli import main\n", "imports agentrl.cli (agentrl.cli), a higher floor"),
+        ("def f():\n    from agentrl.cli import build_parser\n", "imports agentrl.cli (agentrl.cli), a higher floor"),
         ("from agentrl.models.chat import _internal\n", "imports the private agentrl.models.chat._internal"),
         ("from agentrl.config import Config\n", "takes the whole Config"),
     ],
@@ -213,7 +213,6 @@ def test_the_checks_catch_a_planted_violation(tmp_path, source, finding):
 
 CLASS_LINES, FUNCTION_LINES = 300, 60
 DECLARATIVE = {  # tables, not logic: one entry a line, so exempt from the limit; each may only shrink
-    "agentrl/cli/__init__.py:build_parser": 137,  # the argparse table
 }
 
 

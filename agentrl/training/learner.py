@@ -95,18 +95,8 @@ class Learner:
         self.weighting_state: Any = None
 
     def make_batch(self, episodes: list[Episode]) -> Batch:
-        """The kept episodes as tensors; void-turn episodes (SimpleTIR) and, unless
-        ``rollout.train_on_truncated``, truncated ones get loss mask 0 but stay in their groups.
-        Advantages are set by the update (``advantages``), once the KL penalty is known."""
-        a = self.cfg.algorithm
-        void = alg.void_turn_multipliers([e.stop_reason == "void_turn" for e in episodes])
-        multipliers = [
-            (v if a.void_turn_masking else 1.0)
-            * (0.0 if not self.cfg.rollout.train_on_truncated and e.stop_reason in TRUNCATED else 1.0)
-            for v, e in zip(void, episodes)
-        ]
-        zeros = torch.zeros(len(episodes))
-        return build_batch(episodes, zeros, multipliers, pad_id=self.pad_id).to(self.device)
+        """The kept episodes as tensors on the policy's device (``training_batch``)."""
+        return training_batch(self.cfg, episodes, self.pad_id).to(self.device)
 
     # -- the update, in phases ---------------------------------------------------------------
     def update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -168,23 +158,8 @@ class Learner:
     def advantages(
         self, batch: Batch, stats: PolicyStats, ref: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
-        """Group advantages [B] of the episodes' rewards. With ``kl_in: reward`` each reward first
-        loses β·Σ_t KL_t over the episode's trained tokens (π_old against the reference)."""
-        a = self.cfg.algorithm
-        assert a.advantage is not None  # presets are resolved by load_config
-        episodes, row_of = batch.parent_rows()  # a split episode is one member of its group
-        rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
-        out: dict[str, float] = {}
-        if ref is not None and a.kl_in == "reward":
-            kl = alg.kl_penalty(stats.logp, ref, a.kl_estimator)  # [B, T]
-            per_row = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double().cpu()  # [B]
-            per_episode = torch.zeros(len(episodes), dtype=torch.float64).index_add_(0, row_of, per_row)
-            rewards = rewards - a.kl_coef * per_episode
-            out["kl/reward_penalty_mean"] = float(a.kl_coef * per_episode.mean())
-        groups = [e.group for e in episodes]
-        advantages = alg.compute_advantages(a.advantage, rewards, groups)[row_of].to(batch.device)
-        out["advantages/nonzero_frac"] = float((advantages != 0).float().mean())  # 0: nothing to learn
-        return advantages, out
+        """Group advantages [B] of the episodes' rewards (``group_advantages``)."""
+        return group_advantages(self.cfg, batch, stats.logp, ref)
 
     def token_weights(
         self, batch: Batch, stats: PolicyStats, plan: list[list[torch.Tensor]]
@@ -225,17 +200,15 @@ class Learner:
         max_len = a.overlong.max_length or batch.ids.shape[1]
         clip_status = torch.zeros_like(batch.mask)
         parts: dict[str, list[tuple[float, float]]] = defaultdict(list)
-        pg_losses = []  # per mini-batch: micro-batches' (and ranks') shares add up to its loss
-        grad_norms = []
+        pg_losses: list[float] = []  # per mini-batch: micro-batches' (and ranks') shares add up to its loss
+        grad_norms: list[float] = []
         skipped = 0  # optimizer steps whose gradient norm was not finite
         for minis in plan:
             clip_status.zero_()  # the last epoch's status is the one shown
             for mini in minis:
                 norm = alg.loss_normaliser(tw.mask[mini], a.loss_agg, max_len)
                 self.optimizer.zero_grad(set_to_none=True)
-                micros = self.passes.micro_batches(
-                    mini
-                )  # this rank's rows, loss × W (the reductions average)
+                micros = self.passes.micro_batches(mini)  # this rank's rows, loss × W (reductions average)
                 pg_losses.append(0.0)
                 for i, m in enumerate(micros):
                     self.strategy.set_sync(self.train_module, last=i == len(micros) - 1)  # reduce once
@@ -248,30 +221,18 @@ class Learner:
                     for k, v in result.stats.items():
                         if k != "pg_loss":  # the rest are means over the micro-batch's tokens
                             parts[k].append((v, result.stats["n_tokens"]))
-                norm = self.strategy.clip_grad_norm(
-                    self.model, t.grad_clip or math.inf
-                )  # the same on every rank
-                if not math.isfinite(norm):  # a non-finite loss or gradient: this optimizer step is skipped
-                    self.optimizer.zero_grad(set_to_none=True)
+                grad_norm = self.apply_gradients()
+                if grad_norm is None:
                     skipped += 1
-                    continue
-                if t.grad_clip:
-                    grad_norms.append(norm)
-                set_lr(self.cfg, self.optimizer, self.step)
-                self.optimizer.step()
+                elif t.grad_clip:
+                    grad_norms.append(grad_norm)
         if self.world > 1:  # every rank trained its own rows: share what the metrics and overlays read
             clip_status = ranks.sum_over_ranks(clip_status)  # each row written by one rank
             parts = ranks.merge_lists(parts)
             pg_losses = ranks.sum_over_ranks(torch.tensor(pg_losses, dtype=torch.float64)).tolist()
             if stats.pending:  # one mini-batch of all rows: each rank filled its own shard
                 stats.logp, stats.entropy = self.passes.gather_own(stats.logp, stats.entropy)
-        out = {f"loss/{k}": _weighted(v) for k, v in parts.items() if k != "n_tokens"}
-        out["loss/pg_loss"] = float(np.mean(pg_losses))  # the mean mini-batch loss
-        if tis is not None and (has := (batch.mask > 0) & batch.has_engine_logp).any():
-            out["offpolicy/tis_mean"] = float(tis[has].mean())
-            out["offpolicy/tis_capped_frac"] = float((tis[has] >= a.is_cap).float().mean())
-        if grad_norms:
-            out["grad/norm"] = float(np.mean(grad_norms))
+        out = loss_metrics(parts, pg_losses, grad_norms, tis, batch, a.is_cap)
         if skipped:
             out["update/nonfinite"] = float(skipped)
             self.log(
@@ -280,6 +241,18 @@ class Learner:
                 "were skipped"
             )
         return out, clip_status
+
+    def apply_gradients(self) -> float | None:
+        """Clip the accumulated gradients (by ``trainer.grad_clip``, if set) and take the optimizer
+        step. Returns the gradient norm (the same on every rank), or None when it was not finite: the
+        gradients are dropped and the step is not taken."""
+        norm = self.strategy.clip_grad_norm(self.model, self.cfg.trainer.grad_clip or math.inf)
+        if not math.isfinite(norm):  # a non-finite loss or gradient
+            self.optimizer.zero_grad(set_to_none=True)
+            return None
+        set_lr(self.cfg, self.optimizer, self.step)
+        self.optimizer.step()
+        return norm
 
     def micro_step(
         self,
@@ -365,6 +338,62 @@ class Learner:
         saved = state.get("weighting_state")
         if saved is not None and record.state is not None and state.get("weighting") == self.weighting:
             self.weighting_state = record.state.from_dict(saved)  # type: ignore[attr-defined]
+
+
+def training_batch(cfg: Config, episodes: list[Episode], pad_id: int) -> Batch:
+    """The kept episodes as tensors; void-turn episodes (SimpleTIR) and, unless
+    ``rollout.train_on_truncated``, truncated ones get loss mask 0 but stay in their groups.
+    Advantages are set by the update (``Learner.advantages``), once the KL penalty is known."""
+    a = cfg.algorithm
+    void = alg.void_turn_multipliers([e.stop_reason == "void_turn" for e in episodes])
+    multipliers = [
+        (v if a.void_turn_masking else 1.0)
+        * (0.0 if not cfg.rollout.train_on_truncated and e.stop_reason in TRUNCATED else 1.0)
+        for v, e in zip(void, episodes)
+    ]
+    return build_batch(episodes, torch.zeros(len(episodes)), multipliers, pad_id=pad_id)
+
+
+def group_advantages(
+    cfg: Config, batch: Batch, logp_old: torch.Tensor, ref: torch.Tensor | None
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Group advantages [B] of the episodes' rewards. With ``kl_in: reward`` each reward first
+    loses β·Σ_t KL_t over the episode's trained tokens (π_old against the reference)."""
+    a = cfg.algorithm
+    assert a.advantage is not None  # presets are resolved by load_config
+    episodes, row_of = batch.parent_rows()  # a split episode is one member of its group
+    rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)
+    out: dict[str, float] = {}
+    if ref is not None and a.kl_in == "reward":
+        kl = alg.kl_penalty(logp_old, ref, a.kl_estimator)  # [B, T]
+        per_row = torch.where(batch.mask > 0, kl, torch.zeros_like(kl)).sum(-1).double().cpu()  # [B]
+        per_episode = torch.zeros(len(episodes), dtype=torch.float64).index_add_(0, row_of, per_row)
+        rewards = rewards - a.kl_coef * per_episode
+        out["kl/reward_penalty_mean"] = float(a.kl_coef * per_episode.mean())
+    groups = [e.group for e in episodes]
+    advantages = alg.compute_advantages(a.advantage, rewards, groups)[row_of].to(batch.device)
+    out["advantages/nonzero_frac"] = float((advantages != 0).float().mean())  # 0: nothing to learn
+    return advantages, out
+
+
+def loss_metrics(
+    parts: dict[str, list[tuple[float, float]]],
+    pg_losses: list[float],
+    grad_norms: list[float],
+    tis: torch.Tensor | None,
+    batch: Batch,
+    is_cap: float,
+) -> dict[str, float]:
+    """The update's loss metrics: token-weighted means of the micro-batches' statistics, the mean
+    mini-batch loss, the TIS weights' mean and capped share, the mean clipped gradient norm."""
+    out = {f"loss/{k}": _weighted(v) for k, v in parts.items() if k != "n_tokens"}
+    out["loss/pg_loss"] = float(np.mean(pg_losses))  # the mean mini-batch loss
+    if tis is not None and (has := (batch.mask > 0) & batch.has_engine_logp).any():
+        out["offpolicy/tis_mean"] = float(tis[has].mean())
+        out["offpolicy/tis_capped_frac"] = float((tis[has] >= is_cap).float().mean())
+    if grad_norms:
+        out["grad/norm"] = float(np.mean(grad_norms))
+    return out
 
 
 def nonfinite(tensors: dict[str, torch.Tensor]) -> str:
