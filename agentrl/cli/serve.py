@@ -1,7 +1,8 @@
 """``agentrl serve CONFIG``: the policy of a config behind the OpenAI-compatible endpoint, recording
 every episode token by token.
 
-Any new episode key (the API key, or the ``X-Episode-Key`` header) opens an episode. ``POST
+Any new episode key (the API key, or the ``X-Episode-Key`` header) opens an episode, unless its
+first request is refused (a 4xx: nothing is recorded under the key). ``POST
 /v1/episodes/{key}/finish`` with ``{"reward": x}`` ends it and appends it to the transcript
 (``RUN_DIR/serve/transcripts.jsonl``, with the served policy's ``config.yaml`` beside it, so
 ``agentrl inspect``, ``replay`` and ``doctor`` take ``RUN_DIR/serve``);
@@ -24,8 +25,8 @@ from agentrl.config import Config, output_dir
 from agentrl.env import Task
 from agentrl.episode import Episode
 from agentrl.rollout.agent_runner import AgentRunner
-from agentrl.rollout.runner import EpisodeRequest
-from agentrl.serve.openai_request import APIError
+from agentrl.rollout.runner import EpisodeRequest, close_quietly
+from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult
 
 
 class ServedEpisode(AgentEnvironment):
@@ -48,14 +49,34 @@ class ServedRunner(AgentRunner):
         with self._lock:
             return max(1, sum(lv.busy for lv in self._ledgers.values()))
 
-    def _ledger(self, key: str) -> Any:
+    def chat(self, request: ChatRequest) -> ChatResult:
+        """A turn of the episode under the request's key, opened by its first request; a request
+        the endpoint refuses (4xx) opens none: the episode it opened is forgotten unless a turn was
+        served on it meanwhile (an episode with earlier turns stays as the refusal left it)."""
+        key, opened = request.key, None
         with self._lock:
             known = key in self._ledgers
         if not known:
             seed = zlib.crc32(key.encode()) & 0x7FFFFFFF  # distinct keys sample distinct streams
             with contextlib.suppress(ValueError):  # two first requests raced: the other one opened it
-                self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
-        return super()._ledger(key)
+                opened = self.open(EpisodeRequest(Task(key, ""), seed=seed, episode_id=key), key=key)
+        try:
+            return super().chat(request)
+        except APIError as e:
+            if opened is not None and 400 <= e.status < 500:
+                self._forget_unserved(opened)
+            raise
+
+    def _forget_unserved(self, lv: Any) -> None:
+        """Drop an episode no turn was served on (a later request under its key opens a new one)."""
+        key = lv.key
+        with self._lock, lv.lock:
+            if lv.busy or any(s.role == "policy" for s in lv.episode.segments):
+                return  # another request under the key is serving it, or served a turn
+            lv.closed = True  # a request that already holds it gets agentrl_episode_ended
+            if self._ledgers.get(key) is lv:  # not one a later request opened after /finish took this one
+                del self._ledgers[key]
+        close_quietly([lv])
 
     def episode(self, key: str) -> dict[str, Any]:
         """``GET /v1/episodes/{key}``: the episode recorded so far, token by token (``Episode``'s JSON)."""

@@ -311,7 +311,7 @@ class Environment:
             return {"role": "tool", "name": call.name, "content": f"Error: {e}"}
         except Exception as e:
             raise ToolError(f"tool {call.name!r} raised {type(e).__name__}: {e}") from e
-        return {"role": "tool", "name": call.name, "content": tool_result_text(out)}
+        return {"role": "tool", "name": call.name, "content": tool_result_text(out, call.name)}
 
 
 def declared_options(cls: type[Environment]) -> list[str]:
@@ -377,13 +377,22 @@ def task_loading_options(
     return out
 
 
-def tool_result_text(out: Any) -> str:
-    """What the model reads for a tool's return value: a string as it is, a number as ``str``, and
-    structured values (dicts, lists, tuples, booleans, None) as JSON, so a dict reads
-    ``{"city": "City7", "population": 1259}`` and not Python's repr. A value JSON cannot encode falls
-    back to ``str``."""
+def tool_result_text(out: Any, tool: str = "") -> str:
+    """What the model reads for a tool's return value: a string as it is, ``bytes`` decoded as UTF-8
+    (not ``b'525'``), a number as ``str``, and structured values (dicts, lists, tuples, booleans,
+    None) as JSON, so a dict reads ``{"city": "City7", "population": 1259}`` and not Python's repr. A
+    value JSON cannot encode falls back to ``str``. ``tool``: the tool's name, for the ``ToolError``
+    raised when its bytes are not UTF-8."""
     if isinstance(out, str):
         return out
+    if isinstance(out, (bytes, bytearray)):
+        try:
+            return bytes(out).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ToolError(
+                f"tool {tool!r} returned {len(out)} bytes that are not UTF-8 ({e.reason} at byte "
+                f"{e.start}): return a str, e.g. out.decode('utf-8', errors='replace')"
+            ) from e
     if isinstance(out, (int, float)) and not isinstance(out, bool):
         return str(out)
     try:

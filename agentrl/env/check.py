@@ -4,8 +4,8 @@ violations (in the spirit of Gymnasium's ``check_env``).
 Checks: tasks load with disjoint splits; ``reset`` returns JSON-serialisable chat messages ending
 with a user message; tool schemas are well-formed; malformed, unknown and badly-typed tool calls and
 a void turn come back as observations or clean terminations, never exceptions; the solver's
-demonstrations replay through ``step`` with the same tool outputs and earn a positive reward;
-``close`` can be called twice.
+demonstrations of up to ``DEMO_TASKS`` training tasks replay through ``step`` with the same tool
+outputs and earn a positive reward; ``close`` can be called twice.
 """
 
 from __future__ import annotations
@@ -29,10 +29,22 @@ from agentrl.env import (
 )
 from agentrl.env.values import reward_value
 from agentrl.errors import OptionsRequired
-from agentrl.timeouts import call_with_timeout
+from agentrl.timeouts import WaitTimeout, call_with_timeout
 
 ENV_LIMIT_S = 600.0
 """The default limit of each call, ``timeouts.env_step_s``'s default (what rollouts allow)."""
+
+DEMO_TASKS = 32
+"""Training tasks whose demonstrations are replayed (all of them when there are fewer): a reward that
+raises on one task in four passes 32 replays by chance with probability 0.75**32, about 1e-4 (with
+the 3 replays the check once made, 0.42)."""
+
+SHOWN_FAILURES = 3
+"""FAIL lines shown for failing demonstrations; the count line says how many more failed."""
+
+LINE_CHARS = 1000
+"""What a report line shows at most: a tool output of 5 MB in a FAIL line is cut to its first
+characters and its length."""
 
 SCRIPTED_BAD_ACTIONS = {
     "malformed JSON tool call": '<tool_call>{"name": "x", "arguments": {</tool_call>',
@@ -154,7 +166,8 @@ def check_environment(
 def _check_tasks(
     report: CheckReport, env_cls: type[Environment], seed: int, task_options: dict[str, Any]
 ) -> list[Task] | None:
-    """The built-in splits load and do not overlap; returns a few training tasks to check with.
+    """The built-in splits load and do not overlap; returns up to ``DEMO_TASKS`` training tasks to
+    check with.
     ``task_options``: the environment options that choose its tasks (``Environment.task_options``)."""
     try:
         # the default sizes a run loads: a small sample would miss a split that shares a few problems
@@ -178,7 +191,7 @@ def _check_tasks(
         report.passed.append(
             f"built-in tasks load: {len(train)} train and {len(test)} test, no id or prompt in both"
         )
-        return train[:8]
+        return train[:DEMO_TASKS]
     return None
 
 
@@ -190,7 +203,8 @@ def _check_demonstrations(
     tasks: list[Task],
     seed: int,
 ) -> None:
-    """Up to three solver demonstrations replay through ``step`` and score above zero."""
+    """The solver's demonstrations of ``tasks`` replay through ``step`` and score above zero: one
+    line saying how many replayed, and a FAIL line for each that does not."""
     try:
         demos = bounded(report, "demonstrations()", lambda: env_cls.demonstrations(tasks, seed=seed))
     except NotImplementedError:
@@ -199,12 +213,39 @@ def _check_demonstrations(
     except Exception as e:
         report.problems.append(f"demonstrations() raised {type(e).__name__}: {e}")
         return
-    for i, (t, demo) in enumerate(zip(tasks, demos[:3])):
-        _check(
-            report,
-            f"demonstration {i} replays and scores > 0",
-            functools.partial(_replay, name, options, t, demo, seed),
-        )
+    checked = list(zip(tasks, demos))
+    replayed, failures = _replay_all(report, name, options, checked, seed)
+    report.problems += failures[:SHOWN_FAILURES]
+    what = f"{replayed - len(failures)} of {replayed} solver demonstrations replay and score > 0"
+    if len(failures) > SHOWN_FAILURES:
+        what += f" ({len(failures) - SHOWN_FAILURES} more failures not shown)"
+    if replayed < len(checked):
+        what += f" (the last did not return: the other {len(checked) - replayed} were not replayed)"
+    if len(checked) < len(tasks):
+        what += f" (the solver returned {len(demos)} for {len(tasks)} tasks)"
+    (report.problems if failures or not checked else report.passed).append(what)
+
+
+def _replay_all(
+    report: CheckReport,
+    name: str,
+    options: dict[str, Any],
+    checked: list[tuple[Task, list[dict]]],
+    seed: int,
+) -> tuple[int, list[str]]:
+    """(how many replayed, why each that failed did) for the (task, demonstration) pairs; a replay
+    that does not return within the check's time limit stops the rest (each could wait as long)."""
+    failures = []
+    for i, (t, demo) in enumerate(checked):
+        replay = functools.partial(_replay, name, options, t, demo, seed)
+        try:
+            bounded(report, f"replaying demonstration {i} (task {t.id!r})", replay)
+        except Exception as e:
+            why = str(e) if isinstance(e, AssertionError) else f"raised {type(e).__name__}: {e}"
+            failures.append(f"demonstration {i} (task {t.id!r}): {why}")
+            if isinstance(e, WaitTimeout):
+                return i + 1, failures
+    return len(checked), failures
 
 
 def _rewards(env: Environment) -> None:
@@ -272,7 +313,15 @@ def _replay(name: str, options: dict[str, Any], task: Task, demo: list[dict], se
 
 def format_report(report: CheckReport) -> str:
     lines = [f"environment {report.env!r}: {'OK' if report.ok else 'FAILED'}"]
-    lines += [f"  ok    {p}" for p in report.passed]
-    lines += [f"  note  {n}" for n in report.notes]
-    lines += [f"  FAIL  {p}" for p in report.problems]
+    lines += [f"  ok    {_shown(p)}" for p in report.passed]
+    lines += [f"  note  {_shown(n)}" for n in report.notes]
+    lines += [f"  FAIL  {_shown(p)}" for p in report.problems]
     return "\n".join(lines)
+
+
+def _shown(line: str) -> str:
+    """``line`` as a report prints it: its first ``LINE_CHARS`` characters and its length when longer
+    (a FAIL line can hold a tool's whole output)."""
+    if len(line) <= LINE_CHARS:
+        return line
+    return f"{line[:LINE_CHARS]}... ({len(line):,} characters)"

@@ -20,7 +20,7 @@ from __future__ import annotations
 import copy
 import re
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,6 +61,22 @@ def renders_tools(tokenizer: Any, tools: Sequence[dict[str, Any]]) -> bool:
     return bool(with_tools != without)
 
 
+def reads_enable_thinking(tokenizer: Any) -> bool:
+    """Does the chat template read ``enable_thinking`` (Qwen3's switch: ``False`` turns thinking
+    off)? It does when the generation prompt it renders depends on the value."""
+    probe = [{"role": "user", "content": "hi"}]
+    try:
+        off, on = (
+            tokenizer.apply_chat_template(
+                probe, tokenize=False, add_generation_prompt=True, enable_thinking=v
+            )
+            for v in (False, True)
+        )
+    except Exception:  # no chat template, or one that rejects the probe: no switch to use
+        return False
+    return bool(off != on)
+
+
 def tools_section(tools: Sequence[dict[str, Any]], tool_format: str) -> str:
     """The system-prompt text that shows ``tools`` and how to call them in ``tool_format``."""
     import json
@@ -81,7 +97,8 @@ class ChatRenderer:
     (``TOOLS_PROMPTS``) says where the tool schemas go; with ``system`` placement they are written
     into the conversation's system message by ``prompt_messages`` (the runner and the SFT warm start
     call it, so the transcript holds exactly what the model read) and the template gets none.
-    ``python`` tool calls (a fenced code block) are described by the environment's own prompt."""
+    ``python`` tool calls (a fenced code block) are described by the environment's own prompt.
+    ``template_kwargs`` go to every render (``with_template_kwargs``)."""
 
     def __init__(
         self,
@@ -93,6 +110,7 @@ class ChatRenderer:
         if tools_prompt not in TOOLS_PROMPTS:
             raise ValueError(f"tools_prompt={tools_prompt!r}; valid: {', '.join(TOOLS_PROMPTS)}")
         self.tokenizer = tokenizer
+        self.template_kwargs: dict[str, Any] = {}
         self.tools = list(tools) if tools else None
         self.tools_text: str | None = None
         """The tools section written into the system message (None: the template shows the tools)."""
@@ -117,6 +135,16 @@ class ChatRenderer:
         """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
         self.eos_token_id: int | None = tokenizer.convert_tokens_to_ids(self._eos_token())
 
+    def with_template_kwargs(self, kwargs: Mapping[str, Any]) -> ChatRenderer:
+        """This renderer with ``kwargs`` passed to every render of the chat template (``{"enable_thinking":
+        False}``), sharing its tokenizer copies. For arguments that change what follows the
+        generation prompt, not how an assistant turn closes (``assistant_close`` is kept)."""
+        if dict(kwargs) == self.template_kwargs:
+            return self
+        other = copy.copy(self)
+        other.template_kwargs = dict(kwargs)
+        return other
+
     def _eos_token(self) -> str:
         # The end-of-turn token is whatever starts the assistant closing (ChatML: <|im_end|>).
         close = self.assistant_close
@@ -127,7 +155,11 @@ class ChatRenderer:
 
     def _render(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
-            messages, tools=self.tools, add_generation_prompt=add_generation_prompt, tokenize=False
+            messages,
+            tools=self.tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **self.template_kwargs,
         )
 
     def render_text(self, messages: list[dict[str, Any]], generation_prompt: bool) -> str:

@@ -18,7 +18,9 @@ by the request's episode key). A request is served in four moves:
    ``agent``) and answers with an error, ``retokenize`` re-renders the client's history into the
    current sample, keeping the policy's tokens (role, log-prob, version) where they survive unchanged.
 3. **Generate** with the run's sampling settings, the turn's seed and budgets, and the request's own
-   ``max_tokens`` and ``stop`` within them.
+   ``max_tokens`` and ``stop`` within them; its ``reasoning_effort`` sets the template's
+   ``enable_thinking`` for the turn's generation prompt (``template_kwargs``), recorded in
+   ``metrics["reasoning_effort"]``.
 4. **Answer** with the reply as OpenAI ``content`` and ``tool_calls`` (parsed in the template's tool-call
    format), the sampled tokens' log-probs when asked, and an ``agentrl`` block: the episode key, the
    turn, the weight version and the token ids.
@@ -43,6 +45,7 @@ from agentrl.agents import AgentEnvironment
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode, Segment
+from agentrl.models.chat import reads_enable_thinking
 from agentrl.models.chat_templates import tool_call_format
 from agentrl.rollout.async_runner import RequestBatcher
 from agentrl.rollout.drift import drift_kind, rebase
@@ -170,6 +173,7 @@ class AgentRunner(EpisodeRunner):
             self.tool_format: str | None = tool_call_format(tokenizer)
         except ValueError as e:  # fine for agents without tools; a request with tools is refused
             self.tool_format, self._tool_format_error = None, str(e)
+        self.enable_thinking = reads_enable_thinking(tokenizer)  # can reasoning_effort be honoured?
         self._ledgers: dict[str, _Ledger] = {}
         self._lock = threading.Lock()
         submit = getattr(engine, "submit", None)
@@ -360,14 +364,15 @@ class AgentRunner(EpisodeRunner):
             )
             raise APIError(400, f"episode {lv.key!r} has {why}; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
         check_sampling(req, self.sampling)
+        thinking = template_kwargs(req.reasoning_effort, self.enable_thinking)
         if req.tools and self.tool_format is None:
             raise APIError(400, f"this model's chat template cannot carry tool calls: {self._tool_format_error}", param="tools")  # fmt: skip
         messages = [for_template(m) for m in req.messages]
         tools_key = json.dumps(req.tools, sort_keys=True)
         seen = [canonical(m) for m in messages]
         if lv.renderer is None:  # the first turn: the prompt
-            lv.renderer, lv.tools_key = self._renderer(req.tools, placement="template"), tools_key
-            ep.metrics["tools"] = req.tools
+            lv.renderer = self._renderer(req.tools, placement="template").with_template_kwargs(thinking)
+            lv.tools_key, ep.metrics["tools"] = tools_key, req.tools
             prompt = lv.renderer.render_prompt(messages)
             ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
             self.history.record(ep)
@@ -375,10 +380,13 @@ class AgentRunner(EpisodeRunner):
         elif tools_key == lv.tools_key and seen[: len(lv.seen)] == lv.seen and len(seen) > len(lv.seen):
             lv.turn += 1
             new = messages[len(lv.seen) :]
+            lv.renderer = lv.renderer.with_template_kwargs(thinking)  # this turn's generation prompt
             self._append_observation(lv, new)  # lv.messages gets them as shown
             lv.seen = seen
         else:
-            self._drift(lv, messages, req.tools, tools_key)
+            self._drift(lv, messages, req.tools, tools_key, thinking)
+        if req.reasoning_effort is not None:
+            ep.metrics.setdefault("reasoning_effort", []).append({"turn": lv.turn, "effort": req.reasoning_effort, **thinking})  # fmt: skip
         if lv.length >= self.budgets.max_episode_tokens:
             self._stop(lv, "token_budget")
             raise APIError(400, f"episode {lv.key!r} has used its rollout.max_episode_tokens={self.budgets.max_episode_tokens} tokens", code="agentrl_episode_ended")  # fmt: skip
@@ -406,8 +414,11 @@ class AgentRunner(EpisodeRunner):
             raise APIError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error", code="agentrl_engine_failed") from e  # fmt: skip
 
     # -- drift -------------------------------------------------------------------------------
-    def _drift(self, lv: _Ledger, messages: list[dict], tools: list[dict] | None, tools_key: str) -> None:
-        """The client's history does not extend the ledger: classify, record, act per ``on_drift``."""
+    def _drift(
+        self, lv: _Ledger, messages: list[dict], tools: list[dict] | None, tools_key: str, thinking: dict
+    ) -> None:
+        """The client's history does not extend the ledger: classify, record, act per ``on_drift``
+        (the new sample rendered with the request's ``thinking`` template arguments)."""
         ep = lv.episode
         at = next(
             (i for i, (a, b) in enumerate(zip(lv.seen, map(canonical, messages))) if a != b),
@@ -420,7 +431,7 @@ class AgentRunner(EpisodeRunner):
             message = f"history drift ({kind}) at message {at}: the request's history does not extend what the endpoint recorded for episode {lv.key!r} (proxy.on_drift: fail)"  # fmt: skip
             self._fail(lv, "agent", RuntimeError(message))
             raise APIError(400, message, param=f"messages[{at}]", code="agentrl_history_drift")
-        renderer = self._renderer(tools, placement="template")
+        renderer = self._renderer(tools, placement="template").with_template_kwargs(thinking)
         lv.turn += 1
         old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
         tools_before = old_tools if tools_key != lv.tools_key else None
@@ -440,6 +451,17 @@ def check_sampling(req: ChatRequest, sampling: SamplingParams) -> None:
         raise APIError(400, "seed is set by agentrl per episode and turn (from run.seed); leave it out", param="seed", code="agentrl_sampling_fixed")  # fmt: skip
     if req.top_logprobs:
         raise APIError(400, "top_logprobs are not recorded; only the sampled tokens' logprobs (logprobs: true)", param="top_logprobs")  # fmt: skip
+
+
+def template_kwargs(effort: str | None, enable_thinking: bool) -> dict[str, Any]:
+    """The chat-template arguments of a request's ``reasoning_effort``: ``enable_thinking`` false for
+    "none" and true for any other value (the template has an on/off switch, not levels). Without the
+    switch nothing can honour it: refused as OpenAI refuses it for a model without reasoning."""
+    if effort is None:
+        return {}
+    if not enable_thinking:
+        raise APIError(400, "Unsupported parameter: 'reasoning_effort' is not supported with this model: its chat template has no enable_thinking switch; leave reasoning_effort out.", param="reasoning_effort", code="unsupported_parameter")  # fmt: skip
+    return {"enable_thinking": effort != "none"}
 
 
 def reply(

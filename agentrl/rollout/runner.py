@@ -22,8 +22,9 @@ from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, ch
 from agentrl.env.values import RewardValueError, reward_value
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
-from agentrl.models.chat import ChatRenderer, Piece
+from agentrl.models.chat import ChatRenderer
 from agentrl.models.history import HistoryPolicy, history_pieces
+from agentrl.rollout.tool_output import cut_long_outputs, truncate_outputs
 from agentrl.timeouts import BoundedCalls, DaemonThreadPool, WaitTimeout
 
 ENGINE_REQUEST_S = 600.0
@@ -324,7 +325,8 @@ class EpisodeRunner:
         different history and ``history`` is split, as the prompt of a new sample."""
         assert lv.renderer is not None
         cap = self.budgets.max_tool_output_tokens
-        pieces = [truncate_output(self.tokenizer, p, cap) for p in lv.renderer.render_observation(obs)]
+        obs, cut = cut_long_outputs(obs, cap)  # a 5 MB output is not tokenized whole to keep 256 tokens
+        pieces = truncate_outputs(self.tokenizer, lv.renderer.render_observation(obs), cap, cut)
         for i, msg in enumerate(obs):  # record what the model actually saw
             text = [p.text for p in pieces if p.message_index == i]
             lv.messages.append({**msg, "content": text[0]} if text else dict(msg))
@@ -407,21 +409,6 @@ class EpisodeRunner:
             comps[self.step_reward_name] = lv.step_reward
         ep.reward_components = comps
         ep.reward = total
-
-
-def truncate_output(tokenizer: Any, piece: Piece, cap: int) -> Piece:
-    """Keep the head (3/4) and tail (1/4) of a tool/env output longer than ``cap`` tokens, with a
-    marker between them; the result, marker included, fits ``cap`` (``max_tool_output_tokens``)."""
-    n = len(piece.token_ids)
-    if piece.role not in ("tool", "env") or n <= cap:
-        return piece
-    marker = tokenizer(f"\n...[{n} tokens, truncated]...\n", add_special_tokens=False)["input_ids"]
-    keep = max(cap - len(marker), 0)
-    n_tail = keep // 4
-    ids = piece.token_ids[: keep - n_tail] + marker + (piece.token_ids[n - n_tail :] if n_tail else [])
-    ids = ids[:cap]
-    text = tokenizer.decode(ids, skip_special_tokens=False)
-    return Piece(piece.role, ids, text, piece.message_index)
 
 
 def _close_started(started: concurrent.futures.Future) -> None:

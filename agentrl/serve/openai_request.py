@@ -32,6 +32,8 @@ from pydantic_core import PydanticCustomError
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
 MAX_TOP_LOGPROBS = 20
+ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+"""OpenAI's ``reasoning_effort`` values (``none`` and ``xhigh`` came with GPT-5.1 and later)."""
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
@@ -81,6 +83,7 @@ class ChatRequest:
     stream: bool
     include_usage: bool  # stream_options.include_usage
     raw: dict  # the JSON body as received
+    reasoning_effort: ReasoningEffort | None = None  # the backend decides what it can honour
 
 
 @dataclass
@@ -166,6 +169,7 @@ def parse_chat_request(body: Any, headers: Mapping[str, str]) -> ChatRequest:
         stream=bool(chat.stream),
         include_usage=bool(chat.stream_options and chat.stream_options.include_usage),
         raw=body,
+        reasoning_effort=chat.reasoning_effort,
     )
 
 
@@ -434,8 +438,9 @@ class StreamOptions(BaseModel):
 class ChatBody(Schema):
     """The body of POST /v1/chat/completions. Parameters a sampled RL policy cannot honour are
     refused, never silently ignored; ``user``, ``metadata``, ``store``, ``parallel_tool_calls`` and
-    ``service_tier`` are bookkeeping and accepted. The first failing field is the one reported, in
-    the order declared here."""
+    ``service_tier`` are bookkeeping and accepted. ``reasoning_effort`` is checked against OpenAI's
+    values here and against the model by the backend. The first failing field is the one reported,
+    in the order declared here."""
 
     model_config = ConfigDict(validate_default=True)
     n: Annotated[int, only((1,), "must be 1 (one choice per request); send n separate requests.")] | None = (
@@ -463,6 +468,7 @@ class ChatBody(Schema):
     temperature: Annotated[float, between(0.0, 2.0)] | None = None
     top_p: Annotated[float, between(0.0, 1.0)] | None = None
     seed: int | None = None
+    reasoning_effort: ReasoningEffort | None = None
     user: Any = None
     metadata: Any = None
     store: Any = None

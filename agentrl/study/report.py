@@ -31,16 +31,21 @@ SERIES = {
     "entropy": "entropy/mean",
     "entropy_rollout": "entropy/rollout",
     "entropy_branching": "entropy/branching",
-    "informative": "groups/informative",
+    "groups_trained": "groups/trained_count",
     "reward": "reward/mean",
     "length": "length/policy_tokens",
 }
 
 
+RENAMED = {"groups/trained_count": "groups/informative"}
+"""A metric's name in runs recorded before it was renamed, read when the new name is absent (the
+old ``groups/informative`` counted the groups trained on, as ``groups/trained_count`` does)."""
+
+
 def _values(rows: Sequence[dict[str, Any]], key: str) -> list[float | None]:
     out: list[float | None] = []
     for r in rows:
-        v = r.get(key)
+        v = r.get(key, r.get(RENAMED.get(key, key)))
         out.append(float(v) if isinstance(v, (int, float)) and math.isfinite(v) else None)
     return out
 
@@ -102,7 +107,7 @@ def summarize_run(
         "final_entropy": _tail_mean(series["entropy"], n_tail),
         "final_entropy_rollout": _tail_mean(series["entropy_rollout"], n_tail),
         "final_entropy_branching": _tail_mean(series["entropy_branching"], n_tail),
-        "informative": _tail_mean(series["informative"], len(rows)),
+        "groups_trained": _tail_mean(series["groups_trained"], len(rows)),
         "final_reward": _tail_mean(series["reward"], n_tail),
         "final_length": _tail_mean(series["length"], n_tail),
         "in_band": band_fraction(series["entropy"], target, band, warmup),
@@ -521,7 +526,7 @@ def _family_lines(
         *warm_start_lines(prep, [{**r, "method": m} for m, rs in by_method.items() for r in rs]),
         "",
         f"| method | final entropy | / H0 | in band | rollout entropy | rollout in band | branching entropy | "
-        f"STARE gate on | informative groups | final reward | mean@{k} | pass@{pass_k} | length | time/run | "
+        f"STARE gate on | groups trained | final reward | mean@{k} | pass@{pass_k} | length | time/run | "
         "policy tokens/run |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -561,7 +566,7 @@ def _method_row(method: str, rs: list[dict]) -> str:
         f"{_cell(col('in_band'), pct=True)} | "
         f"{_cell(col('final_entropy_rollout'))} | {_cell(col('in_band_rollout'), pct=True)} | "
         f"{_cell(col('final_entropy_branching'))} | {_cell(col('gate_on'), pct=True)} | "
-        f"{_cell(col('informative'), '{:.1f}')} | {_cell(col('final_reward'))} | "
+        f"{_cell(col('groups_trained'), '{:.1f}')} | {_cell(col('final_reward'))} | "
         f"{_cell(col('mean_at_k'))} | {_cell(col('pass_at_k'))} | {_cell(col('final_length'), '{:.1f}')} | "
         f"{_cell(col('seconds'), '{:.0f}')} s | {_cell(col('policy_tokens'), '{:.0f}')} |"
     )

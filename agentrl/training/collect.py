@@ -37,13 +37,14 @@ class Collector:
     def collect(self, step: int) -> tuple[list[Episode], list[Episode], dict[str, float]]:
         """Episodes of this step (all, for transcripts) and the ones to train on. With dynamic
         sampling, keeps sampling rounds until ``prompts_per_step`` informative groups are found or
-        ``max_sampling_rounds`` is spent."""
+        ``max_sampling_rounds`` is spent. The ``groups/*`` metrics here and in
+        ``metrics.episode_metrics`` are described in docs/training.md ("Group metrics")."""
         cfg, a = self.cfg, self.cfg.algorithm
         rounds = a.max_sampling_rounds if a.dynamic_sampling else 1
         info: dict[str, float] = {}
         all_eps: list[Episode] = []
         kept_groups: list[list[Episode]] = []
-        n_groups_seen = n_stale = 0
+        n_informative = n_stale = 0
         waited = 0.0
         for r in range(rounds):
             eps, took_s = self._round(step, r, info)
@@ -53,15 +54,13 @@ class Collector:
             stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_staleness)
             n_stale += sum(stale)
             usable = [ep for ep, too_old in zip(eps, stale) if not ep.failed and not too_old]
-            n_groups_seen += len({ep.group for ep in usable})
-            # Dynamic sampling keys on the task outcome, the reward *before* DAPO's overlong shaping
-            # (DAPO and verl filter on accuracy): an all-correct group whose members differ only in
-            # their length penalty carries no outcome signal and is dropped.
-            keep = (
-                alg.dynamic_sampling_keep([ep.reward for ep in usable], [ep.group for ep in usable])
-                if a.dynamic_sampling
-                else range(len(usable))
-            )
+            # A group is informative when its usable episodes' task outcomes differ: the reward *before*
+            # DAPO's overlong shaping (DAPO and verl filter on accuracy), so an all-correct group whose
+            # members differ only in their length penalty carries no outcome signal. Dynamic sampling
+            # trains on those groups only; without it every group trains, informative or not.
+            informative = alg.dynamic_sampling_keep([ep.reward for ep in usable], [ep.group for ep in usable])
+            n_informative += len({usable[i].group for i in informative})
+            keep = informative if a.dynamic_sampling else range(len(usable))
             self.shape_rewards(eps)
             groups = defaultdict(list)
             for i in keep:
@@ -70,10 +69,11 @@ class Collector:
             if len(kept_groups) >= cfg.rollout.prompts_per_step:
                 break
         kept_groups = kept_groups[: cfg.rollout.prompts_per_step]
+        n_groups = len({ep.group for ep in all_eps})  # groups/count, written by metrics.episode_metrics
         info.update(
             {
-                "groups/informative": float(len(kept_groups)),
-                "groups/seen": float(n_groups_seen),
+                "groups/informative_frac": n_informative / max(n_groups, 1),
+                "groups/trained_count": float(len(kept_groups)),
                 "groups/sampling_rounds": float(r + 1),
                 "offpolicy/stale_dropped": float(n_stale),
                 **off.staleness_metrics(all_eps, self.engine.version),

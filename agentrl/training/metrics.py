@@ -56,7 +56,7 @@ PLOTS: dict[str, list[str]] = {
 def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     """Metrics over all episodes of the step (fresh rollouts, before any filter)."""
     ok = [e for e in episodes if not e.failed]
-    out: dict[str, float] = {"episodes/count": float(len(episodes))}
+    out: dict[str, float] = {"episodes/count": float(len(episodes)), **group_metrics(episodes)}
     out["episodes/failed_frac"] = 1 - len(ok) / max(len(episodes), 1)
     for boundary, n in Counter(e.failure.boundary for e in episodes if e.failure).items():
         out[f"failures/{boundary}"] = float(n)
@@ -72,11 +72,6 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         out["length/policy_tokens"] = sum(e.num_policy_tokens for e in ok) / len(ok)
         out["length/turns"] = sum(e.num_turns for e in ok) / len(ok)
         out["tools/calls"] = sum(e.metrics.get("tool_calls", 0) for e in ok) / len(ok)
-        groups = defaultdict(list)
-        for e in ok:
-            groups[e.group].append(is_correct(e))
-        out["groups/all_correct"] = sum(all(g) for g in groups.values()) / len(groups)
-        out["groups/all_wrong"] = sum(not any(g) for g in groups.values()) / len(groups)
     out["length/policy_tokens_total"] = float(sum(e.num_policy_tokens for e in episodes))
     surprisal = [-lp for e in episodes for s in e.segments if s.logprobs for lp in s.logprobs]
     if surprisal:
@@ -84,6 +79,23 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         # positions visited: the entropy of fresh rollouts, with no extra forward pass.
         out["entropy/rollout"] = sum(surprisal) / len(surprisal)
     return out
+
+
+def group_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """``groups/count``, the step's groups (every group any of its episodes belongs to, over all
+    sampling rounds), and the fractions of them whose episodes that did not fail are all correct, or
+    all wrong (``is_correct``); a group whose episodes all failed is neither. The collector adds
+    ``groups/informative_frac`` of the same count (docs/training.md, "Group metrics")."""
+    correct: dict[Any, list[bool]] = {e.group: [] for e in episodes}
+    for e in episodes:
+        if not e.failed:
+            correct[e.group].append(is_correct(e))
+    n = max(len(correct), 1)
+    return {
+        "groups/count": float(len(correct)),
+        "groups/all_correct_frac": sum(bool(g) and all(g) for g in correct.values()) / n,
+        "groups/all_wrong_frac": sum(bool(g) and not any(g) for g in correct.values()) / n,
+    }
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ SHOWN = [
 ]
 _SUMMARY_CURVES = ("reward", "correct", "entropy", "entropy_rollout", "length", "failed", "gate", "W", "M")
 SUMMARY = [CURVES[k] for k in (*_SUMMARY_CURVES, "eval_mean", "eval_pass", "tokens_s")] + [
-    "groups/informative"
+    "groups/informative_frac"
 ]
 
 

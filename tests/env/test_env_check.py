@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import time
 
 import pytest
 
 from agentrl.cli import main
-from agentrl.env import Environment, Reward, StepResult, Task, register, registered
+from agentrl.env import Environment, Reward, StepResult, Task, register, registered, tool
 from agentrl.env.check import check_environment
+from agentrl.tools import format_tool_call
 
 BUILT_IN = sorted(n for n, cls in registered().items() if cls.__module__.startswith("environments."))
 
@@ -128,3 +130,104 @@ class SharesAFewPrompts(Environment):
 def test_a_split_sharing_a_few_prompts_is_reported():
     report = check_environment("test_shares_a_few_prompts")
     assert "train and test splits overlap: 2 shared id(s) or prompt(s)" in "\n".join(report.problems)
+
+
+@register
+class RaisesOnOneTaskInFour(BadSolver):
+    """The trial's case: a reward that raises on one task in four (here every fourth, so the first three
+    demonstrations, all the check once replayed, score)."""
+
+    name = "test_raises_on_one_task_in_four"
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        start = 0 if split == "train" else 1000
+        return [
+            Task(id=f"{split}-{i}", prompt=f"What is {i} + 2?", answer=i + 2)
+            for i in range(start, start + 40)
+        ]
+
+    @classmethod
+    def demonstrations(cls, tasks, seed=0):
+        return [
+            [*cls().reset(t, seed), {"role": "assistant", "content": f"\\boxed{{{t.answer}}}"}] for t in tasks
+        ]
+
+    def rewards(self):
+        def correct(task, state):
+            if int(task.id.split("-")[1]) % 4 == 3:
+                raise KeyError("unit")
+            return float(state.info.get("answer") == str(task.answer))
+
+        return [Reward("correct", correct)]
+
+
+def test_a_reward_raising_on_one_task_in_four_fails_the_check_and_says_how_many_replayed(capsys):
+    # 32 of the 40 training tasks are replayed: 8 raise (tasks 3, 7, ..., 31); 3 are shown.
+    assert main(["envs", "check", "test_raises_on_one_task_in_four"]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL  demonstration 3 (task 'train-3'): reward 'correct' raised KeyError: 'unit'" in out
+    assert "FAIL  24 of 32 solver demonstrations replay and score > 0 (5 more failures not shown)" in out
+    assert "demonstration 15 (task" not in out
+    assert main(["envs", "check", "calculator"]) == 0
+    assert "ok    32 of 32 solver demonstrations replay and score > 0" in capsys.readouterr().out
+
+
+@register
+class HugeToolOutput(Environment):
+    """The trial's tool returned 5 MB; its demonstration expected other output, and the FAIL line that
+    says so printed all 5 MB."""
+
+    name = "test_huge_tool_output"
+
+    @tool
+    def dump(self) -> str:
+        """Five million characters."""
+        return "x" * 5_000_000
+
+    @classmethod
+    def load_tasks(cls, split, n=None, seed=0, **options):
+        return [Task(id=f"{split}-0", prompt=f"Dump ({split}).")]
+
+    @classmethod
+    def demonstrations(cls, tasks, seed=0):
+        call = {"role": "assistant", "content": format_tool_call("dump", {})}
+        return [[*cls().reset(t, seed), call, {"role": "tool", "content": "xxx"}] for t in tasks]
+
+
+def test_a_fail_line_holding_a_5mb_tool_output_is_capped(capsys):
+    assert main(["envs", "check", "test_huge_tool_output"]) == 1
+    out = capsys.readouterr().out
+    (line,) = [x for x in out.splitlines() if "tool output differs from the demonstration" in x]
+    # 34 + 44 characters before the outputs' reprs, ['x...x'] 5,000,004, " vs " 4, ['xxx'] 7
+    assert len(line) < 1100 and line.endswith("xxxx... (5,000,093 characters)")
+
+
+@register
+class HangsOnTaskTwo(RaisesOnOneTaskInFour):
+    """Its step does not return (within the check's limit) on task ``train-2``."""
+
+    name = "test_hangs_on_task_two"
+
+    def step(self, action: str) -> StepResult:
+        if self.task is not None and self.task.id == "train-2":
+            time.sleep(3)  # past the check's limit (0.5 s); the abandoned thread ends on its own
+        return super().step(action)
+
+    def rewards(self):
+        return [Reward("correct", lambda task, state: 1.0)]
+
+
+def test_a_replay_that_does_not_return_stops_the_replays():
+    # A step that hangs on one task mostly hangs on all: at the default limit (600 s), 32 replays
+    # that each time out would hold the check for more than five hours, not 30 minutes as with 3.
+    report = check_environment("test_hangs_on_task_two", limit_s=0.5)
+    text = "\n".join(report.problems)
+    assert (
+        "demonstration 2 (task 'train-2'): raised WaitTimeout: environment 'test_hangs_on_task_two': replaying"
+        in text
+    )
+    assert (
+        "2 of 3 solver demonstrations replay and score > 0 (the last did not return: the other 29 were not replayed)"
+        in text
+    )

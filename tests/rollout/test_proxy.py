@@ -374,6 +374,86 @@ def test_serve_mode_opens_episodes_by_key_and_writes_them_when_finished(tiny_tok
         runner.close()
 
 
+def test_serve_mode_a_rejected_request_opens_no_episode(tiny_tokenizer):
+    """The trial's report: a request refused with 400 opened an episode, which /finish then wrote
+    with no turn. Refused by the backend (sampling fixed, no thinking switch) or by the schema (n),
+    a request leaves nothing under its key; on an episode with a turn, it leaves the episode as it was."""
+    from agentrl.cli.serve import ServedEpisode, ServedRunner
+
+    done: list[Episode] = []
+    runner = ServedRunner(scripted(tiny_tokenizer, ["Hi.<|im_end|>"] * 2), tiny_tokenizer, ServedEpisode, on_finish=done.append)  # fmt: skip
+    base, msgs = runner.url, [{"role": "user", "content": "hello"}]
+
+    def post(key, messages, **extra):
+        body = {"model": "m", "messages": messages, **extra}
+        return httpx.post(f"{base}/chat/completions", headers={"X-Episode-Key": key}, json=body)
+
+    try:
+        for extra in ({"temperature": 0.3}, {"seed": 1}, {"reasoning_effort": "low"}, {"n": 2}):
+            assert post("a", msgs, **extra).status_code == 400, extra
+            assert httpx.get(f"{base}/episodes/a").status_code == 404, extra
+        assert httpx.post(f"{base}/episodes/a/finish", json={"reward": 1.0}).status_code == 404
+        first = post("b", msgs)
+        assert first.status_code == 200
+        before = httpx.get(f"{base}/episodes/b").json()
+        more = [*msgs, first.json()["choices"][0]["message"], {"role": "user", "content": "more"}]
+        assert post("b", more, temperature=0.3).status_code == 400
+        assert httpx.get(f"{base}/episodes/b").json() == before
+        assert httpx.post(f"{base}/episodes/b/finish", json={"reward": 1.0}).json()["turns"] == 1
+        assert [e.id for e in done] == ["b"] and runner.abandon_open("stopped") == []
+    finally:
+        runner.close()
+
+
+def test_reasoning_effort_switches_a_thinking_template_and_is_recorded():
+    """``reasoning_effort`` (OpenAI's values) sets a template's ``enable_thinking``: "none" turns
+    thinking off (Qwen3 writes an empty think block after the generation prompt), any other value
+    leaves it on; each turn's value is recorded. A value OpenAI does not define is refused."""
+    from agentrl.models.chat_templates import family_tokenizer
+
+    tok = family_tokenizer("qwen3")
+    runner = AgentRunner(scripted(tok, ["Hi.<|im_end|>"] * 3), tok, CalculatorAgent)
+    empty_think = "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    try:
+        lv = runner.open(EpisodeRequest(TASK, seed=0), key="k")
+        client = openai.OpenAI(base_url=runner.url, api_key="k", max_retries=0)
+        msgs: list = [{"role": "user", "content": "x"}]
+        with pytest.raises(openai.BadRequestError, match="reasoning_effort") as refused:
+            client.chat.completions.create(model="m", messages=msgs, reasoning_effort="extreme")
+        assert refused.value.body["param"] == "reasoning_effort" and lv.episode.segments == []
+        for effort in ("none", "high", "none"):
+            r = client.chat.completions.create(model="m", messages=msgs, reasoning_effort=effort)
+            msgs += [r.choices[0].message, {"role": "user", "content": "again"}]
+        ep = lv.episode
+        # the text each turn's generation prompt ends: the prompt, then the observations before turns 1, 2
+        ends = [s.text for s in ep.segments if s.role in ("prompt", "scaffold") and "assistant" in s.text]
+        assert [t.endswith(empty_think) for t in ends] == [True, False, True]
+        assert ep.metrics["reasoning_effort"] == [
+            {"turn": 0, "effort": "none", "enable_thinking": False},
+            {"turn": 1, "effort": "high", "enable_thinking": True},
+            {"turn": 2, "effort": "none", "enable_thinking": False},
+        ]
+    finally:
+        runner.close()
+
+
+def test_reasoning_effort_without_a_thinking_switch_is_refused_as_openai_does(tiny_tokenizer):
+    runner = AgentRunner(scripted(tiny_tokenizer, ["Hi.<|im_end|>"]), tiny_tokenizer, CalculatorAgent)
+    try:
+        lv = runner.open(EpisodeRequest(TASK, seed=0), key="k")
+        r = httpx.post(f"{runner.url}/chat/completions", headers={"X-Episode-Key": "k"},
+                       json={"model": "m", "messages": [{"role": "user", "content": "x"}], "reasoning_effort": "low"})  # fmt: skip
+        error = r.json()["error"]
+        assert r.status_code == 400 and error["type"] == "invalid_request_error"
+        assert error["param"] == "reasoning_effort" and error["code"] == "unsupported_parameter"
+        assert error["message"].startswith(
+            "Unsupported parameter: 'reasoning_effort' is not supported with this model"
+        )
+        assert lv.episode.segments == [] and "reasoning_effort" not in lv.episode.metrics
+    finally:
+        runner.close()
+
+
 def test_concurrent_requests_on_one_episode_are_refused(tiny_tokenizer):
     gate = threading.Event()
 
@@ -520,6 +600,7 @@ def test_tool_call_arguments_reach_the_template_as_objects():
     assert canonical(shown) == canonical(msg)
 
 
+@pytest.mark.slow
 def test_agentrl_serve_records_episodes_that_inspect_and_doctor_read(tmp_path, tiny_model_dir):
     import signal
     import subprocess

@@ -29,7 +29,7 @@ def test_dynamic_sampling_ignores_length_shaping(tmp_path, tiny_model_dir):
     for e in episodes:
         shaped.setdefault(e.group, set()).add(round(e.reward, 6))
     assert all(len(v) > 1 for v in shaped.values()), "the length penalty must vary within each group"
-    assert kept == [] and info["groups/informative"] == 0
+    assert kept == [] and info["groups/informative_frac"] == 0 and info["groups/trained_count"] == 0
 
 
 def test_clip_cov_draws_afresh_every_step(tmp_path, tiny_model_dir, monkeypatch):
