@@ -7,11 +7,17 @@
 # also installed in the background).
 # Every tier runs on every call; CI's budget is 25 minutes on 2 cores. Each phase prints its time.
 #
-# Extra arguments go to pytest and skip the vLLM tier, e.g. the fast local tier (under 10 minutes):
+# Extra arguments go to pytest and skip the vLLM tier, e.g. the fast local tier (no test in it may
+# take over 30 s: tests/helpers/durations.py):
 #   bash scripts/test.sh -m "not slow"
 set -uo pipefail
 cd "$(dirname "$0")/.."
 phase() { echo "[test.sh] $1: $((SECONDS - ${2:-0})) s (total $SECONDS s)" >&2; }
+# Every process the suite starts (torchrun ranks, Ray workers, the CLI) imports torch and transformers.
+# With PYTHONDONTWRITEBYTECODE set (the 2-core machines here set it), Python keeps no bytecode and
+# compiles those packages from source in every process, 2.4 times the CPU of reading bytecode
+# (bench/import_cost.py). Unset, bytecode is written on first import and reused after.
+unset PYTHONDONTWRITEBYTECODE
 bash scripts/setup.sh || exit 1
 # The vLLM tier's own environment (.venv-vllm, ~100 s of downloading and unpacking) installs in the
 # background, beside the setup below and the first tests; its tests run after the suite.

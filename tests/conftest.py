@@ -15,7 +15,13 @@ import pytest
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
+from tests.helpers import durations
 from tests.helpers.fixtures_models import *  # noqa: F403
+
+
+def pytest_configure(config):
+    """The fast tier's time check (tests/helpers/durations.py)."""
+    durations.register(config)
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from agentrl.cli import main
 from agentrl.episode import Episode
 from tests.helpers.jsonl import lines
@@ -45,6 +47,7 @@ def test_rollout_writes_episodes(tmp_path, tiny_model_dir, capsys):
     assert "episodes/count" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_sft_train_eval_plot(tmp_path, tiny_model_dir, capsys):
     args = [
         *common(tmp_path, tiny_model_dir),

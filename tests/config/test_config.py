@@ -339,6 +339,7 @@ def test_every_field_has_a_docstring():
     assert not missing, missing
 
 
+@pytest.mark.slow
 def test_docs_are_up_to_date():
     # in a fresh interpreter: the built-in methods only (tests register methods of their own)
     fresh = subprocess.run(

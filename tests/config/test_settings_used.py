@@ -193,6 +193,7 @@ def test_attn_implementation_reaches_the_model(tiny_model_dir, impl):
     assert model.config._attn_implementation == impl
 
 
+@pytest.mark.slow
 def test_log_every_thins_the_console_and_tensorboard(tmp_path, tiny_model_dir, capsys):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

@@ -292,6 +292,7 @@ os._exit(0)
 """
 
 
+@pytest.mark.slow
 def test_collective_a_rank_never_joins_raises_naming_it(tmp_path):
     """Two gloo processes with ``timeouts.collective_s`` = 2 s: rank 1 never joins the all-reduce of
     ``ranks.any_rank``; rank 0 raises ``CollectiveError`` naming the collective within 2 s + margin."""

@@ -84,6 +84,7 @@ def fresh_step(model, tok, rows: int = 3):
     return state, LeanDecoder.from_cache(model, cache, mask, 8)
 
 
+@pytest.mark.slow
 def test_one_decode_step_compiles_into_one_graph(peaky_policy):
     """``torch.compile(fullgraph=True)`` fails on any host read (``.item()``, ``.tolist()``,
     ``bool(tensor)``) or data-dependent shape inside the step: the precondition of a CUDA graph,

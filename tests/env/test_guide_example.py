@@ -22,6 +22,7 @@ def test_guide_example_passes_the_checker():
     assert report.ok, report.problems
 
 
+@pytest.mark.slow
 def test_guide_example_trains(tmp_path, tiny_model_dir, monkeypatch):
     monkeypatch.chdir(ROOT)  # the config names the module by a repo-relative path
     cfg = load_config(

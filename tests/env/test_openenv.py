@@ -37,6 +37,7 @@ def echo_project(tmp_path_factory) -> str:
     return str(out / "echo_env")
 
 
+@pytest.mark.slow
 def test_the_template_echo_environment_runs_unchanged(echo_project):
     env = make_env("openenv", project=echo_project, max_servers=2)
     tasks = env.load_tasks("train", 2, seed=0)
@@ -56,6 +57,7 @@ def test_the_template_echo_environment_runs_unchanged(echo_project):
     assert report.ok, report.problems
 
 
+@pytest.mark.slow
 def test_a_dead_server_fails_its_episode_and_is_replaced(echo_project):
     env = make_env("openenv", project=echo_project, max_servers=2)
     task = env.load_tasks("train", 1, seed=1)[0]

@@ -71,6 +71,7 @@ def smollm2() -> Path:
     return gguf.converted_dir(SMOL, REAL_CACHE)
 
 
+@pytest.mark.slow
 def test_smollm2_converts_to_a_plain_model_directory():
     """The GGUF's metadata, as the model card gives it: Llama, 30 layers, hidden 576, 9 query and 3
     KV heads, vocabulary 49,152, tied embeddings, ChatML; 134.5 M parameters."""

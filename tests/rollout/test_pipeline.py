@@ -45,6 +45,7 @@ def _episodes(run: Path) -> list[Episode]:
     return [Episode.from_json(x) for x in lines(run / "transcripts.jsonl")]
 
 
+@pytest.mark.slow
 def test_async_with_k0_is_the_sync_loop(tmp_path, tiny_model_dir):
     """Same metrics, same transcripts, same final weights: with K = 0 nothing samples during an
     update, so async mode is the sync loop run from another thread."""
@@ -103,6 +104,7 @@ def _trained_lags(run: Path) -> list[int]:
 
 
 @pytest.mark.parametrize("runner", ["lockstep", "async"])
+@pytest.mark.slow
 def test_async_k2_bounds_staleness_and_records_partial_rollouts(
     tmp_path, tiny_model_dir, monkeypatch, runner
 ):
@@ -181,6 +183,7 @@ def test_the_old_lag_setting_is_renamed(tmp_path, tiny_model_dir):
     assert cfg.rollout.max_staleness == 2
 
 
+@pytest.mark.slow
 def test_kill_minus_9_in_async_mode_then_resume(tmp_path, tiny_model_dir):
     """Batches granted but not trained on at the checkpoint are granted again on resume: the run's
     episodes are exactly the uninterrupted run's, each written once."""
@@ -363,6 +366,7 @@ def test_async_under_torchrun_ranks_take_the_same_batches(tmp_path, tiny_model_d
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_async_on_ray_workers(tmp_path, tiny_model_dir):
     """A pool of Ray workers under async mode: batches overlap on the workers, each worker takes new
     weights between its shards, and the bound holds."""

@@ -102,6 +102,7 @@ def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model
 AGENT_ENV = ROOT / "docs" / "examples" / "agent_env.py"
 
 
+@pytest.mark.slow
 def test_agent_environments_run_on_ray_workers(ray_local, tmp_path, tiny_model_dir):
     """An ``AgentEnvironment`` on Ray workers: each worker serves its own endpoint on 127.0.0.1, its
     agents (the guide's example, the openai package unchanged) run there, and the episodes come back

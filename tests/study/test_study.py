@@ -126,6 +126,7 @@ METHODS = {
 }
 
 
+@pytest.mark.slow
 def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_archive(
     tmp_path, tiny_model_dir, varied_env
 ):

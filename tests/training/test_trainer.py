@@ -107,6 +107,7 @@ def test_seeded_runs_reproduce(tmp_path, tiny_model_dir):
     assert strip(ta) == strip(tb)
 
 
+@pytest.mark.slow
 def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_dir):
     """SIGTERM (as a scheduler sends before preempting) lets the current step finish, writes a
     checkpoint at it even with periodic checkpoints off, and exits with 130 naming the resume
@@ -159,6 +160,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_
     assert sorted({i.split("-")[0] for i in ids}) == sorted(f"s{k}" for k in range(n + 2))
 
 
+@pytest.mark.slow
 def test_kill_minus_9_then_resume(tmp_path, tiny_model_dir):
     """A run killed with SIGKILL after its second checkpoint resumes at the checkpoint's step; every
     step's episodes and metrics appear exactly once."""

@@ -192,6 +192,7 @@ def real_run(tmp_path_factory, tiny_model_dir):
     return tmp / "run", page
 
 
+@pytest.mark.slow
 def test_a_real_runs_page_shades_the_gate_and_explains_a_pinned_token(browser, real_run):
     import json
 

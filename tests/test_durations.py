@@ -1,0 +1,57 @@
+"""The fast tier's time check (tests/helpers/durations.py) fails a session whose fast test ran too long."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+SLOW_AND_FAST = """
+import time
+import pytest
+
+def test_quick():
+    pass
+
+def test_heavy():
+    time.sleep(1.0)
+
+@pytest.mark.slow
+def test_heavy_but_slow_tier():
+    time.sleep(1.0)
+"""
+
+
+def run_pytest(tmp_path: Path, limit_s: float, *selected: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "test_timed.py").write_text(SLOW_AND_FAST)
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: a slow test\n")
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "AGENTRL_FAST_TEST_LIMIT_S": str(limit_s),
+        "AGENTRL_TEST_DURATIONS": str(tmp_path / "durations.json"),
+    }
+    cmd = [sys.executable, "-m", "pytest", "-p", "tests.helpers.durations", "-p", "no:cacheprovider"]
+    cmd += ["-c", str(tmp_path / "pytest.ini"), "-q", *[f"{tmp_path}/test_timed.py::{t}" for t in selected]]
+    return subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_fast_tier_test_over_the_limit_fails_the_session_and_is_named(tmp_path):
+    proc = run_pytest(tmp_path, 0.5, "test_quick", "test_heavy", "test_heavy_but_slow_tier")
+    assert proc.returncode == 1, proc.stdout
+    assert "3 passed" in proc.stdout, proc.stdout  # every test passed: the limit alone failed it
+    assert "fast-tier tests over 0.5 s" in proc.stdout and "test_timed.py::test_heavy:" in proc.stdout
+    assert "test_heavy_but_slow_tier:" not in proc.stdout  # the slow tier has no limit
+    rows = json.loads((tmp_path / "durations.json").read_text())
+    heavy = next(v for k, v in rows.items() if k.endswith("::test_heavy"))
+    assert heavy["call"] >= 1.0 and heavy["slow"] is False
+
+
+def test_within_the_limit_or_in_the_slow_tier_the_session_passes(tmp_path):
+    proc = run_pytest(tmp_path, 0.5, "test_quick", "test_heavy_but_slow_tier")
+    assert proc.returncode == 0, proc.stdout
+    assert "fast-tier tests over" not in proc.stdout
