@@ -54,7 +54,9 @@ def main() -> None:
                 source = {**base, "PYTHONPYCACHEPREFIX": empty, "PYTHONDONTWRITEBYTECODE": "1"}
                 times["source"].append(one_process(source))
             times["bytecode"].append(one_process(bytecode))
-    med = {m: (statistics.median(c for c, _ in t), statistics.median(w for _, w in t)) for m, t in times.items()}
+    med = {
+        m: (statistics.median(c for c, _ in t), statistics.median(w for _, w in t)) for m, t in times.items()
+    }
     for mode, (cpu, wall) in med.items():
         print(f"{mode:9s} CPU {cpu:6.2f} s   wall {wall:6.2f} s   (median of {args.rounds})")
     print(f"source / bytecode: CPU {med['source'][0] / med['bytecode'][0]:.2f}x")

@@ -301,6 +301,12 @@ def _batch_problems(cfg: Config) -> Iterator[tuple[str, str]]:
                 f"algorithm.overlong.max_length={alg.overlong.max_length}"
             ),
         )
+    if cfg.sft.weights == "lora" and cfg.model.lora.rank == 0:
+        yield (
+            "sft.weights",
+            "sft.weights=lora trains adapters with model.lora's settings, but model.lora.rank is 0: set "
+            "model.lora.rank (e.g. 16) or sft.weights=full",
+        )
     for key, value, unset in (("patience", cfg.sft.patience, 0), ("eval_every", cfg.sft.eval_every, 50)):
         if value != unset and cfg.sft.holdout == 0:
             yield (

@@ -321,6 +321,8 @@ class SFTConfig:
     """Learning rate (tiny models trained from scratch need ~1e-3)."""
     batch_size: int = knob(16, ge=1)
     """Demonstrations per step."""
+    micro_batch_size: int | None = knob(None, ge=1)
+    """Demonstrations per forward: a step's batch runs in forwards of this many, their gradients accumulated (the same update; the activations of one micro-batch at a time). None = the whole batch in one forward. ``model.gradient_checkpointing`` applies to SFT too."""
     cache: bool = True
     """Keep the warm start in the cache (``$AGENTRL_CACHE``, default ``~/.cache/agentrl``) and reuse one made earlier with the same model, demonstrations and settings. False = nothing is written to the cache: the warm start goes into the run directory (``warm_start/``)."""
     seed: int | None = None
@@ -335,6 +337,8 @@ class SFTConfig:
     """Steps between held-out evaluations. Needs ``holdout`` > 0 (another value without it is a config error)."""
     patience: int = knob(0, ge=0)
     """Stop after this many held-out evaluations without a new lowest loss (0 = run every step, still keeping the best weights). Needs ``holdout`` > 0."""
+    weights: Literal["auto", "lora", "full"] = "auto"
+    """Which weights the warm start trains. ``lora``: adapters with ``model.lora``'s settings, merged into the base when SFT ends (the warm start is a plain model; RL then adds fresh adapters on it, and its KL reference with LoRA is that warm start); only the adapters and their AdamW moments are trained, so SFT fits where LoRA's RL does. ``full``: every weight (AdamW moments for all of them: ``agentrl plan`` counts it). ``auto``: ``lora`` when ``model.lora.rank`` > 0, else ``full``."""
 
 
 @dataclass

@@ -26,7 +26,8 @@ from agentrl.rollout import components
 from agentrl.rollout.ray_workers import RayEpisodeRunner, RolloutPool
 from agentrl.rollout.runner import EpisodeRunner
 from agentrl.seeds import deterministic_kernels
-from agentrl.training.sft import run_sft, sft_seed
+from agentrl.training import lora
+from agentrl.training.sft import run_sft, sft_seed, trains_adapters
 
 
 def warm_start_key(cfg: Config, base: str) -> str:
@@ -54,6 +55,8 @@ def warm_start_key(cfg: Config, base: str) -> str:
         payload["num_tasks"] = s.num_tasks
     if s.holdout > 0:
         payload["holdout"] = [s.holdout, s.eval_every, s.patience]
+    if trains_adapters(cfg):  # a LoRA warm start (keys of full ones stay as they were)
+        payload["lora"] = lora.settings_dict(cfg.model.lora)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

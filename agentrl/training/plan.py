@@ -16,6 +16,8 @@ against its own share instead of one total against the whole GPU:
 - the HF engine runs in the trainer's process and reserves nothing: one budget, the whole GPU;
 - with ``rollout.workers`` > 0 the engines run in Ray workers on other GPUs: one budget, the whole
   GPU, for the trainer alone.
+- with ``sft.enabled``, the SFT warm start, a phase before RL in one unsharded process per rank:
+  one more budget, the whole GPU (``sft_budget``).
 
 The plan fits when every budget holds. It does not credit ``rollout.colocate.sleep`` (the update
 could then use the engine's freed share): the budgets are those of the generate phase, which the
@@ -467,6 +469,42 @@ def _trainer_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
     return terms
 
 
+def sft_budget(cfg: Config, a: Architecture, gpu: float) -> Budget:
+    """The SFT warm start (``sft.enabled``), before RL, in each trainer process on its own GPU with
+    nothing sharded: the weights, the trained weights' gradients and AdamW moments (LoRA's adapters
+    under ``sft.weights`` lora/auto, else all N), and one forward's activations and logits
+    (``sft.micro_batch_size`` demonstrations, else the whole ``sft.batch_size``, of up to ctx tokens;
+    with ``model.gradient_checkpointing`` each layer's input, as for RL)."""
+    from agentrl.training.sft import trains_adapters
+
+    b = _bytes(cfg.model.dtype)
+    c = 2 if b == 2 else 4
+    adapters = trains_adapters(cfg)
+    P, pb = (a.lora_params, 4) if adapters else (a.params, b)
+    what = "LoRA adapters, merged when SFT ends" if adapters else "every weight"
+    micro = min(cfg.sft.micro_batch_size or cfg.sft.batch_size, cfg.sft.batch_size)
+    tokens = micro * cfg.rollout.max_episode_tokens
+    per_token_layer = activation_bytes(a, c, 4)
+    if cfg.model.gradient_checkpointing:
+        act = tokens * (a.layers * c * a.hidden + per_token_layer)
+        how = f"t·(L·c·h + one layer) = {tokens:,}·({a.layers}·{c}·{a.hidden} + {per_token_layer:,})"
+    else:
+        act = tokens * a.layers * per_token_layer
+        how = f"t·L·(per token and layer) = {tokens:,}·{a.layers}·{per_token_layer:,}"
+    terms = [
+        Term(f"weights ({cfg.model.dtype})", a.params * b, f"N·b = {a.params:,}·{b}"),
+        Term(f"gradients ({what})", P * pb, f"P·b = {P:,}·{pb}"),
+        Term("AdamW moments", 2 * P * pb, f"2·P·b = 2·{P:,}·{pb}"),
+        Term(f"activations (one forward of {micro} demonstrations, t = {micro}·ctx)", act, how),
+        Term(
+            "logits and their gradient", tokens * a.vocab * 2 * c, f"t·V·2c = {tokens:,}·{a.vocab:,}·{2 * c}"
+        ),
+        Term("CUDA context, allocator slack", OVERHEAD_GIB * GIB, "fixed"),
+    ]
+    how = f"the whole GPU, before RL; sft.weights={cfg.sft.weights}: {what}"
+    return Budget("SFT warm start", gpu, how, terms)
+
+
 def _host_terms(cfg: Config, s: Sizes, gpus: int) -> list[Term]:
     """Host memory per node: offloaded states of the node's ranks, and rank 0's read of the weights."""
     host = []
@@ -606,6 +644,8 @@ def plan(
     else:
         budgets = [Budget("trainer and HF engine", gpu_memory_gib, "the whole GPU", trainer)]
         notes.append("the HF engine runs in the trainer's process and reserves nothing: one budget")
+    if cfg.sft.enabled:  # a phase of its own, before RL: it must fit too
+        budgets.append(sft_budget(cfg, a, gpu_memory_gib))
     return Plan(
         a,
         _layout(cfg, s, ranks, nodes),

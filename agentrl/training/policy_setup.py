@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from agentrl.config import Config
+from agentrl.models.checkpointing import checkpointing
 from agentrl.parallel import ranks, sharding
 from agentrl.rollout import components
 from agentrl.seeds import mix_seed
@@ -33,17 +34,6 @@ def prepare_policy(
     sharded = strategy.equal_forwards and strategy.world > 1
     broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
     return model, broadcast, model.state_dict() if broadcast and strategy.rank == 0 else None
-
-
-def checkpointing(model: torch.nn.Module) -> None:
-    """Non-reentrant activation checkpointing in every decoder layer, by the name the installed
-    transformers gives it: ``activation_checkpointing_enable`` (5.24 deprecates
-    ``gradient_checkpointing_enable`` with a warning), or the old name before."""
-    m: Any = model
-    if hasattr(m, "activation_checkpointing_enable"):
-        m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    else:
-        m.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
 def reference_model(

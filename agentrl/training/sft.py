@@ -25,8 +25,10 @@ from agentrl.config import Config
 from agentrl.env import Task
 from agentrl.env.demos import load_demonstrations
 from agentrl.models.chat import ChatRenderer
+from agentrl.models.checkpointing import checkpointing
 from agentrl.rollout import components
 from agentrl.timeouts import call_with_timeout
+from agentrl.training import lora
 from agentrl.training.forward import first_loss_column, prefix_plan, suffix_logits
 
 Message = dict[str, Any]
@@ -94,6 +96,7 @@ def sft_train(
     holdout: Sequence[tuple[list[int], list[int]]] = (),
     eval_every: int = 50,
     patience: int = 0,
+    micro_batch_size: int | None = None,
 ) -> SFTResult:
     """AdamW with linear warm-up and cosine decay; each step draws a shuffled batch. Loss is the mean
     over assistant tokens of the batch. ``share_prefix`` runs the prompt prefix common to the batch
@@ -102,7 +105,8 @@ def sft_train(
     With ``holdout`` examples, their mean loss is measured before training, every ``eval_every`` steps
     and at the end; the weights with the lowest held-out loss are the ones kept, and with
     ``patience`` > 0 training stops after that many evaluations without a new lowest (early
-    stopping: the warm start keeps the demonstrations' diversity instead of memorising prompts)."""
+    stopping: the warm start keeps the demonstrations' diversity instead of memorising prompts).
+    ``micro_batch_size``: forwards of at most that many demonstrations (``_accumulate``)."""
     if not examples:
         raise ValueError("no SFT examples")
     rng = random.Random(seed)
@@ -122,12 +126,11 @@ def sft_train(
         if len(order) < batch_size:
             order += rng.sample(range(len(examples)), len(examples))
         batch = [examples[order.pop()] for _ in range(min(batch_size, len(examples)))]
-        loss, n_tokens = _batch_loss(model, batch, pad_id, share_prefix)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        loss_value, n_tokens = _accumulate(model, batch, pad_id, share_prefix, micro_batch_size)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
         opt.step()
-        losses.append(loss.item())
+        losses.append(loss_value)
         tokens += n_tokens
         if on_step:
             on_step(step, losses[-1])
@@ -138,6 +141,29 @@ def sft_train(
     return SFTResult(
         len(losses), losses[-1], losses, tokens, time.perf_counter() - t0, keeper.held, best_step
     )
+
+
+def _accumulate(
+    model: torch.nn.Module,
+    batch: Sequence[tuple[list[int], list[int]]],
+    pad_id: int,
+    share_prefix: bool,
+    micro_batch_size: int | None,
+) -> tuple[float, int]:
+    """The gradient of the batch's mean loss over its assistant tokens, accumulated over forwards of
+    at most ``micro_batch_size`` demonstrations; returns (that loss, its token count)."""
+    m = micro_batch_size or len(batch)
+    if m >= len(batch):  # one forward, as without micro-batches
+        loss, n = _batch_loss(model, batch, pad_id, share_prefix)
+        loss.backward()
+        return loss.item(), n
+    total = max(1, sum(sum(mask[1:]) for _, mask in batch))  # the loss's targets: every token after the first
+    value, count = 0.0, 0
+    for i in range(0, len(batch), m):
+        loss, n = _batch_loss(model, batch[i : i + m], pad_id, share_prefix)
+        (loss * (n / total)).backward()
+        value, count = value + loss.item() * n / total, count + n
+    return value, count
 
 
 def _batch_loss(
@@ -180,7 +206,8 @@ class _BestWeights:
         loss = holdout_loss(self.model, self.holdout, self.batch_size, self.pad_id)
         self.held.append((done, loss))
         if self.best is None or loss < self.best[0]:
-            self.best = (loss, done, {k: v.detach().clone() for k, v in self.model.state_dict().items()})
+            trained = {k: p.detach().clone() for k, p in self.model.named_parameters() if p.requires_grad}
+            self.best = (loss, done, trained)  # the frozen base of a LoRA warm start is not copied
         return self.patience_steps > 0 and done - self.best[1] >= self.patience_steps
 
     def restore(self, done: int) -> int:
@@ -188,7 +215,10 @@ class _BestWeights:
         if not self.held or self.held[-1][0] != done:
             self.check(done)
         assert self.best is not None
-        self.model.load_state_dict(self.best[2])
+        with torch.no_grad():
+            for name, p in self.model.named_parameters():
+                if name in self.best[2]:
+                    p.copy_(self.best[2][name])
         return self.best[1]
 
 
@@ -220,6 +250,12 @@ def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[tor
         ids[i, : len(x)] = torch.tensor(x)
         mask[i, : len(m)] = torch.tensor(m, dtype=torch.float32)
     return ids, mask
+
+
+def trains_adapters(cfg: Config) -> bool:
+    """Whether the warm start trains LoRA adapters (``sft.weights``; ``auto``: when ``model.lora`` is set)."""
+    w = cfg.sft.weights
+    return w == "lora" or (w == "auto" and lora.enabled(cfg))
 
 
 def sft_seed(cfg: Config) -> int:
@@ -300,6 +336,12 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
     """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
     torch.manual_seed(sft_seed(cfg))
     model, tokenizer = components.load_model(cfg, base_path)
+    adapters = trains_adapters(cfg)
+    if cfg.model.gradient_checkpointing:  # as RL's update does (then no shared-prefix forward: no KV cache)
+        checkpointing(model)
+    if adapters:  # only the adapters train; merged into the base below, so the warm start is a plain model
+        model = lora.apply(model, cfg.model.lora, seed=sft_seed(cfg))
+        log(f"SFT warm start trains LoRA adapters (sft.weights={cfg.sft.weights}): {lora.describe(model)}")
     examples = build_examples(cfg, tokenizer, log)
     holdout, examples = _split_holdout(cfg, examples)
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
@@ -335,7 +377,11 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
             holdout=holdout,
             eval_every=cfg.sft.eval_every,
             patience=cfg.sft.patience,
+            micro_batch_size=cfg.sft.micro_batch_size,
+            share_prefix=not cfg.model.gradient_checkpointing,
         )
+    if adapters:
+        model = model.merge_and_unload()  # type: ignore[operator]  # W + (α/r)·B A merged; adapters removed
     _save(out_dir, model, tokenizer, result, len(examples), len(holdout))
     if result.holdout_losses:
         best = min(loss for _, loss in result.holdout_losses)

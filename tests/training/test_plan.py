@@ -14,8 +14,8 @@ import torch
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
+from agentrl.models.checkpointing import checkpointing as enable_checkpointing
 from agentrl.training.plan import CHUNK_COPIES, GIB, architecture, plan, render, sizes
-from agentrl.training.policy_setup import checkpointing as enable_checkpointing
 from tests.helpers import ROOT
 
 # tiny:h128-L8: hidden 128, 8 layers, 4 heads (head_dim 32), 2 KV heads (kv width 64), MLP 448, vocab 1024
