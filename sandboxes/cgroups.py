@@ -16,6 +16,7 @@ import itertools
 import logging
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 
@@ -23,6 +24,8 @@ from sandboxes.base import owner_alive, process_start_time
 
 log = logging.getLogger(__name__)
 BASE = "agentrl"
+FINISH_S = 120.0
+"""How long a teardown that its own limit could not finish goes on in the background."""
 _counter = itertools.count()
 
 
@@ -80,29 +83,60 @@ class Cgroup:
                 return int(val)
         return 0
 
-    def destroy(self, timeout_s: float = 3.0) -> bool:
-        """Kill every process in the groups and remove them; True when nothing was left behind."""
-        deadline = time.monotonic() + timeout_s
+    def kill_all(self) -> list[int]:
+        """SIGKILL every process of the groups at once where the kernel can (cgroup v2's
+        ``cgroup.kill``: a process forking meanwhile cannot escape it), and each listed one by pid as
+        well (v1, or an older kernel). Returns the pids that were listed."""
+        if self.v2:
+            with contextlib.suppress(OSError):
+                _write(self._file("pids", "cgroup.kill"), "1")
+        pids = self.pids()
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        return pids
+
+    def _remove(self) -> bool:
+        """Remove the (empty) group directories; True when none is left."""
+        removed = True
+        for d in {*self.dirs.values()}:
+            try:
+                d.rmdir()
+            except FileNotFoundError:
+                pass
+            except OSError:
+                removed = False
+        return removed
+
+    def destroy(self, timeout_s: float = 3.0, finish_s: float = FINISH_S) -> bool:
+        """Kill every process in the groups and remove them; True when nothing was left behind within
+        ``timeout_s``. A group still busy then (on a loaded machine killed processes take a while to
+        exit) is not abandoned: a background thread keeps killing and removing it for up to
+        ``finish_s`` more seconds, and what even that leaves is reaped at the next start
+        (``CgroupManager.reap_orphans``)."""
+        if self._until_removed(time.monotonic() + timeout_s):
+            return True
+        log.info(
+            "cgroup %s still busy after %.1fs: its removal goes on in the background", self.dirs, timeout_s
+        )
+        threading.Thread(
+            target=self._finish, args=(finish_s,), name="agentrl-cgroup-teardown", daemon=True
+        ).start()
+        return False
+
+    def _until_removed(self, deadline: float) -> bool:
         while True:
-            pids = self.pids()
-            for pid in pids:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
-            removed = True
-            if not pids:
-                for d in {*self.dirs.values()}:
-                    try:
-                        d.rmdir()
-                    except FileNotFoundError:
-                        pass
-                    except OSError:
-                        removed = False
-                if removed:
-                    return True
+            if not self.kill_all() and self._remove():
+                return True
             if time.monotonic() > deadline:
-                log.warning("cgroup %s still busy after %.1fs (pids %s)", self.dirs, timeout_s, pids)
                 return False
             time.sleep(0.005)
+
+    def _finish(self, finish_s: float) -> None:
+        if not self._until_removed(time.monotonic() + finish_s):
+            log.warning(
+                "cgroup %s still busy %.0fs after its teardown (pids %s)", self.dirs, finish_s, self.pids()
+            )
 
 
 class CgroupManager:
