@@ -84,7 +84,7 @@ class DataConfig:
     path: str | None = None
     """File path (``source: file``) or dataset name (``source: hub``); unused for ``builtin``."""
     adapter: str = "auto"
-    """Dataset adapter turning rows into tasks (``auto``, ``jsonl``, ``gsm8k``, ``math500``, ``aime``, ``dapo_math``...); checked by the adapter registry when tasks load."""
+    """Dataset adapter turning rows into tasks (``auto``, ``jsonl``, ``gsm8k``, ``math500``, ``aime``, ``dapo_math``, ``verl``...); checked by the adapter registry when tasks load."""
     columns: dict[str, str] = field(default_factory=dict)
     """Map task fields (``id``, ``prompt``, ``answer``) to dataset columns, e.g. ``{prompt: question}``; empty = the adapter's defaults."""
     train_split: str = "train"

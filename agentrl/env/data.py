@@ -18,10 +18,18 @@ adapter       mapping
               "Answer:" instructions stripped (option ``keep_instructions=True`` keeps them); answer <-
               ``reward_model.ground_truth``; metadata <- ``data_source``, ``ability``, ``extra_info``;
               id <- ``extra_info.index``
+``verl``      a verl preprocessed parquet (``examples/data_preprocess/*.py``: gsm8k, math, ...): prompt <- the
+              user message of ``prompt`` with verl's answer instruction stripped (``... output the final
+              answer after "####".`` / ``... within \\boxed{}.``): the environment's system prompt gives
+              the one answer format (``\\boxed{}``) and its reward reads it; answer <-
+              ``reward_model.ground_truth``; metadata <- ``data_source``, ``ability``, ``extra_info``,
+              ``raw_prompt``, ``solution`` <- ``extra_info.answer``; id ``verl-{data_source name}-{split}-{index}``
 ``jsonl``     generic: ``columns`` maps ``id``/``prompt``/``answer`` to column names (dotted paths reach
               into nested columns: ``reward_model.ground_truth``); defaults ``id``, ``prompt``,
               ``answer``; a chat-list prompt becomes its last user message; other columns -> metadata
-``auto``      picks one of the above from the column names (``columns`` given -> ``jsonl``)
+``auto``      picks one of the above from the column names (``columns`` given -> ``jsonl``); ``prompt`` +
+              ``reward_model`` is ``dapo_math`` when ``data_source`` names DAPO or the prompt is DAPO's
+              template, else ``verl``. ``load_tasks_from_source(log=...)`` says which and why
 ============  ===========================================================================================
 
 Local paths may contain ``{split}`` (``data/gsm8k_{split}.jsonl``) so one config names both splits;
@@ -258,6 +266,43 @@ def dapo_math(
     )
 
 
+_VERL_INSTRUCTIONS = re.compile(
+    r"\s*Let's think step by step and output the final answer "
+    r"(?:after \"####\"|within \\boxed\{\})\.?\s*$"
+)
+"""verl's own answer instructions, appended to the question by its preprocessing scripts (gsm8k.py:
+'after "####"'; math_dataset.py: 'within \\boxed{}')."""
+
+
+def verl(
+    row: Mapping[str, Any],
+    index: int,
+    split: str,
+    columns: Mapping[str, str],
+    keep_instructions: bool = False,
+) -> Task:
+    """A verl parquet row. verl's answer instruction is stripped: the environment's prompt gives the
+    one answer format (``\\boxed{}``) its reward reads; ``keep_instructions=True`` keeps it."""
+    _no_columns("verl", columns)
+    raw = _user_text(_get(row, "prompt"))
+    prompt = raw if keep_instructions else _VERL_INSTRUCTIONS.sub("", raw).strip()
+    extra = row.get("extra_info") or {}
+    extra = extra if isinstance(extra, Mapping) else {}
+    source = str(row.get("data_source") or "verl")
+    name = re.sub(r"[^a-z0-9]+", "-", source.rsplit("/", 1)[-1].lower()).strip("-") or "verl"
+    rid = extra.get("index", index)
+    meta = {"data_source": row.get("data_source"), "ability": row.get("ability"), "extra_info": dict(extra),
+            "raw_prompt": raw, "source": "verl"}  # fmt: skip
+    if extra.get("answer"):
+        meta["solution"] = str(extra["answer"])  # GSM8K's worked solution: the SFT warm start's demo
+    return Task(
+        f"verl-{name}-{extra.get('split') or split}-{rid}",
+        prompt,
+        str(_get(row, "reward_model.ground_truth")).strip(),
+        meta,
+    )
+
+
 def generic(row: Mapping[str, Any], index: int, split: str, columns: Mapping[str, str]) -> Task:
     unknown = set(columns) - {"id", "prompt", "answer"}
     if unknown:
@@ -270,7 +315,8 @@ def generic(row: Mapping[str, Any], index: int, split: str, columns: Mapping[str
 
 
 ADAPTERS: dict[str, Adapter] = {
-    "gsm8k": gsm8k, "math500": math500, "aime": aime, "dapo_math": dapo_math, "jsonl": generic,
+    "gsm8k": gsm8k, "math500": math500, "aime": aime, "dapo_math": dapo_math, "verl": verl,
+    "jsonl": generic,
 }  # fmt: skip
 
 
@@ -280,27 +326,49 @@ with ``url`` and ``year`` beside problem/answer is AIME 2025's too. Any other qu
 is the user's own and gets the neutral ``jsonl`` adapter."""
 
 
-def detect_adapter(column_names: list[str], first_row: Mapping[str, Any], columns: Mapping[str, str]) -> str:
-    """The adapter for ``auto``, from the column names (and GSM8K's ``####`` answers). A file that
-    matches no published schema gets the generic ``jsonl`` adapter: ids ``{split}-{row}``, and
-    unmapped columns as metadata."""
+def detect_adapter(
+    column_names: list[str], first_row: Mapping[str, Any], columns: Mapping[str, str]
+) -> tuple[str, str]:
+    """The adapter for ``auto`` and why (for the log), from the column names (and GSM8K's ``####``
+    answers, a verl file's ``data_source``). A file that matches no published schema gets the generic
+    ``jsonl`` adapter: ids ``{split}-{row}``, and unmapped columns as metadata."""
     cols = {c.lower() for c in column_names}
     if columns:
-        return "jsonl"
+        return "jsonl", "data.columns given"
     if {"prompt", "reward_model"} <= cols:
-        return "dapo_math"
+        return _verl_family(column_names, first_row)
     if {"question", "answer"} <= cols and "####" in str(first_row.get("answer", "")):
-        return "gsm8k"
+        return "gsm8k", "columns question, answer; the answer has a '####' line"
     if {"problem", "answer"} <= cols and ("unique_id" in cols or {"subject", "level"} <= cols):
-        return "math500"
+        return "math500", "columns problem, answer, " + (
+            "unique_id" if "unique_id" in cols else "subject, level"
+        )
     if set(column_names) in AIME_SCHEMAS or ({"problem", "answer", "url", "year"} <= cols):
-        return "aime"
-    if {"prompt", "answer"} <= cols or {"question", "answer"} <= cols or {"problem", "answer"} <= cols:
-        return "jsonl"
+        return "aime", f"columns {', '.join(sorted(column_names))}: an AIME dataset's"
+    for name in ("prompt", "question", "problem"):
+        if {name, "answer"} <= cols:
+            return "jsonl", f"columns {name}, answer: no published schema matches, the generic adapter"
     raise ValueError(
         f"cannot pick an adapter for columns {sorted(column_names)}: a task needs a prompt and an answer. "
         "Name the columns with data.columns (e.g. {prompt: my_question, answer: my_answer}), or set data.adapter"
     )
+
+
+def _verl_family(column_names: list[str], first_row: Mapping[str, Any]) -> tuple[str, str]:
+    """A verl-format row (``prompt`` chat list, ``reward_model.ground_truth``): ``dapo_math`` when
+    its ``data_source`` names DAPO (``math_dapo``) or its prompt is DAPO's "Answer:" template, else
+    ``verl`` (gsm8k, math and the other files of verl's preprocessing scripts)."""
+    shown = ", ".join(c for c in ("prompt", "reward_model", "extra_info") if c in column_names)
+    source = str(first_row.get("data_source") or "")
+    try:
+        dapo_prompt = bool(_DAPO_WRAPPER.match(_user_text(first_row.get("prompt"))))
+    except (ValueError, TypeError, KeyError):
+        dapo_prompt = False
+    if "dapo" in source.lower():
+        return "dapo_math", f"columns {shown}; data_source {source}"
+    if dapo_prompt:
+        return "dapo_math", f"columns {shown}; the prompt is DAPO's 'Answer:' template"
+    return "verl", f"columns {shown}; data_source {source or '(none)'}"
 
 
 def _generic_columns(column_names: list[str], columns: Mapping[str, str]) -> dict[str, str]:
@@ -343,16 +411,18 @@ class HeldOut:
 
 def load_tasks_from_source(source: str, path: str, adapter: str = "auto", columns: Mapping[str, str] | None = None,
                            split: str = "train", n: int | None = None, seed: int = 0, config: str | None = None,
-                           held_out: HeldOut | None = None, **options: Any) -> list[Task]:  # fmt: skip
+                           held_out: HeldOut | None = None, log: Callable[[str], None] | None = None,
+                           **options: Any) -> list[Task]:  # fmt: skip
     """Tasks from a dataset. ``n`` rows are drawn by a seeded shuffle (all rows, in file order, when
     None); ``options`` go to the adapter (e.g. ``keep_instructions`` for ``dapo_math``). With
-    ``held_out``, the rows are split first and only its ``side`` is kept (ids keep file row numbers)."""
+    ``held_out``, the rows are split first and only its ``side`` is kept (ids keep file row numbers).
+    ``log`` gets one line naming the adapter and why it was chosen."""
     columns = dict(columns or {})
     rows = load_rows(source, path, split, config)
     if len(rows) == 0:
         raise ValueError(f"{path} ({split}) has no rows")
     names = column_names(rows)
-    name = detect_adapter(names, rows[0], columns) if adapter == "auto" else adapter
+    name, why = detect_adapter(names, rows[0], columns) if adapter == "auto" else (adapter, "data.adapter")
     if name not in ADAPTERS:
         guess = difflib.get_close_matches(name, list(ADAPTERS), n=1)
         did = f" (did you mean {guess[0]!r}?)" if guess else ""
@@ -361,6 +431,9 @@ def load_tasks_from_source(source: str, path: str, adapter: str = "auto", column
         columns = _generic_columns(names, columns)
     fn = ADAPTERS[name]
     _check_options(name, fn, options)
+    if log is not None:
+        shown = path.replace("{split}", split) if source == "file" else f"{path} ({split})"
+        log(f"data: {shown} read as {name} ({why})")
     lines = getattr(rows, "lines", None)
     where = (lambda i: f"{path}, line {lines[i]}") if lines else (lambda i: f"{path} ({split}), row {i}")
 

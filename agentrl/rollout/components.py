@@ -185,10 +185,13 @@ def env_factory(cfg: Config) -> Callable[[], Environment]:
     return functools.partial(make_env, cfg.env.name, sandbox=sandbox_spec(cfg), **cfg.env.options)
 
 
-def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
+def load_tasks(
+    cfg: Config, split: str, seed: int | None = None, log: Callable[[str], None] | None = None
+) -> list[Task]:
     """Tasks for ``split`` ("train" or "test") from the environment's generator or a dataset, drawn
     with ``seed`` (default ``run.seed``). A dataset whose one set of rows serves both splits is split
-    by ``data.test_fraction`` (``shared_rows``): no held-out task is ever a training task."""
+    by ``data.test_fraction`` (``shared_rows``): no held-out task is ever a training task. ``log``
+    gets a dataset's line naming the adapter that read it and why."""
     d = cfg.data
     n = d.num_train if split == "train" else d.num_test
     seed = cfg.run.seed if seed is None else seed
@@ -216,6 +219,7 @@ def load_tasks(cfg: Config, split: str, seed: int | None = None) -> list[Task]:
         n=n,
         seed=seed,
         held_out=HeldOut(split, d.test_fraction, d.split_seed) if shared else None,
+        log=log,
         **d.options,
     )
 

@@ -79,9 +79,9 @@ def check_inputs(
     if not env_problems:
         before = len(problems)
         if train:
-            out.train_tasks = _tasks(cfg, "train", problems)
+            out.train_tasks = _tasks(cfg, "train", problems, out.notes)
         if test and not (len(problems) > before and components.shared_rows(cfg)):  # one file: said once
-            out.test_tasks = _tasks(cfg, "test", problems)
+            out.test_tasks = _tasks(cfg, "test", problems, out.notes)
         if (cfg.sft.enabled if sft is None else sft) and len(problems) == before:  # tasks that load
             problems += demonstration_problems(cfg, env_cls)
     if cfg.run.resume:
@@ -341,9 +341,16 @@ def environment_problems(cfg: Config, env_cls: type[Environment]) -> Iterator[st
 
 
 # -- tasks -------------------------------------------------------------------------------------------
-def _tasks(cfg: Config, split: str, problems: list[str]) -> list[Task] | None:
+def _tasks(cfg: Config, split: str, problems: list[str], notes: list[str]) -> list[Task] | None:
+    """``split``'s tasks (None when they do not load: the reason joins ``problems``); the dataset's
+    line naming its adapter joins ``notes`` (once: one file serving both splits is read twice)."""
+
+    def note(line: str) -> None:
+        if line not in notes:
+            notes.append(line)
+
     try:
-        tasks = components.load_tasks(cfg, split)
+        tasks = components.load_tasks(cfg, split, log=note)
     except Exception as e:
         problems.append(task_problem(cfg, split, e))
         return None

@@ -287,3 +287,82 @@ def test_no_dataset_adapters_train_and_test_splits_share_an_id_or_a_prompt(file)
     assert train and test
     assert not {t.id for t in train} & {t.id for t in test}
     assert not {t.prompt for t in train} & {t.prompt for t in test}
+
+
+# -- verl's preprocessed parquet (examples/data_preprocess/gsm8k.py) ----------------------------
+VERL_GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
+
+
+def write_verl_gsm8k(path, split="train"):
+    """Rows as verl's gsm8k.py writes them: its instruction appended to the question, the answer
+    after ``####`` (commas dropped) as ``reward_model.ground_truth``, GSM8K's solution in ``extra_info``."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    qa = [("Natalia sold 48 clips in April and half as many in May. How many in all?", "72",
+           "In May she sold 48/2=<<48/2=24>>24 clips.\nIn all 48+24=<<48+24=72>>72.\n#### 72"),
+          ("A pen costs $3. How much do 400 pens cost?", "1200", "400*3=<<400*3=1200>>1,200\n#### 1,200")]  # fmt: skip
+    rows = [
+        {"data_source": "openai/gsm8k", "prompt": [{"role": "user", "content": f"{q} {VERL_GSM8K_INSTRUCTION}"}],
+         "ability": "math", "reward_model": {"style": "rule", "ground_truth": a},
+         "extra_info": {"split": split, "index": i, "answer": sol, "question": q}}
+        for i, (q, a, sol) in enumerate(qa)
+    ]  # fmt: skip
+    pq.write_table(pa.Table.from_pylist(rows), path)
+    return path
+
+
+def test_verls_gsm8k_parquet_is_read_as_verl_with_one_answer_format(tmp_path):
+    """Before: read as dapo_math (ids dapo-0), verl's '####' instruction kept under short_cot's
+    \\boxed{} system prompt, and no line said which adapter read the file."""
+    said = []
+    tasks = load_tasks_from_source("file", str(write_verl_gsm8k(tmp_path / "train.parquet")), log=said.append)
+    assert said == [
+        f"data: {tmp_path / 'train.parquet'} read as verl (columns prompt, reward_model, extra_info; "
+        "data_source openai/gsm8k)"
+    ]
+    assert [t.id for t in tasks] == ["verl-gsm8k-train-0", "verl-gsm8k-train-1"]
+    assert [t.answer for t in tasks] == ["72", "1200"]
+    assert tasks[0].prompt == "Natalia sold 48 clips in April and half as many in May. How many in all?"
+    assert tasks[0].metadata["raw_prompt"].endswith(VERL_GSM8K_INSTRUCTION)
+    env = ShortCoT()
+    prompt = "\n".join(m["content"] for m in env.reset(tasks[0], 0))
+    assert prompt.count("\\boxed") == 1 and "####" not in prompt  # one answer format: short_cot's
+    for text, reward in (("48 + 24 = 72, so \\boxed{72}", 1.0), ("48 + 12 = 60, so \\boxed{60}", 0.0)):
+        info = env.step(text).info
+        state = EpisodeState(tasks[0], [{"role": "assistant", "content": text}], text, info)
+        assert {r.name: r.fn(tasks[0], state) for r in env.rewards()} == {
+            "correct": reward,
+            "has_answer": 1.0,
+        }
+    demo = ShortCoT.demonstrations(tasks[1:])[0][-1]["content"]  # extra_info.answer: the SFT demonstration
+    assert demo.endswith("\\boxed{1200}") and "####" not in demo
+
+
+def test_verl_keeps_its_instruction_only_when_asked(tmp_path):
+    path = str(write_verl_gsm8k(tmp_path / "test.parquet", split="test"))
+    kept = load_tasks_from_source("file", path, adapter="verl", keep_instructions=True)
+    assert kept[0].prompt.endswith(VERL_GSM8K_INSTRUCTION) and kept[0].id == "verl-gsm8k-test-0"
+
+
+def test_dapo_math_stays_dapo_math_and_the_log_says_why(tmp_path):
+    said = []
+    tasks = load("dapo_math.parquet", log=said.append)
+    assert tasks[0].id.startswith("dapo-") and tasks[0].prompt == "What is $3^4$?"
+    assert said == [
+        f"data: {DATA / 'dapo_math.parquet'} read as dapo_math (columns prompt, reward_model, extra_info; "
+        "data_source math_dapo)"
+    ]
+    said.clear()
+    load("gsm8k.jsonl", adapter="gsm8k", log=said.append)
+    assert said == [f"data: {DATA / 'gsm8k.jsonl'} read as gsm8k (data.adapter)"]
+
+
+def test_the_preflight_notes_name_the_adapter_once_for_a_file_serving_both_splits(tmp_path):
+    from agentrl.training.preflight import check_inputs
+
+    path = write_verl_gsm8k(tmp_path / "train.parquet")
+    checked = check_inputs(config_for(path, "data.test_fraction=0.5"), train=True, test=True, sft=False)
+    assert [n for n in checked.notes if " read as " in n] == [
+        f"data: {path} read as verl (columns prompt, reward_model, extra_info; data_source openai/gsm8k)"
+    ]
