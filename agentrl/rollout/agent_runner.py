@@ -22,7 +22,8 @@ by the request's episode key). A request is served in four moves:
    ``enable_thinking`` for the turn's generation prompt (``template_kwargs``), recorded in
    ``metrics["reasoning_effort"]``.
 4. **Answer** with the reply as OpenAI ``content`` and ``tool_calls`` (parsed in the template's tool-call
-   format), the sampled tokens' log-probs when asked, and an ``agentrl`` block: the episode key, the
+   format, or the system message's when the tools went there: ``rollout.tools_prompt``, or a template
+   that cannot render tool calls, such as SmolLM2's; ``tool_choice: "none"`` shows no tools), the sampled tokens' log-probs when asked, and an ``agentrl`` block: the episode key, the
    turn, the weight version and the token ids.
 """
 
@@ -45,7 +46,7 @@ from agentrl.agents import AgentEnvironment
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode, Segment
-from agentrl.models.chat import reads_enable_thinking
+from agentrl.models.chat import ChatRenderer, reads_enable_thinking
 from agentrl.models.chat_templates import tool_call_format
 from agentrl.rollout.async_runner import RequestBatcher
 from agentrl.rollout.drift import drift_kind, rebase
@@ -60,7 +61,7 @@ from agentrl.rollout.runner import (
 from agentrl.serve.openai_api import OpenAIServer
 from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult
 from agentrl.timeouts import DaemonThreads, LoopThread, wait_for
-from agentrl.tools import parse_tool_calls, strip_tool_calls
+from agentrl.tools import format_tool_call, parse_tool_calls, strip_tool_calls
 
 logger = logging.getLogger(__name__)
 
@@ -125,6 +126,26 @@ def for_template(msg: dict[str, Any]) -> dict[str, Any]:
     return {**msg, "tool_calls": out}
 
 
+def calls_as_text(msg: dict[str, Any]) -> dict[str, Any]:
+    """An assistant message with its tool calls appended to its content as ``json``-format text (what
+    the policy wrote), for a template that drops ``tool_calls`` (SmolLM2's ChatML)."""
+    calls = msg.get("tool_calls")
+    if not calls:
+        return msg
+    text = "".join(
+        format_tool_call(fn.get("name", ""), fn.get("arguments") or {})
+        for fn in (c.get("function", c) for c in calls)
+    )
+    content = str(msg.get("content") or "")
+    return {k: v for k, v in msg.items() if k != "tool_calls"} | {"content": content + text}
+
+
+def as_shown(messages: list[dict[str, Any]], template_format: str | None) -> list[dict[str, Any]]:
+    """``messages`` as the template gets them: unchanged when it renders tool calls (it has a
+    ``template_format``), else with each assistant's calls written as text (``calls_as_text``)."""
+    return messages if template_format is not None else [calls_as_text(m) for m in messages]
+
+
 def canonical(msg: dict[str, Any]) -> tuple:
     """What two messages must share to render the same: role, content, tool calls (name and parsed
     arguments) and reasoning. Tool-call ids and names are left out: the templates do not render them."""
@@ -169,10 +190,7 @@ class AgentRunner(EpisodeRunner):
             self.settings.max_concurrent_episodes,
             endpoint.model_name,
         )
-        try:
-            self.tool_format: str | None = tool_call_format(tokenizer)
-        except ValueError as e:  # fine for agents without tools; a request with tools is refused
-            self.tool_format, self._tool_format_error = None, str(e)
+        self.tool_format, self.tools_placement, self.text_format = tool_prompting(tokenizer, self.tools_prompt)  # fmt: skip
         self.enable_thinking = reads_enable_thinking(tokenizer)  # can reasoning_effort be honoured?
         self._ledgers: dict[str, _Ledger] = {}
         self._lock = threading.Lock()
@@ -365,26 +383,26 @@ class AgentRunner(EpisodeRunner):
             raise APIError(400, f"episode {lv.key!r} has {why}; no more turns are served", code="agentrl_episode_ended")  # fmt: skip
         check_sampling(req, self.sampling)
         thinking = template_kwargs(req.reasoning_effort, self.enable_thinking)
-        if req.tools and self.tool_format is None:
-            raise APIError(400, f"this model's chat template cannot carry tool calls: {self._tool_format_error}", param="tools")  # fmt: skip
+        tools = req.tools if req.tool_choice != "none" else None  # "none": the prompt shows no tools
         messages = [for_template(m) for m in req.messages]
-        tools_key = json.dumps(req.tools, sort_keys=True)
+        tools_key = json.dumps(tools, sort_keys=True)
         seen = [canonical(m) for m in messages]
         if lv.renderer is None:  # the first turn: the prompt
-            lv.renderer = self._renderer(req.tools, placement="template").with_template_kwargs(thinking)
-            lv.tools_key, ep.metrics["tools"] = tools_key, req.tools
-            prompt = lv.renderer.render_prompt(messages)
+            lv.renderer, shown = self._prompt(tools, messages, thinking)
+            lv.tools_key = tools_key
+            record_tools(ep, tools, lv.renderer)
+            prompt = lv.renderer.render_prompt(shown)
             ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
             self.history.record(ep)
-            lv.messages, lv.seen = messages, seen
+            lv.messages, lv.seen = shown, seen
         elif tools_key == lv.tools_key and seen[: len(lv.seen)] == lv.seen and len(seen) > len(lv.seen):
             lv.turn += 1
-            new = messages[len(lv.seen) :]
+            new = as_shown(messages[len(lv.seen) :], self.tool_format)
             lv.renderer = lv.renderer.with_template_kwargs(thinking)  # this turn's generation prompt
             self._append_observation(lv, new)  # lv.messages gets them as shown
             lv.seen = seen
         else:
-            self._drift(lv, messages, req.tools, tools_key, thinking)
+            self._drift(lv, messages, tools, tools_key, thinking)
         if req.reasoning_effort is not None:
             ep.metrics.setdefault("reasoning_effort", []).append({"turn": lv.turn, "effort": req.reasoning_effort, **thinking})  # fmt: skip
         if lv.length >= self.budgets.max_episode_tokens:
@@ -397,9 +415,16 @@ class AgentRunner(EpisodeRunner):
         self._append_policy(lv, comp)
         if lv.done and ep.failed:
             raise APIError(500, f"the engine failed: {ep.failure.message}", type="server_error", code="agentrl_engine_failed")  # fmt: skip
-        return reply(
-            lv, comp, prompt_len, req.logprobs, self.tool_format, self.tokenizer, self.budgets.max_turns
-        )
+        # tool_choice "none": no tools shown, none parsed; no tools: the template's own format, if any
+        fmt = self.text_format if tools else (self.tool_format if req.tool_choice != "none" else None)
+        result = reply(lv, comp, prompt_len, req.logprobs, fmt, self.tokenizer, self.budgets.max_turns)
+        lv.messages[-1] = as_shown(lv.messages[-1:], self.tool_format)[0]
+        return result
+
+    def _prompt(self, tools: list[dict] | None, messages: list[dict], thinking: dict) -> tuple[ChatRenderer, list[dict]]:  # fmt: skip
+        """The renderer for ``tools`` and ``messages`` as it gets them (training's ``prompt_messages``)."""
+        renderer = self._renderer(tools, self.text_format, self.tools_placement)
+        return renderer.with_template_kwargs(thinking), renderer.prompt_messages(as_shown(messages, self.tool_format))  # fmt: skip
 
     def _complete(self, lv: _Ledger, req: ChatRequest) -> Completion:
         params = self._sampling_for(lv)
@@ -420,25 +445,53 @@ class AgentRunner(EpisodeRunner):
         """The client's history does not extend the ledger: classify, record, act per ``on_drift``
         (the new sample rendered with the request's ``thinking`` template arguments)."""
         ep = lv.episode
-        at = next(
-            (i for i, (a, b) in enumerate(zip(lv.seen, map(canonical, messages))) if a != b),
-            min(len(lv.seen), len(messages)),
-        )
-        kind = drift_kind(self.tokenizer, lv.messages, lv.episode.metrics.get("tools"), messages, tools)
+        renderer, shown = self._prompt(tools, messages, thinking)
+        at, kind = drift_at(self.tokenizer, lv, messages, renderer, shown)
         record = {"turn": lv.turn, "message": at, "kind": kind, "action": self.on_drift}
         ep.metrics.setdefault("drift", []).append(record)
         if self.on_drift == "fail":
             message = f"history drift ({kind}) at message {at}: the request's history does not extend what the endpoint recorded for episode {lv.key!r} (proxy.on_drift: fail)"  # fmt: skip
             self._fail(lv, "agent", RuntimeError(message))
             raise APIError(400, message, param=f"messages[{at}]", code="agentrl_history_drift")
-        renderer = self._renderer(tools, placement="template").with_template_kwargs(thinking)
         lv.turn += 1
         old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
         tools_before = old_tools if tools_key != lv.tools_key else None
-        record.update(rebase(ep, self.on_drift, kind, renderer, messages, lv.turn, lv.messages, tools_before, self.tokenizer))  # fmt: skip
+        record.update(rebase(ep, self.on_drift, kind, renderer, shown, lv.turn, lv.messages, tools_before, self.tokenizer))  # fmt: skip
         lv.renderer, lv.tools_key = renderer, tools_key
-        lv.messages, lv.seen = messages, [canonical(m) for m in messages]
-        ep.metrics["tools"] = tools
+        lv.messages, lv.seen = shown, [canonical(m) for m in messages]
+        record_tools(ep, tools, renderer)
+
+
+def tool_prompting(tokenizer: Any, tools_prompt: str) -> tuple[str | None, str, str]:
+    """The template's own tool-call format (None: it cannot render tool calls, as SmolLM2's ChatML),
+    where a request's tools go (``ChatRenderer``'s ``tools_prompt``: ``rollout.tools_prompt``, or the
+    system message when the template cannot carry calls, as in training), and the format the calls
+    are parsed from the policy's text in."""
+    try:
+        fmt: str | None = tool_call_format(tokenizer)
+    except ValueError:
+        fmt = None
+    return fmt, "system" if fmt is None else tools_prompt, fmt or "json"
+
+
+def record_tools(ep: Episode, tools: list[dict] | None, renderer: ChatRenderer) -> None:
+    """The request's tools on the episode, and where the prompt shows them (``metrics.tools_prompt``,
+    as a native episode records it: the doctor renders the history with them only for ``template``)."""
+    ep.metrics["tools"] = tools
+    if tools:
+        ep.metrics["tools_prompt"] = "system" if renderer.tools_text else "template"
+
+
+def drift_at(tokenizer: Any, lv: _Ledger, messages: list[dict], renderer: ChatRenderer, shown: list[dict]) -> tuple[int, str]:  # fmt: skip
+    """The first message where a client's history departs from the ledger's, and the class of the
+    difference (``drift_kind``; each side rendered with its own tools, None where they are written
+    into the system message)."""
+    at = next(
+        (i for i, (a, b) in enumerate(zip(lv.seen, map(canonical, messages))) if a != b),
+        min(len(lv.seen), len(messages)),
+    )
+    ours = lv.renderer.tools if lv.renderer is not None else None
+    return at, drift_kind(tokenizer, lv.messages, ours, shown, renderer.tools)
 
 
 def check_sampling(req: ChatRequest, sampling: SamplingParams) -> None:

@@ -17,6 +17,7 @@ import torch
 from agentrl.config import ConfigError
 from agentrl.config.schema import LoraConfig
 from agentrl.models import load_policy, torch_dtype
+from agentrl.models.gguf import plain_modes
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.parallel import sharding
 from agentrl.rollout.components import meta_model
@@ -86,4 +87,5 @@ def export(path: str | Path, out: str | Path, step: int | None = None, dtype: st
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
     tokenizer.save_pretrained(out)
+    plain_modes(out)  # model.safetensors is written 0600, the rest 0644
     return ckpt

@@ -639,22 +639,173 @@ def test_agentrl_serve_records_episodes_that_inspect_and_doctor_read(tmp_path, t
     assert doctor.returncode in (0, 1) and "history: merge" in doctor.stdout, doctor.stdout + doctor.stderr
 
 
-def test_a_template_without_tool_calls_serves_agents_without_tools(tiny_tokenizer):
-    """A chat template that cannot render tool calls: plain chat works, a request with tools is refused."""
+CHATML = (  # SmolLM2's kind of template: no tools section, tool calls dropped
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def chatml(tokenizer):
     import copy
 
-    tok = copy.deepcopy(tiny_tokenizer)
-    tok.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
+    tok = copy.deepcopy(tokenizer)
+    tok.chat_template = CHATML
+    return tok
+
+
+def test_a_template_without_tools_gets_them_in_the_system_message_as_in_training(tiny_tokenizer):
+    """A template that renders neither tools nor tool calls (SmolLM2's ChatML): the endpoint writes the
+    schemas and the call format into the system message and parses the calls from the text, exactly
+    as a training episode does (before, a request with tools was refused with 400)."""
+    tok = chatml(tiny_tokenizer)
+    replies = [f"{CALL}<|im_end|>", "It is 17.<|im_end|>"]
+    (agent,) = agent_run(scripted(tok, replies), tok)
+    (native,) = native_run(scripted(tok, replies), tok)  # rollout.tools_prompt: auto, as in training
+    assert agent.failure is None and agent.reward == 1.0 and agent.metrics["tool_calls"] == 1
+    assert agent.metrics["tools_prompt"] == native.metrics["tools_prompt"] == "system"
+    prompt = agent.segments[0]
+    assert "<tools>" in prompt.text and '"calculate"' in prompt.text  # what the model read
+    # the same prompt, tool call and tool output tokens as the native episode
+    assert [(s.role, s.token_ids) for s in agent.segments] == [(s.role, s.token_ids) for s in native.segments]  # fmt: skip
+
+
+def test_tools_prompt_system_puts_them_in_the_system_message_for_any_template(tiny_tokenizer):
+    """``rollout.tools_prompt: system`` with a template that has a tools section: the endpoint follows
+    the setting, as training does."""
+    replies = [f"{CALL}<|im_end|>", "It is 17.<|im_end|>"]
+    (agent,) = agent_run(scripted(tiny_tokenizer, replies), tiny_tokenizer, tools_prompt="system")
+    runner = EpisodeRunner(scripted(tiny_tokenizer, replies), tiny_tokenizer, Calculator, RunnerSettings(tools_prompt="system"))  # fmt: skip
+    (native,) = runner.run([EpisodeRequest(TASK, seed=0, group=TASK.id)])
+    assert agent.failure is None and agent.metrics["tool_calls"] == 1
+    assert agent.metrics["tools_prompt"] == native.metrics["tools_prompt"] == "system"
+    assert [(s.role, s.token_ids) for s in agent.segments] == [(s.role, s.token_ids) for s in native.segments]  # fmt: skip
+
+
+@pytest.mark.parametrize("policy", ["split", "retokenize"])
+def test_an_edited_history_on_a_chatml_template_keeps_the_tool_calls_as_written(tiny_tokenizer, policy, monkeypatch):  # fmt: skip
+    """Drift re-renders the client's history: the assistant's tool call, which this template cannot
+    render, goes back as the text the policy wrote, so its tokens survive a retokenize."""
+    monkeypatch.setattr(CalculatorAgent, "edit", staticmethod(_edit_user))
+    tok = chatml(tiny_tokenizer)
+    replies = [CALL + "<|im_end|>", "The answer is \\boxed{17}.<|im_end|>"]
+    (ep,) = agent_run(scripted(tok, replies), tok, on_drift=policy)
+    assert ep.failure is None and ep.reward == 1.0 and ep.metrics["drift"][0]["kind"] == "other"
+    check_invariants(ep, tok)
+    assert ep.text().count("<tools>") == ep.num_samples  # each sample's prompt shows the tools once
+    if policy == "retokenize":
+        first_policy = tok(replies[0], add_special_tokens=False)["input_ids"]
+        assert ep.metrics["drift"][0]["policy_tokens_kept"] == len(first_policy)
+    else:
+        second = ep.sample_views()[1]  # prompted with the client's history: the call as written
+        assert CALL in "".join(
+            s.text for s in itertools.takewhile(lambda s: s.role != "policy", second.segments)
+        )
+
+
+def test_tool_choice_none_leaves_the_tools_out_and_parses_no_calls(tiny_tokenizer):
+    tok = chatml(tiny_tokenizer)
+    runner = AgentRunner(scripted(tok, [f"{CALL}<|im_end|>"]), tok, CalculatorAgent)
+    try:
+        lv = runner.open(EpisodeRequest(TASK, seed=0), key="k")
+        client = openai.OpenAI(base_url=runner.url, api_key="k", max_retries=0)
+        tools = Calculator().tool_schemas()
+        r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=tools, tool_choice="none")  # fmt: skip
+        assert r.choices[0].message.tool_calls is None and r.choices[0].message.content == CALL
+        assert "<tools>" not in lv.episode.segments[0].text and "calculate" not in lv.episode.segments[0].text
+    finally:
+        runner.close()
+
+
+def test_tool_calls_parsed_from_text_stream_as_openai_tool_calls(tiny_tokenizer):
+    tok = chatml(tiny_tokenizer)
+    runner = AgentRunner(scripted(tok, [f"Let me compute.{CALL}<|im_end|>"]), tok, CalculatorAgent)
+    try:
+        runner.open(EpisodeRequest(TASK, seed=0), key="k")
+        client = openai.OpenAI(base_url=runner.url, api_key="k", max_retries=0)
+        tools = Calculator().tool_schemas()
+        chunks = list(client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=tools, stream=True))  # fmt: skip
+        calls = [c for ch in chunks if ch.choices for c in ch.choices[0].delta.tool_calls or ()]
+        assert [(c.function.name, json.loads(c.function.arguments)) for c in calls] == [("calculate", {"expression": "3 * 4 + 5"})]  # fmt: skip
+        assert "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices) == "Let me compute."
+        assert [ch.choices[0].finish_reason for ch in chunks if ch.choices][-1] == "tool_calls"
+    finally:
+        runner.close()
+
+
+def test_a_template_without_tool_calls_serves_agents_without_tools(tiny_tokenizer):
+    """A chat template that cannot render tool calls still serves plain chat."""
+    tok = chatml(tiny_tokenizer)
     runner = AgentRunner(scripted(tok, ["Hi.<|im_end|>"] * 2), tok, CalculatorAgent)
     try:
         runner.open(EpisodeRequest(TASK, seed=0), key="k")
         client = openai.OpenAI(base_url=runner.url, api_key="k", max_retries=0)
-        with pytest.raises(openai.BadRequestError, match="cannot carry tool calls"):
-            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}], tools=Calculator().tool_schemas())  # fmt: skip
         r = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
         assert r.choices[0].message.content == "Hi." and r.choices[0].message.tool_calls is None
     finally:
         runner.close()
+
+
+def smollm2_engine():
+    import transformers
+
+    from tests.helpers.real_models import smollm2
+
+    path = smollm2()
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)
+    return tok, HFEngine(model, tok)
+
+
+@pytest.mark.slow
+def test_smollm2_served_with_tools_starts_as_its_training_episode_does():
+    """The real SmolLM2 checkpoint behind the endpoint, asked through the ``openai`` client with the
+    calculator's tools: served (before: 400 "cannot carry tool calls"), with the schemas in the system
+    message, and greedy decoding gives the native training episode's prompt and reply token for token."""
+    settings = RunnerSettings(budgets=Budgets(max_tokens_per_turn=24, max_turns=1), sampling=SamplingParams(temperature=0.0))  # fmt: skip
+    tok, engine = smollm2_engine()
+    (native,) = EpisodeRunner(engine, tok, Calculator, settings).run([EpisodeRequest(TASK, seed=0)])
+    runner = AgentRunner(engine, tok, CalculatorAgent, settings)
+    try:
+        lv = runner.open(EpisodeRequest(TASK, seed=0), key="k")
+        client = openai.OpenAI(base_url=runner.url, api_key="k", max_retries=0)
+        calc = Calculator()
+        r = client.chat.completions.create(model="m", messages=calc.reset(TASK, 0), tools=calc.tool_schemas())  # fmt: skip
+        served = lv.episode
+    finally:
+        runner.close()
+    assert native.metrics["tools_prompt"] == served.metrics["tools_prompt"] == "system"
+    assert "<tools>" in served.segments[0].text and '"calculate"' in served.segments[0].text
+    policy = lambda ep: next(s.token_ids for s in ep.segments if s.role == "policy")  # noqa: E731
+    assert served.segments[0].token_ids == native.segments[0].token_ids and policy(served) == policy(native)
+    assert r.choices[0].message.content or r.choices[0].message.tool_calls
+
+
+@pytest.mark.slow
+def test_openai_agents_runs_a_tool_through_the_endpoint_on_a_chatml_template(tiny_tokenizer):
+    """An agent framework users have (openai-agents) against a template without a tools section: its
+    function tool is called from the policy's text and its result comes back as a tool message."""
+    agents = pytest.importorskip("agents", reason="openai-agents is not installed (pip install openai-agents)")  # fmt: skip
+    tok = chatml(tiny_tokenizer)
+    replies = [f"{CALL}<|im_end|>", "It is 17.<|im_end|>"]
+    runner = AgentRunner(scripted(tok, replies), tok, CalculatorAgent)
+    seen = []
+
+    @agents.function_tool
+    def calculate(expression: str) -> str:
+        """Evaluate an integer arithmetic expression."""
+        seen.append(expression)
+        return "17"
+
+    try:
+        lv = runner.open(EpisodeRequest(TASK, seed=0), key="k")
+        client = openai.AsyncOpenAI(base_url=runner.url, api_key="k", max_retries=0)
+        model = agents.OpenAIChatCompletionsModel(model="m", openai_client=client)
+        agents.set_tracing_disabled(True)
+        agent = agents.Agent(
+            name="calc", instructions="Use the calculate tool.", model=model, tools=[calculate]
+        )
+        result = agents.Runner.run_sync(agent, TASK.prompt)
+    finally:
+        runner.close()
+    assert seen == ["3 * 4 + 5"] and result.final_output == "It is 17."
+    assert "<tools>" in lv.episode.segments[0].text and lv.episode.metrics["tool_calls"] == 1

@@ -3,7 +3,6 @@ removed, however long the kernel takes; none is left behind for good."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import threading
