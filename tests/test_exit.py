@@ -63,6 +63,7 @@ def _agentrl(*args: str) -> subprocess.CompletedProcess:
         ("step", 3, "environment 'hanging' step: no answer"),
     ],
 )
+@pytest.mark.slow
 def test_train_exits_whatever_user_code_hangs(tmp_path, tiny_model_dir, hang, status, said):
     proc = _agentrl("train", str(_config(tmp_path, tiny_model_dir, hang)))
     out = proc.stdout + proc.stderr
@@ -70,6 +71,7 @@ def test_train_exits_whatever_user_code_hangs(tmp_path, tiny_model_dir, hang, st
     assert said in out or said in (tmp_path / "run" / "transcripts.jsonl").read_text(), out[-3000:]
 
 
+@pytest.mark.slow
 def test_a_thread_user_code_never_ends_delays_the_exit_by_the_grace_only(tmp_path, tiny_model_dir):
     """The tool starts a non-daemon thread that runs forever: the run trains (exit 0), says which
     thread it left behind, and exits after the grace (2 s here)."""
@@ -93,6 +95,7 @@ def test_eval_and_rollout_exit_whatever_user_code_hangs(tmp_path, tiny_model_dir
     assert "failed" in out, out[-3000:]
 
 
+@pytest.mark.slow
 def test_serve_stops_while_a_client_holds_a_request_half_sent(tmp_path, tiny_model_dir):
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "serve", str(ROOT / "configs" / "quickstart.yaml"),

@@ -240,6 +240,7 @@ def _check_the_archive_restores_the_study(tmp_path: Path, path: Path, over: list
     assert any("trainer.total_steps: 2 -> 3" in line and "not used" in line for line in logs), logs
 
 
+@pytest.mark.slow
 def test_a_stopped_run_continues_from_its_checkpoint_or_starts_over(tmp_path, tiny_model_dir, varied_env):
     """A study stopped inside a run: with a checkpoint the run continues from it (no step twice in its
     metrics); without one it starts over, instead of refusing the directory it left."""

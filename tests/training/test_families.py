@@ -14,6 +14,7 @@ from tests.helpers.jsonl import lines
 
 
 @pytest.mark.parametrize("family", ["short_cot_cpu", "long_cot_cpu", "tool_use_cpu"])
+@pytest.mark.slow
 def test_family_config_trains_two_steps(tmp_path, tiny_model_dir, family):
     cfg = load_config(
         ROOT / "configs" / f"{family}.yaml",
