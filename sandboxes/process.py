@@ -293,11 +293,11 @@ def run_cell(w: Worker, code: str, limits: Limits, grace_s: float) -> tuple[Exec
     try:
         w.send({"op": "run", "code": code, "cpu_s": limits.cpu_s, "output_bytes": limits.output_bytes})
     except TimeoutError:  # the sandbox stopped reading its input (Docker: a paused or wedged container)
+        waited = time.monotonic() - t0  # the send's own limit; the kill below takes longer under load
         w.kill()
         res.restarted = True
         res.error = ExecError(
-            "TimeoutError",
-            f"the sandbox did not take the cell within {time.monotonic() - t0:.0f}s and was restarted",
+            "TimeoutError", f"the sandbox did not take the cell within {waited:.0f}s and was restarted"
         )
         return _finish(res, out, limits, t0), False
     except OSError:

@@ -9,6 +9,7 @@ result is one ``model.safetensors`` that transformers, vLLM or ``agentrl eval`` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from agentrl.config.schema import LoraConfig
 from agentrl.models import load_policy, torch_dtype
 from agentrl.models.gguf import plain_modes
 from agentrl.models.tokenizer import load_tokenizer
+from agentrl.models.tool_template import wants_wrapper, with_tools
 from agentrl.parallel import sharding
 from agentrl.rollout.components import meta_model
 from agentrl.training import lora
@@ -79,13 +81,53 @@ def _read_dcp(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:
     dcp.load(state, checkpoint_id=str(ckpt / DCP_DIR), no_dist=True)  # type: ignore[call-arg]
 
 
-def export(path: str | Path, out: str | Path, step: int | None = None, dtype: str = "float32") -> Path:
-    """Write the checkpoint's policy (merged, whole) and its tokenizer to ``out`` in HF format."""
+def export(
+    path: str | Path,
+    out: str | Path,
+    step: int | None = None,
+    dtype: str = "float32",
+    log: Callable[[str], None] = print,
+) -> Path:
+    """Write the checkpoint's policy (merged, whole) and its tokenizer to ``out`` in HF format, with a
+    chat template that shows tools as training did (``training_chat_template``)."""
     ckpt = find_checkpoint(path, step)
     model, tokenizer = checkpoint_model(ckpt, dtype)
+    training_chat_template(ckpt, tokenizer, log)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(out, safe_serialization=True)  # type: ignore[operator]
     tokenizer.save_pretrained(out)
     plain_modes(out)  # model.safetensors is written 0600, the rest 0644
     return ckpt
+
+
+PROBE_TOOLS = [{"type": "function", "function": {"name": "probe", "description": "d", "parameters": {}}}]
+
+
+def training_chat_template(ckpt: Path, tokenizer: Any, log: Callable[[str], None]) -> None:
+    """When training wrote the tools into the system message (``rollout.tools_prompt: system``, or
+    ``auto`` on a template with no tools section), give ``tokenizer`` the template that does the
+    same (``models/tool_template.py``), so ``apply_chat_template(messages, tools=...)`` on the export
+    renders the prompts the policy was trained on. Read from the run's ``config.yaml`` (the
+    checkpoint's run directory); without one the model's own template is kept, and the log says so."""
+    run = ckpt.parent.parent
+    if not (run / "config.yaml").exists():
+        log(f"note: no config.yaml in {run}: the export keeps the model's own chat template")
+        return
+    from agentrl.config import load_config
+    from agentrl.rollout.components import env_class
+
+    try:
+        cfg = load_config(str(run / "config.yaml"))
+        tool_format = env_class(cfg).tool_format
+    except Exception as e:  # the run's environment module moved, a data file gone: say so, keep going
+        log(f"note: the run's config could not be read ({e}): the export keeps the model's own chat template")
+        return
+    if tokenizer.chat_template and wants_wrapper(
+        tokenizer, cfg.rollout.tools_prompt, PROBE_TOOLS, tool_format
+    ):
+        tokenizer.chat_template = with_tools(tokenizer.chat_template, tool_format)
+        log(
+            f"chat template: tools go into the system message, as in training (rollout.tools_prompt="
+            f"{cfg.rollout.tools_prompt}, calls in the {tool_format} format)"
+        )
