@@ -23,12 +23,18 @@ def test_heavy():
 @pytest.mark.slow
 def test_heavy_but_slow_tier():
     time.sleep(1.0)
+
+@pytest.mark.vllm
+def test_heavy_in_the_vllm_tier():
+    time.sleep(1.0)
 """
 
 
 def run_pytest(tmp_path: Path, limit_s: float, *selected: str) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_timed.py").write_text(SLOW_AND_FAST)
-    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: a slow test\n")
+    (tmp_path / "pytest.ini").write_text(
+        "[pytest]\nmarkers =\n    slow: a slow test\n    vllm: the vLLM tier\n"
+    )
     env = {
         **os.environ,
         "PYTHONPATH": str(ROOT),
@@ -41,17 +47,20 @@ def run_pytest(tmp_path: Path, limit_s: float, *selected: str) -> subprocess.Com
 
 
 def test_a_fast_tier_test_over_the_limit_fails_the_session_and_is_named(tmp_path):
-    proc = run_pytest(tmp_path, 0.5, "test_quick", "test_heavy", "test_heavy_but_slow_tier")
+    proc = run_pytest(
+        tmp_path, 0.5, "test_quick", "test_heavy", "test_heavy_but_slow_tier", "test_heavy_in_the_vllm_tier"
+    )
     assert proc.returncode == 1, proc.stdout
-    assert "3 passed" in proc.stdout, proc.stdout  # every test passed: the limit alone failed it
+    assert "4 passed" in proc.stdout, proc.stdout  # every test passed: the limit alone failed it
     assert "fast-tier tests over 0.5 s" in proc.stdout and "test_timed.py::test_heavy:" in proc.stdout
     assert "test_heavy_but_slow_tier:" not in proc.stdout  # the slow tier has no limit
+    assert "test_heavy_in_the_vllm_tier:" not in proc.stdout  # nor the vLLM tier
     rows = json.loads((tmp_path / "durations.json").read_text())
     heavy = next(v for k, v in rows.items() if k.endswith("::test_heavy"))
-    assert heavy["call"] >= 1.0 and heavy["slow"] is False
+    assert heavy["call"] >= 1.0 and heavy["fast_tier"] is True
 
 
 def test_within_the_limit_or_in_the_slow_tier_the_session_passes(tmp_path):
-    proc = run_pytest(tmp_path, 0.5, "test_quick", "test_heavy_but_slow_tier")
+    proc = run_pytest(tmp_path, 0.5, "test_quick", "test_heavy_but_slow_tier", "test_heavy_in_the_vllm_tier")
     assert proc.returncode == 0, proc.stdout
     assert "fast-tier tests over" not in proc.stdout

@@ -1,10 +1,11 @@
 """A pytest plugin (loaded by tests/conftest.py): the fast tier stays fast.
 
-Every test outside the ``slow`` tier must run its body (pytest's ``call`` phase; shared fixtures'
-setup is not the test's own) within ``FAST_LIMIT_S`` seconds; the session fails naming each one that
+Every test of the fast tier (marked none of ``OTHER_TIERS``: ``bash scripts/test.sh -m "not slow"``
+runs them) must run its body (pytest's ``call`` phase; shared fixtures' setup is not the test's own)
+within ``FAST_LIMIT_S`` seconds; the session fails naming each one that
 took longer, so a test that grew heavy moves to the ``slow`` tier or gets lighter. With
 ``AGENTRL_TEST_DURATIONS=FILE`` every test's phases are also written to FILE as JSON (nodeid ->
-{setup, call, teardown, slow}), for finding where the suite's time goes."""
+{setup, call, teardown, fast_tier}), for finding where the suite's time goes."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ import pytest
 
 FAST_LIMIT_S = float(os.environ.get("AGENTRL_FAST_TEST_LIMIT_S", "30"))
 """The most a fast-tier test's body may take, in seconds (``AGENTRL_FAST_TEST_LIMIT_S``)."""
+OTHER_TIERS = frozenset({"slow", "vllm", "verifiers", "study"})
+"""Markers of the tiers outside the fast one (the vLLM and verifiers tiers run in their own
+environments, the study's measurements only on request): no limit there."""
 
 
 class Durations:
@@ -24,24 +28,24 @@ class Durations:
     def __init__(self, limit_s: float, out: str | None) -> None:
         self.limit_s, self.out = limit_s, out
         self.phases: dict[str, dict[str, float]] = defaultdict(dict)
-        self.slow: dict[str, bool] = {}
+        self.fast: dict[str, bool] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.phases[report.nodeid][report.when] = report.duration
-        self.slow[report.nodeid] = "slow" in report.keywords
+        self.fast[report.nodeid] = not OTHER_TIERS & set(report.keywords)
 
     def over_limit(self) -> dict[str, float]:
         """The fast-tier tests whose body took longer than the limit, with their seconds."""
         return {
             nodeid: phases["call"]
             for nodeid, phases in self.phases.items()
-            if not self.slow[nodeid] and phases.get("call", 0.0) > self.limit_s
+            if self.fast[nodeid] and phases.get("call", 0.0) > self.limit_s
         }
 
     @pytest.hookimpl(trylast=True)
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if self.out:
-            rows = {k: {**v, "slow": self.slow[k]} for k, v in self.phases.items()}
+            rows = {k: {**v, "fast_tier": self.fast[k]} for k, v in self.phases.items()}
             with open(self.out, "w") as f:
                 json.dump(rows, f, indent=1, sort_keys=True)
         over = self.over_limit()
