@@ -147,16 +147,6 @@ def test_a_timeout_raised_by_the_call_itself_is_not_a_wait_timeout():
 STUCK_ENVS = HELPERS / "timeout_envs.py"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    from agentrl.rollout.ray_workers import init_ray
-
-    init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 def hanging(n: int, hang_s: float) -> list[EpisodeRequest]:
     return [
         EpisodeRequest(Task(f"h{i}", "Say something.", metadata={"hang_s": hang_s}), seed=i, group="g")

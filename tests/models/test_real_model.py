@@ -10,18 +10,15 @@ private cache, so it happens once per machine.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
 
 from agentrl.cli import main
-from agentrl.models import gguf
 from tests.helpers import ROOT
 
-# read at import, before the session's private cache is set: where `agentrl models install` put it
-REAL_CACHE = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
-SMOL = "pypi:smollm2-135m-instruct"
+# at import, before the session's private cache is set: REAL_CACHE is where `agentrl models install` put it
+from tests.helpers.real_models import REAL_CACHE, SMOL, smollm2
 
 
 def refused(tmp_path: Path, capsys, *args: str) -> str:
@@ -61,14 +58,6 @@ def test_gguf_files_that_cannot_be_loaded_are_named_before_any_work(tmp_path, ca
     assert "no such packaged model; known: pypi:smollm2-135m-instruct" in refused(
         tmp_path, capsys, "model.path=pypi:gpt5"
     )
-
-
-def smollm2() -> Path:
-    try:
-        gguf.packaged_file(SMOL)
-    except gguf.ModelFileError as e:
-        pytest.skip(f"SmolLM2-135M-Instruct is not installed here ({e})")
-    return gguf.converted_dir(SMOL, REAL_CACHE)
 
 
 @pytest.mark.slow

@@ -8,7 +8,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -18,7 +17,7 @@ import torch
 from agentrl.parallel.ranks import shard_rows
 from agentrl.training.export import checkpoint_model
 from tests.helpers import HELPERS
-from tests.helpers.configs import free_port, torchrun_cli
+from tests.helpers.configs import torchrun_cli
 from tests.helpers.jsonl import lines
 
 
@@ -48,26 +47,10 @@ def _overrides(out: Path, model_dir: Path) -> list[str]:
     ]
 
 
-@pytest.mark.slow
-def test_torchrun_trainer_step_equals_single_process(tmp_path, tiny_model_dir):
-    """One RL step under torchrun with 2 gloo ranks (rollouts sharded, gradients all-reduced) against
-    the same step in one process: same episodes, same gradient norm, same weights after AdamW."""
+def _assert_one_step_equals_single_process(dp: Path, single: Path) -> None:
+    """Step 0 on 2 gloo ranks (rollouts sharded, gradients all-reduced) against the same step in one
+    process: same episodes, same gradient norm, same weights after AdamW (the step_1 checkpoints)."""
     from safetensors.torch import load_file
-
-    from agentrl.config import load_config
-    from agentrl.training.trainer import Trainer
-
-    single = tmp_path / "single"
-    Trainer(load_config(None, _overrides(single, tiny_model_dir)), log=lambda *_: None).train()
-
-    dp = tmp_path / "dp"
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc_per_node=2"]
-    cmd += ["--master_addr=127.0.0.1", f"--master_port={free_port()}", "-m", "agentrl.cli", "train"]
-    proc = subprocess.run(
-        cmd + _overrides(dp, tiny_model_dir), env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
 
     rows = [json.loads(lines(d / "metrics.jsonl")[0]) for d in (single, dp)]
     assert rows[0]["reward/mean"] == pytest.approx(rows[1]["reward/mean"], abs=1e-9)  # same episodes
@@ -111,7 +94,11 @@ def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_mode
     uninterrupted run on both ranks: the step count continues, lines written after the checkpoint
     are cut, every step's episodes appear once, and each rank's RNG continues its own stream
     (``test_noisy`` records draws from each rank's global ``random``; the ranks' streams differ after
-    step 0). ``fsdp2``: each rank wrote its shards of the model and optimizer (DCP)."""
+    step 0). ``fsdp2``: each rank wrote its shards of the model and optimizer (DCP).
+
+    ``ddp``: the uninterrupted run's first step also equals one step in one process (the launch
+    that proved it alone took ~25 s in CI, issue 51): it checkpoints every step for that (the weights
+    after step 0), which changes none of its metrics or episodes."""
     n_steps = 4
     ranks = lambda run: [run, run / "ranks" / "1"]  # noqa: E731
     # checkpoints after steps 1 and 3 (step_2, step_4): the kill lands in between, after rank 1 has
@@ -121,14 +108,25 @@ def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_mode
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PYTHONUNBUFFERED": "1"}
 
     ref = tmp_path / "ref"
+    every_step = (
+        ["trainer.checkpoint_every=1", f"trainer.keep_checkpoints={n_steps}"] if strategy == "ddp" else []
+    )
     proc = subprocess.run(
-        torchrun_cli("train", *_overrides(ref, tiny_model_dir), *extra),
+        torchrun_cli("train", *_overrides(ref, tiny_model_dir), *extra, *every_step),
         env=env,
         capture_output=True,
         text=True,
         timeout=600,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    if strategy == "ddp":
+        from agentrl.config import load_config
+        from agentrl.training.trainer import Trainer
+
+        single = tmp_path / "single"
+        one = [*_overrides(single, tiny_model_dir), *extra, "trainer.total_steps=1"]  # lr: constant
+        Trainer(load_config(None, one), log=lambda *_: None).train()
+        _assert_one_step_equals_single_process(ref, single)
 
     run = tmp_path / "run"
     with open(tmp_path / "killed.log", "w") as log:

@@ -112,6 +112,12 @@ def initial(tiny_model_dir):
 
 
 # -- one update: sharded equals one process --------------------------------------------------------
+# The tests reading ``equal_updates`` run on one xdist worker (``--dist loadgroup``): a module-scoped
+# fixture is built once per worker, and these tests spread over both workers built it twice (76 s and 58 s
+# of setup in CI, issue 51).
+SHARES_UPDATES = pytest.mark.xdist_group("sharding_equal_updates")
+
+
 @pytest.fixture(scope="module")
 def equal_updates(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
     """The updates the tests below compare (all but HSDP's), in two launches, one process and then 2
@@ -137,6 +143,7 @@ def equal_updates(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
     return {**{f"single_{k}": v for k, v in single.items()}, **ranked}
 
 
+@SHARES_UPDATES
 @pytest.mark.slow
 @pytest.mark.parametrize("alg", ["grpo", "stare_kl"])
 def test_fsdp2_update_equals_single_process(equal_updates, initial, alg):
@@ -154,11 +161,13 @@ def test_fsdp2_update_equals_single_process(equal_updates, initial, alg):
     assert max_diff(got["engine"], got["params"]) == 0.0
 
 
+@SHARES_UPDATES
 @pytest.mark.slow
 def test_ddp_update_equals_single_process(equal_updates, initial):
     assert_same_update(equal_updates["ddp_stare"], equal_updates["single_stare"], initial)
 
 
+@SHARES_UPDATES
 @pytest.mark.slow
 def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(equal_updates, initial):
     """Per rank: 1 micro-batch of 4 rows against 4 micro-batches of 1 row, with one
@@ -174,6 +183,7 @@ def test_fsdp2_gradient_accumulation_and_per_micro_batch_reduction(equal_updates
     assert whole["sharded"] and keep["sharded"]
 
 
+@SHARES_UPDATES
 @pytest.mark.slow
 def test_hsdp_on_four_ranks_equals_single_process(tmp_path, tiny_model_dir, initial, equal_updates):
     """A 2 × 2 mesh: 2 replicas, each sharding over 2 ranks."""
@@ -185,6 +195,7 @@ def test_hsdp_on_four_ranks_equals_single_process(tmp_path, tiny_model_dir, init
 
 
 # -- LoRA ---------------------------------------------------------------------------------------------
+@SHARES_UPDATES
 @pytest.mark.slow
 def test_lora_trains_only_adapters_and_fsdp2_equals_single_process(equal_updates, initial):
     want, got, ddp = equal_updates["single_lora"], equal_updates["lora_fsdp2"], equal_updates["lora_ddp"]
@@ -237,6 +248,7 @@ def test_lora_engine_samples_with_the_trainers_distribution(tmp_path, tiny_model
 
 
 # -- checkpoints: export, resume on another world size, bad input ------------------------------------
+@SHARES_UPDATES
 @pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["dcp", "lora"])
 def test_export_round_trips_the_trainers_log_probs(tmp_path, equal_updates, fmt):
@@ -283,10 +295,14 @@ def _train(tmp: Path, model_dir: Path, procs: int, *args: str) -> subprocess.Com
 
 
 @pytest.mark.slow
-def test_fsdp2_checkpoint_resumes_on_one_and_on_two_ranks(tmp_path, tiny_model_dir):
+def test_fsdp2_checkpoint_resumes_on_one_and_on_two_ranks(tmp_path, tiny_model_dir, capsys):
     """A 2-rank FSDP2 run's step-1 checkpoint resumed on 1 process and on 2: DCP reshards the model
     and optimizer, training continues, and the first resumed step's loss and gradient norm equal the
-    uninterrupted run's (the episodes do not depend on the world size)."""
+    uninterrupted run's (the episodes do not depend on the world size). The 1-process resume runs in
+    this process (``agentrl train`` tears its single-rank process group down at the end; a fresh
+    process cost ~10 s of imports, issue 51)."""
+    from agentrl.cli import main
+
     envs = HELPERS / "distributed_envs.py"
     overrides = [
         *_base(tiny_model_dir, tmp_path / "ref"),
@@ -311,11 +327,20 @@ def test_fsdp2_checkpoint_resumes_on_one_and_on_two_ranks(tmp_path, tiny_model_d
         run = tmp_path / f"resume_on_{procs}"
         shutil.copytree(ref, run)
         shutil.rmtree(run / "checkpoints" / "step_2")  # the latest checkpoint is now step 1's
-        done = _train(tmp_path, tiny_model_dir, procs if procs > 1 else 0, "--resume", str(run))
-        assert done.returncode == 0, done.stderr[-3000:]
-        assert "resumed from" in done.stdout + done.stderr
         if procs == 1:
-            assert "reshard" in (done.stdout + done.stderr).lower()
+            capsys.readouterr()
+            code = main(["train", "--resume", str(run)])
+            said = capsys.readouterr()
+            assert code == 0, said.err[-3000:]
+            assert not torch.distributed.is_initialized()  # nothing left for the tests after this one
+            output = said.out + said.err
+        else:
+            done = _train(tmp_path, tiny_model_dir, procs, "--resume", str(run))
+            assert done.returncode == 0, done.stderr[-3000:]
+            output = done.stdout + done.stderr
+        assert "resumed from" in output
+        if procs == 1:
+            assert "reshard" in output.lower()
             # rank 1 is gone: its files end at the checkpoint, like every running rank's
             gone = [json.loads(x)["step"] for x in lines(run / "ranks" / "1" / "metrics.jsonl")]
             assert gone == [0]

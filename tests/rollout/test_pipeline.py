@@ -184,9 +184,13 @@ def test_the_old_lag_setting_is_renamed(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_kill_minus_9_in_async_mode_then_resume(tmp_path, tiny_model_dir):
+def test_kill_minus_9_in_async_mode_then_resume(tmp_path, tiny_model_dir, capsys):
     """Batches granted but not trained on at the checkpoint are granted again on resume: the run's
-    episodes are exactly the uninterrupted run's, each written once."""
+    episodes are exactly the uninterrupted run's, each written once. Only the killed run needs a
+    process of its own: the uninterrupted run and the resume run in this one (each fresh process
+    cost ~10 s of imports, issue 51)."""
+    from agentrl.cli import main
+
     common = (
         "trainer.total_steps=6",
         "trainer.checkpoint_every=1",
@@ -199,11 +203,7 @@ def test_kill_minus_9_in_async_mode_then_resume(tmp_path, tiny_model_dir):
     )
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     whole = tmp_path / "whole"
-    done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", *cli_args(whole, tiny_model_dir, *common)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    assert main(["train", *cli_args(whole, tiny_model_dir, *common)]) == 0, capsys.readouterr().err[-2000:]
     run = tmp_path / "run"
     proc = subprocess.Popen(
         [sys.executable, "-m", "agentrl.cli", "train", *cli_args(run, tiny_model_dir, *common)],
@@ -218,11 +218,8 @@ def test_kill_minus_9_in_async_mode_then_resume(tmp_path, tiny_model_dir):
     proc.wait()
     state = torch.load(run / "checkpoints" / "step_2" / "trainer_state.pt", weights_only=False)
     assert state["pipeline"]["grants"], "the checkpoint records the batches still pending"
-    done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--resume", str(run)],
-        env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run)]) == 0, capsys.readouterr().err[-2000:]
     assert [r["step"] for r in _rows(run)] == list(range(6))
     ids = [e.id for e in _episodes(run)]
     assert len(ids) == len(set(ids)) == 6 * 2 * 2
@@ -367,34 +364,27 @@ def test_async_under_torchrun_ranks_take_the_same_batches(tmp_path, tiny_model_d
 
 @pytest.mark.ray
 @pytest.mark.slow
-def test_async_on_ray_workers(tmp_path, tiny_model_dir):
+def test_async_on_ray_workers(ray_local, tmp_path, tiny_model_dir):
     """A pool of Ray workers under async mode: batches overlap on the workers, each worker takes new
     weights between its shards, and the bound holds."""
-    ray = pytest.importorskip("ray")
-    from agentrl.rollout.ray_workers import init_ray
-
-    init_ray(num_cpus=2)
+    cfg = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "rollout.workers=2",
+        "trainer.total_steps=3",
+        "trainer.mode=async",
+        "rollout.max_staleness=1",
+        "env.name=test_turns",
+        f"env.module={ENVS}",
+        "rollout.max_turns=3",
+        "rollout.max_episode_tokens=256",
+    )
+    trainer = Trainer(cfg, log=lambda *_: None)
     try:
-        cfg = small_config(
-            tmp_path,
-            tiny_model_dir,
-            "rollout.workers=2",
-            "trainer.total_steps=3",
-            "trainer.mode=async",
-            "rollout.max_staleness=1",
-            "env.name=test_turns",
-            f"env.module={ENVS}",
-            "rollout.max_turns=3",
-            "rollout.max_episode_tokens=256",
-        )
-        trainer = Trainer(cfg, log=lambda *_: None)
-        try:
-            trainer.train()
-        finally:
-            trainer.engine.shutdown()
-        run = tmp_path / "run"
-        assert [r["step"] for r in _rows(run)] == [0, 1, 2]
-        assert max(_trained_lags(run)) <= 1
-        assert all(r["weights/version"] == i + 1 for i, r in enumerate(_rows(run)))
+        trainer.train()
     finally:
-        ray.shutdown()
+        trainer.engine.shutdown()
+    run = tmp_path / "run"
+    assert [r["step"] for r in _rows(run)] == [0, 1, 2]
+    assert max(_trained_lags(run)) <= 1
+    assert all(r["weights/version"] == i + 1 for i, r in enumerate(_rows(run)))

@@ -29,6 +29,7 @@ from agentrl.tools import ToolCall, format_tool_call
 from environments.calculator import Calculator
 from tests.helpers import ROOT
 from tests.helpers.invariants import check_invariants
+from tests.helpers.real_models import smollm2  # at import: the cache `agentrl models install` filled
 
 TASK = Task(id="t1", prompt="What is 3 * 4 + 5?", answer=17, metadata={"expression": "3 * 4 + 5"})
 CALL = format_tool_call("calculate", {"expression": "3 * 4 + 5"})
@@ -601,10 +602,14 @@ def test_tool_call_arguments_reach_the_template_as_objects():
 
 
 @pytest.mark.slow
-def test_agentrl_serve_records_episodes_that_inspect_and_doctor_read(tmp_path, tiny_model_dir):
+def test_agentrl_serve_records_episodes_that_inspect_and_doctor_read(
+    tmp_path, tiny_model_dir, capsys, monkeypatch
+):
     import signal
     import subprocess
     import sys
+
+    from agentrl.cli import main
 
     run = tmp_path / "run"
     proc = subprocess.Popen(
@@ -634,9 +639,13 @@ def test_agentrl_serve_records_episodes_that_inspect_and_doctor_read(tmp_path, t
     }
     assert episodes["episode-1"].reward == 0.5 and episodes["episode-1"].failure is None
     assert episodes["episode-2"].failure.boundary == "agent"  # still open at Ctrl-C: written, not lost
-    doctor = subprocess.run([sys.executable, "-m", "agentrl.cli", "doctor", str(run / "serve")], capture_output=True, text=True, cwd=ROOT)  # fmt: skip
+    # in this process (a fresh one cost ~10 s of imports, issue 51), from where serve ran
+    monkeypatch.chdir(ROOT)
+    capsys.readouterr()
+    code = main(["doctor", str(run / "serve")])
+    out = capsys.readouterr()
     # it found the tokenizer and the history policy (1 = a random model's cut-off tokens re-render differently)
-    assert doctor.returncode in (0, 1) and "history: merge" in doctor.stdout, doctor.stdout + doctor.stderr
+    assert code in (0, 1) and "history: merge" in out.out, out.out + out.err
 
 
 CHATML = (  # SmolLM2's kind of template: no tools section, tool calls dropped
@@ -747,8 +756,6 @@ def test_a_template_without_tool_calls_serves_agents_without_tools(tiny_tokenize
 
 def smollm2_engine():
     import transformers
-
-    from tests.helpers.real_models import smollm2
 
     path = smollm2()
     tok = transformers.AutoTokenizer.from_pretrained(path)

@@ -21,16 +21,6 @@ pytestmark = pytest.mark.ray
 ENVS = HELPERS / "distributed_envs.py"
 
 
-@pytest.fixture(scope="module")
-def ray_local():
-    ray = pytest.importorskip("ray")
-    from agentrl.rollout.ray_workers import init_ray
-
-    init_ray(num_cpus=2)
-    yield ray
-    ray.shutdown()
-
-
 def requests(n: int, **metadata) -> list[EpisodeRequest]:
     return [
         EpisodeRequest(Task(f"t{i}", f"Say something {i}.", metadata=metadata), seed=i, group="g")

@@ -323,11 +323,12 @@ def test_lora_trainer_names_merged_tensors_dropped_on_the_way(tmp_path, tiny_mod
 # -- a Ray pool -------------------------------------------------------------------------------------
 @pytest.mark.ray
 @pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
-def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(tmp_path, tiny_model_dir):
-    ray = pytest.importorskip("ray")
-    from agentrl.rollout.ray_workers import RolloutPool, init_ray
+def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(
+    ray_local, tmp_path, tiny_model_dir
+):
+    ray = ray_local
+    from agentrl.rollout.ray_workers import RolloutPool
 
-    init_ray(num_cpus=2)
     cfg = ray_config(tmp_path, tiny_model_dir)
     pool = RolloutPool(cfg, str(tiny_model_dir), workers=2)
     try:
@@ -372,7 +373,6 @@ def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(tm
         assert pool.fingerprint(names, ids)[1].checksums == whole[1].checksums
     finally:
         pool.shutdown()
-        ray.shutdown()
 
 
 # -- the broadcast transport (rollout.sync.transport=broadcast) ---------------------------------------
@@ -422,11 +422,12 @@ def test_broadcast_needs_ray_workers(tmp_path, tiny_model_dir):
 
 @pytest.mark.ray
 @pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
-def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(tmp_path, tiny_model_dir):
-    ray = pytest.importorskip("ray")
-    from agentrl.rollout.ray_workers import RolloutPool, init_ray
+def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
+    ray_local, tmp_path, tiny_model_dir
+):
+    ray = ray_local
+    from agentrl.rollout.ray_workers import RolloutPool
 
-    init_ray(num_cpus=2)
     cfg = ray_config(
         tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast", "timeouts.weight_sync_s=120"
     )
@@ -473,14 +474,13 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(tm
         assert moved[0].checksums == moved[1].checksums != stored[1].checksums
     finally:
         pool.shutdown()
-        ray.shutdown()
 
 
 @pytest.mark.ray
 @pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
-def test_ray_pool_broadcast_names_a_worker_that_never_joins(tmp_path, tiny_model_dir):
-    ray = pytest.importorskip("ray")
-    from agentrl.rollout.ray_workers import RolloutPool, RolloutWorker, init_ray
+def test_ray_pool_broadcast_names_a_worker_that_never_joins(ray_local, tmp_path, tiny_model_dir):
+    ray = ray_local
+    from agentrl.rollout.ray_workers import RolloutPool, RolloutWorker
 
     class NeverJoins(RolloutWorker):  # defined here, so Ray ships it to the worker by value
         def join_weight_group(self, *args: object) -> int:
@@ -488,7 +488,6 @@ def test_ray_pool_broadcast_names_a_worker_that_never_joins(tmp_path, tiny_model
             return -1
 
     limit = 10.0  # the join may take half: 5 s
-    init_ray(num_cpus=2)
     cfg = ray_config(
         tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast", f"timeouts.weight_sync_s={limit}"
     )
@@ -521,7 +520,6 @@ def test_ray_pool_broadcast_names_a_worker_that_never_joins(tmp_path, tiny_model
         assert report.verified and pool.version == 1 and pool.weights.broadcast.members == pool.workers
     finally:
         pool.shutdown()
-        ray.shutdown()
 
 
 # -- FSDP2 on two ranks -------------------------------------------------------------------------------

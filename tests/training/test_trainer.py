@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from agentrl.algorithms import METHODS
+from agentrl.cli import main
 from agentrl.episode import Episode
 from agentrl.training.trainer import Trainer
 from tests.helpers.configs import cli_args, small_config
@@ -108,7 +109,7 @@ def test_seeded_runs_reproduce(tmp_path, tiny_model_dir):
 
 
 @pytest.mark.slow
-def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_dir):
+def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_dir, capsys):
     """SIGTERM (as a scheduler sends before preempting) lets the current step finish, writes a
     checkpoint at it even with periodic checkpoints off, and exits with 130 naming the resume
     command; the resumed run continues at that step with every step written once."""
@@ -144,15 +145,13 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_
     transcripts = run / "transcripts.jsonl"
     before = [json.loads(x)["id"] for x in lines(transcripts)]
     assert sorted({i.split("-")[0] for i in before}) == sorted(f"s{k}" for k in range(n))
-    done = subprocess.run(
-        [sys.executable, "-m", "agentrl.cli", "train", "--resume", str(run), f"trainer.total_steps={n + 2}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-2000:]
-    assert f"at step {n}" in done.stdout + done.stderr
+    # the resume in this process (the signal needed a process of its own; a second fresh one cost ~10 s
+    # of imports, issue 51)
+    capsys.readouterr()
+    code = main(["train", "--resume", str(run), f"trainer.total_steps={n + 2}"])
+    done = capsys.readouterr()
+    assert code == 0, done.err[-2000:]
+    assert f"at step {n}" in done.out + done.err
     steps = [json.loads(x)["step"] for x in lines(metrics)]
     assert steps == list(range(n + 2))
     ids = [json.loads(x)["id"] for x in lines(transcripts)]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -178,7 +179,11 @@ def test_rescore_reports_changed_rewards_and_missing_task(tmp_path):
 def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
     """``replay --rerun/--rescore`` of a run whose environment lives in the user's own file: the run's
     ``env.module`` is imported (in a fresh process, as a user runs it), or ``--module`` for a bare
-    transcript file."""
+    transcript file. The three replays share one fresh process (each cost ~10 s of imports, issue 51);
+    the bare file is another run's, of an environment in another file, so no replay finds the
+    environment a previous one imported: the bare file without ``--module`` first, then with it, then
+    the run."""
+    import json
     import shutil
     import subprocess
     import sys
@@ -186,25 +191,37 @@ def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
     from agentrl.config import load_config
     from agentrl.training.trainer import Trainer
 
-    env_file = tmp_path / "units_env.py"
-    env_file.write_text(one_turn_env("test_units_replay"))
-    run = tmp_path / "run"
-    cfg = load_config(None, [f"model.path={tiny_model_dir}", f"env.module={env_file}", "env.name=test_units_replay",
-                             f"run.output_dir={run}", "run.device=cpu", "rollout.prompts_per_step=2",
-                             "rollout.group_size=2", "rollout.max_tokens_per_turn=6", "trainer.total_steps=1",
-                             "logging.tensorboard=false", "logging.plots=false"])  # fmt: skip
-    Trainer(cfg, log=lambda *_: None).train()
+    def train(name: str) -> tuple[Path, Path]:
+        env_file = tmp_path / f"{name}_env.py"
+        env_file.write_text(one_turn_env(f"test_{name}_replay"))
+        run = tmp_path / name
+        cfg = load_config(None, [f"model.path={tiny_model_dir}", f"env.module={env_file}", f"env.name=test_{name}_replay",
+                                 f"run.output_dir={run}", "run.device=cpu", "rollout.prompts_per_step=2",
+                                 "rollout.group_size=2", "rollout.max_tokens_per_turn=6", "trainer.total_steps=1",
+                                 "logging.tensorboard=false", "logging.plots=false"])  # fmt: skip
+        Trainer(cfg, log=lambda *_: None).train()
+        return run, env_file
 
-    def replay(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "agentrl.cli", "replay", *args, "--rerun", "--rescore",
-                               "--limit", "1"], capture_output=True, text=True, timeout=300)  # fmt: skip
-
-    done = replay(str(run))
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    assert "rerun: identical" in done.stdout and "rescore: identical" in done.stdout
+    run, _ = train("units")
+    other, other_env = train("others")
     bare = tmp_path / "elsewhere" / "transcripts.jsonl"
     bare.parent.mkdir()
-    shutil.copy(run / "transcripts.jsonl", bare)
-    assert "could not rerun" in replay(str(bare)).stdout  # no run config, no module: it cannot know
-    done = replay(str(bare), "--module", str(env_file))
-    assert done.returncode == 0 and "rescore: identical" in done.stdout, done.stdout[-2000:]
+    shutil.copy(other / "transcripts.jsonl", bare)
+
+    flags = ["--rerun", "--rescore", "--limit", "1"]
+    calls = [["replay", str(bare), *flags], ["replay", str(bare), "--module", str(other_env), *flags],
+             ["replay", str(run), *flags]]  # fmt: skip
+    script = (
+        "import json, sys\n"
+        "from agentrl.cli import main\n"
+        "for args in json.loads(sys.argv[1]):\n"
+        "    print('<<replay>>', flush=True)\n"
+        "    print(f'<<exit {main(args)}>>', flush=True)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(calls)], capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    no_module, with_module, of_run = proc.stdout.split("<<replay>>")[1:]
+    assert "could not rerun" in no_module, no_module  # no run config, no module: it cannot know
+    assert "<<exit 0>>" in with_module and "rescore: identical" in with_module, with_module[-2000:]
+    assert "<<exit 0>>" in of_run, of_run[-2000:]
+    assert "rerun: identical" in of_run and "rescore: identical" in of_run, of_run[-2000:]
