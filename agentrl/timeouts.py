@@ -255,6 +255,12 @@ class LoopThread:
             finally:
                 self.loop.close()
 
+    def abandon(self) -> None:
+        """Cancel the agents without waiting, for a loop that user code blocks: its daemon thread is
+        left to run, renamed so that it is not taken for a live loop."""
+        if not self.cancel(0.0):
+            self._thread.name = f"{self._thread.name} (abandoned: blocked by user code)"
+
     def cancel(self, grace_s: float) -> bool:
         """Cancel the agents; True if they returned within ``grace_s``."""
         if not self.started:  # close the coroutine that never ran

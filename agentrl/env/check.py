@@ -149,18 +149,52 @@ def check_environment(
         return report
     _check(report, "tool schemas are well-formed", lambda: _schemas(env))
     _check(report, "rewards() returns Reward records", lambda: _rewards(env))
-    env.close()
+    bounded_close(report, env)
 
     for label, action in SCRIPTED_BAD_ACTIONS.items():
+        env = _fresh_env(report, name, options, task, seed, f"step survives: {label}")
+        if env is None:  # the next ones would fail (or wait) the same way
+            return report
+        hung = len(report.problems)
+        _check(report, f"step survives: {label}", functools.partial(_step_checked, env, action))
+        bounded_close(report, env)
+        if len(report.problems) > hung and "no answer after waiting" in report.problems[-1]:
+            break  # each further step could wait as long
+    _check_demonstrations(report, name, options, env_cls, tasks or [task], seed)
+    env = _fresh_env(report, name, options, task, seed, "close() is idempotent")
+    if env is not None:
+        _check(report, "close() is idempotent", functools.partial(_close_twice, env))
+    return report
+
+
+def _fresh_env(
+    report: CheckReport, name: str, options: dict[str, Any], task: Task, seed: int, before: str
+) -> Environment | None:
+    """A new environment reset on ``task`` for the check ``before``, its construction and ``reset``
+    under the check's time limit (``bounded``); None, with a FAIL line naming the call, when they
+    raise or do not return (a reset that works once and hangs later must not hang the check)."""
+    what = f"reset of a new environment (for {before!r})"
+
+    def fresh() -> Environment:
         env = make_env(name, **options)
         env.reset(task, seed)
-        _check(report, f"step survives: {label}", functools.partial(_step_checked, env, action))
-        env.close()
-    _check_demonstrations(report, name, options, env_cls, tasks or [task], seed)
-    env = make_env(name, **options)
-    env.reset(task, seed)
-    _check(report, "close() is idempotent", functools.partial(_close_twice, env))
-    return report
+        return env
+
+    try:
+        return bounded(report, what, fresh)
+    except Exception as e:
+        report.problems.append(f"{what}: raised {type(e).__name__}: {e}")
+        return None
+
+
+def bounded_close(report: CheckReport, env: Environment) -> None:
+    """``env.close()`` under the check's time limit; what it raises is the close check's to report."""
+    try:
+        bounded(report, "close()", env.close)
+    except WaitTimeout as e:
+        report.problems.append(f"close(): raised WaitTimeout: {e}")
+    except Exception:
+        pass
 
 
 def _check_tasks(

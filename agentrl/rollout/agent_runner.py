@@ -30,12 +30,14 @@ by the request's episode key). A request is served in four moves:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import dataclasses
 import inspect
 import json
 import logging
 import threading
+import time
 import traceback
 import uuid
 from collections.abc import Callable, Sequence
@@ -60,7 +62,7 @@ from agentrl.rollout.runner import (
 )
 from agentrl.serve.openai_api import OpenAIServer
 from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult
-from agentrl.timeouts import DaemonThreads, LoopThread, wait_for
+from agentrl.timeouts import DaemonThreads, LoopThread, call_with_timeout, wait_for
 from agentrl.tools import format_tool_call, parse_tool_calls, strip_tool_calls
 
 logger = logging.getLogger(__name__)
@@ -232,10 +234,16 @@ class AgentRunner(EpisodeRunner):
         """Start recording an episode under ``key`` (default: the episode's id)."""
         lv = _Ledger.start(req, key)
         ep = lv.episode
+        # user code, bounded as the lockstep runner bounds it (timeouts.env_step_s), in a thread that
+        # ends with the call: open runs in whichever thread asks (under serve, an HTTP connection's),
+        # and _bounded keeps a helper thread per calling thread
+        limit, setting = self.env_timeout_s, f"timeouts.env_step_s={self.env_timeout_s:g}s"
         try:
-            env = self.env_factory()
+            env = call_with_timeout(self.env_factory, limit, "environment construction", setting)
             lv.env, ep.env = env, env.name
-            env.reset(req.task, req.seed)
+            call_with_timeout(
+                lambda: env.reset(req.task, req.seed), limit, f"environment {env.name!r} reset", setting
+            )
         except Exception as e:
             self._fail(lv, "env", e)
         with self._lock:
@@ -272,14 +280,27 @@ class AgentRunner(EpisodeRunner):
                 lives, self.url, self.max_concurrent_episodes, self.request_timeout_s, self.agent_timeout_s
             )
         )
+        # each agent is cancelled at agent_run_s, so the loop ends within a round of that per
+        # max_concurrent agents, unless an agent blocks it (a blocking call in a coroutine): one
+        # more round of slack, then every episode fails instead of the run waiting forever
+        rounds = -(-len(lives) // max(1, self.max_concurrent_episodes)) + 1
+        deadline = time.monotonic() + rounds * self.agent_timeout_s
         try:
             if self._batcher is not None and hasattr(self.engine, "bounded"):
                 # each call bounded by the request timeout; other engines are served by the
                 # batcher's own thread
-                self._batcher.drive(until=agents.done.done, start=agents.start)
+                self._batcher.drive(
+                    until=lambda: agents.done.done() or time.monotonic() > deadline, start=agents.start
+                )
             else:
                 agents.start()
-            outcomes = agents.done.result()
+            outcomes = agents.done.result(timeout=max(0.0, deadline - time.monotonic()))
+        except concurrent.futures.TimeoutError:
+            error = loop_blocked(lives, agents, rounds * self.agent_timeout_s, self.agent_timeout_s, self.max_concurrent_episodes)  # fmt: skip
+            for lv in lives:
+                if not lv.episode.failed:
+                    self._fail(lv, "agent", error)
+            outcomes = [error] * len(lives)
         except BaseException:
             self._abort(lives, agents)
             raise
@@ -402,7 +423,7 @@ class AgentRunner(EpisodeRunner):
             self._append_observation(lv, new)  # lv.messages gets them as shown
             lv.seen = seen
         else:
-            self._drift(lv, messages, tools, tools_key, thinking)
+            drift(self, lv, messages, tools, tools_key, thinking)
         if req.reasoning_effort is not None:
             ep.metrics.setdefault("reasoning_effort", []).append({"turn": lv.turn, "effort": req.reasoning_effort, **thinking})  # fmt: skip
         if lv.length >= self.budgets.max_episode_tokens:
@@ -438,28 +459,43 @@ class AgentRunner(EpisodeRunner):
             self._fail(lv, "model", e)
             raise APIError(500, f"the engine failed: {type(e).__name__}: {e}", type="server_error", code="agentrl_engine_failed") from e  # fmt: skip
 
-    # -- drift -------------------------------------------------------------------------------
-    def _drift(
-        self, lv: _Ledger, messages: list[dict], tools: list[dict] | None, tools_key: str, thinking: dict
-    ) -> None:
-        """The client's history does not extend the ledger: classify, record, act per ``on_drift``
-        (the new sample rendered with the request's ``thinking`` template arguments)."""
-        ep = lv.episode
-        renderer, shown = self._prompt(tools, messages, thinking)
-        at, kind = drift_at(self.tokenizer, lv, messages, renderer, shown)
-        record = {"turn": lv.turn, "message": at, "kind": kind, "action": self.on_drift}
-        ep.metrics.setdefault("drift", []).append(record)
-        if self.on_drift == "fail":
-            message = f"history drift ({kind}) at message {at}: the request's history does not extend what the endpoint recorded for episode {lv.key!r} (proxy.on_drift: fail)"  # fmt: skip
-            self._fail(lv, "agent", RuntimeError(message))
-            raise APIError(400, message, param=f"messages[{at}]", code="agentrl_history_drift")
-        lv.turn += 1
-        old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
-        tools_before = old_tools if tools_key != lv.tools_key else None
-        record.update(rebase(ep, self.on_drift, kind, renderer, shown, lv.turn, lv.messages, tools_before, self.tokenizer))  # fmt: skip
-        lv.renderer, lv.tools_key = renderer, tools_key
-        lv.messages, lv.seen = shown, [canonical(m) for m in messages]
-        record_tools(ep, tools, renderer)
+
+def drift(runner: AgentRunner, lv: _Ledger, messages: list[dict], tools: list[dict] | None, tools_key: str, thinking: dict) -> None:  # fmt: skip
+    """The client's history does not extend the ledger: classify, record, act per ``on_drift``
+    (the new sample rendered with the request's ``thinking`` template arguments)."""
+    ep, on_drift = lv.episode, runner.on_drift
+    renderer, shown = runner._prompt(tools, messages, thinking)
+    at, kind = drift_at(runner.tokenizer, lv, messages, renderer, shown)
+    record = {"turn": lv.turn, "message": at, "kind": kind, "action": on_drift}
+    ep.metrics.setdefault("drift", []).append(record)
+    if on_drift == "fail":
+        message = f"history drift ({kind}) at message {at}: the request's history does not extend what the endpoint recorded for episode {lv.key!r} (proxy.on_drift: fail)"  # fmt: skip
+        runner._fail(lv, "agent", RuntimeError(message))
+        raise APIError(400, message, param=f"messages[{at}]", code="agentrl_history_drift")
+    lv.turn += 1
+    old_tools = ep.metrics.get("tools") or []  # templates treat [] as no tools
+    tools_before = old_tools if tools_key != lv.tools_key else None
+    record.update(rebase(ep, on_drift, kind, renderer, shown, lv.turn, lv.messages, tools_before, runner.tokenizer))  # fmt: skip
+    lv.renderer, lv.tools_key = renderer, tools_key
+    lv.messages, lv.seen = shown, [canonical(m) for m in messages]
+    record_tools(ep, tools, renderer)
+
+
+def loop_blocked(lives: list[_Ledger], agents: LoopThread, waited_s: float, agent_s: float, at_once: int) -> TimeoutError:  # fmt: skip
+    """The agents' loop did not end in time: an agent blocked it (``AgentEnvironment.run`` is a
+    coroutine that made a blocking call), so no agent's own limit could fire. The episodes take no
+    more turns, the loop's thread is abandoned (a daemon: it cannot keep the process alive), and the
+    error every episode of the batch fails with at the ``agent`` boundary is returned."""
+    for lv in lives:
+        with lv.lock:
+            lv.closed = True  # a request the loop makes later gets agentrl_episode_ended
+    agents.abandon()
+    return TimeoutError(
+        f"the agents' event loop did not return within {waited_s:g}s (timeouts.agent_run_s={agent_s:g}s "
+        f"per agent, {at_once} at once): an async AgentEnvironment.run made a blocking call (a tool, "
+        "time.sleep, a synchronous client), which holds every agent; run blocking work in a thread "
+        "(await asyncio.to_thread(...))"
+    )
 
 
 def tool_prompting(tokenizer: Any, tools_prompt: str) -> tuple[str | None, str, str]:
