@@ -57,7 +57,7 @@ from typing import Any, Literal
 
 import tomllib
 
-from agentrl.env import Environment, Message, Reward, StepResult, Task, register
+from agentrl.env import BOXED_ANSWER, Environment, Message, Reward, StepResult, Task, register
 from environments.generators import DEFAULT_N, first_messages, split_of, task_id
 from environments.rewards import correct, has_answer
 from environments.short_cot import answer_step, solution_to_demo
@@ -386,6 +386,7 @@ class GSMSymbolic(Environment):
         "percent signs) in \\boxed{}, for example \\boxed{42}."
     )
     max_turns = 1
+    stop_conditions = (BOXED_ANSWER,)  # the turn ends with the token that closes its answer
 
     def step(self, action: str) -> StepResult:
         return answer_step(action)

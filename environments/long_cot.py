@@ -18,7 +18,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.env import Environment, Message, Reward, StepResult, Task, register
+from agentrl.env import BOXED_ANSWER, Environment, Message, Reward, StepResult, Task, register
 from environments.generators import Draw, demo_rng, first_messages, sample_tasks
 from environments.rewards import correct, has_answer, response_chars
 from environments.short_cot import answer_step, solution_to_demo
@@ -91,6 +91,7 @@ class LongCoT(Environment):
     name = "long_cot"
     system_prompt = "Think step by step. Give the final integer answer as \\boxed{N}."
     max_turns = 1
+    stop_conditions = (BOXED_ANSWER,)  # the turn ends with the token that closes its answer
 
     def step(self, action: str) -> StepResult:
         return answer_step(action)

@@ -14,7 +14,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.env import Environment, Message, Reward, StepResult, Task, register
+from agentrl.env import BOXED_ANSWER, Environment, Message, Reward, StepResult, Task, register
 from environments.generators import (
     demo_rng,
     first_messages,
@@ -31,6 +31,7 @@ class ShortCoT(Environment):
     name = "short_cot"
     system_prompt = "Solve the problem. Give the final answer as \\boxed{N}."
     max_turns = 1
+    stop_conditions = (BOXED_ANSWER,)  # the turn ends with the token that closes its answer
 
     def step(self, action: str) -> StepResult:
         return answer_step(action)

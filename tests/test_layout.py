@@ -24,6 +24,7 @@ FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core mo
     ("agentrl.episode",),
     ("agentrl.transcripts",),
     ("agentrl.tools",),
+    ("agentrl.models.stopping",),
     ("sandboxes",),
     ("agentrl.serve",),
     ("agentrl.algorithms",),

@@ -243,6 +243,9 @@ def _cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     yield from _source_problems(cfg)
     yield from _batch_problems(cfg)
     yield from _mode_problems(cfg)
+    empty = [i for i, s in enumerate(cfg.rollout.stop) if not s]
+    if empty:
+        yield "rollout.stop", f"rollout.stop[{empty[0]}] is an empty string: a stop string must hold text"
 
 
 def _source_problems(cfg: Config) -> Iterator[tuple[str, str]]:

@@ -163,6 +163,10 @@ class RolloutConfig:
     """Tokens in the whole episode context (prompt, policy turns, observations)."""
     max_tool_output_tokens: int = knob(256, ge=1)
     """Longer tool outputs keep their head and tail with a visible marker in between."""
+    stop: list[str] = field(default_factory=list)
+    """Strings that end every policy turn, besides the end-of-turn token: the tokens up to and including the one that completes a string are kept, none after it (``Completion.stop_reason`` and the transcript's ``metrics.stop_reasons`` name it). Added to the environment's own (``env_stop``)."""
+    env_stop: bool = True
+    """Honour the environment's stop declarations (``Environment.stop_strings``, ``stop_conditions``): Short-CoT, Long-CoT, GSM-Symbolic and reasoning-gym end a turn with the token that closes its ``\\boxed{}`` answer, so no text is written, sampled or trained on after the answer (docs/environments.md, "When a turn ends"). False: a turn ends only at the end-of-turn token, ``rollout.stop`` or its token budget."""
     max_concurrent_episodes: int = knob(256, ge=1)
     """Episodes in flight at once per engine (others wait); also bounds open environments and sandbox sessions."""
     runner: Literal["lockstep", "async"] = "lockstep"

@@ -13,8 +13,10 @@ from typing import Literal, Protocol, runtime_checkable
 
 import torch
 
+from agentrl.models.stopping import StopCondition
+
 FinishReason = Literal["stop", "length", "abort"]
-"""Why a completion ended: ``stop`` = a stop token id or stop string was produced, ``length`` = the
+"""Why a completion ended: ``stop`` = a stop token id or stop string was produced or a stop condition held, ``length`` = the
 ``max_tokens`` budget ran out, ``abort`` = the engine gave up (e.g. an error or a cancelled request)."""
 
 
@@ -46,6 +48,10 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     """Generation ends once the decoded completion contains one of these strings; the tokens up to and
     including the one that completed the string are kept (nothing is cut out of a token)."""
+    stop_conditions: tuple[StopCondition, ...] = ()
+    """Generation ends once one of these predicates holds on the completion's text (``agentrl/models/stopping.py``:
+    the answer stop, ``BOXED_ANSWER``); the tokens up to and including the one that made it hold are
+    kept, ``Completion.stop_reason`` is the condition's name."""
     seed: int | None = None
     """Per-request seed; with the same seed, prompt and weights the completion is reproducible."""
 
@@ -59,7 +65,7 @@ class Completion:
     """One per token in ``token_ids``: log-probability of that token under the sampling distribution."""
     finish_reason: FinishReason
     stop_reason: int | str | None = None
-    """The stop token id or stop string that ended generation, if any."""
+    """The stop token id, stop string or stop condition's name that ended generation, if any."""
     weight_version: int = 0
     """The engine's weight version when this completion was produced."""
     info: dict = field(default_factory=dict)

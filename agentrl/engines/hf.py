@@ -52,9 +52,9 @@ from agentrl.engines.fingerprint import checksum, probe_logprobs, sampled_many
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import pays_off as lean_pays_off
 from agentrl.engines.lean_decode import supports as lean_supports
-from agentrl.engines.stopping import StopStringMatcher, token_decoder
 from agentrl.models import torch_dtype
 from agentrl.models.cache_api import cache_kwargs
+from agentrl.models.stopping import StopStringMatcher, token_decoder
 from agentrl.timeouts import WaitTimeout
 
 
@@ -87,7 +87,7 @@ class HFEngine:
 
     ``dtype``: None uses the model as given (shared with the caller, e.g. a colocated trainer);
     another dtype makes the engine keep its own converted copy. ``tokenizer`` is only needed for stop
-    strings."""
+    strings and stop conditions."""
 
     def __init__(
         self,
@@ -250,9 +250,14 @@ class HFEngine:
     def _request(self, index: int, prompt: Sequence[int], sp: SamplingParams) -> _Request:
         if len(prompt) == 0:
             raise ValueError(f"prompt {index} is empty: the engine needs at least one token to condition on")
-        if sp.stop and self._decode is None:
-            raise ValueError("stop strings need a tokenizer: HFEngine(model, tokenizer=...)")
-        matcher = StopStringMatcher(sp.stop, self._decode) if sp.stop and self._decode else None
+        stopping = sp.stop or sp.stop_conditions
+        if stopping and self._decode is None:
+            raise ValueError("stop strings and conditions need a tokenizer: HFEngine(model, tokenizer=...)")
+        matcher = (
+            StopStringMatcher(sp.stop, self._decode, sp.stop_conditions)
+            if stopping and self._decode
+            else None
+        )
         seed = sp.seed if sp.seed is not None else self._seeds.getrandbits(63)
         return _Request(index, list(prompt), sp, seed, matcher)
 

@@ -1,6 +1,7 @@
 """A scripted engine for tests: replays given completions as if a model had sampled them.
 
-It honours the same stopping rules as a real engine (stop token ids, stop strings, ``max_tokens``), so
+It honours the same stopping rules as a real engine (stop token ids, stop strings, stop conditions,
+``max_tokens``), so
 a runner test sees exactly the truncation a model would have produced, and it keeps a weight version
 counter so weight-sync code can be tested without a model.
 
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from agentrl.engines.base import Completion, SamplingParams, Weights, per_prompt_params, weight_items
-from agentrl.engines.stopping import StopStringMatcher, token_decoder
+from agentrl.models.stopping import StopStringMatcher, token_decoder
 
 Reply = Sequence[int] | tuple[Sequence[int], Sequence[float]] | str | None
 
@@ -96,10 +97,10 @@ class ScriptedEngine:
             return Completion([], [], "abort", weight_version=self._version, info={"scripted": True})
         ids, lps = self._ids_and_logprobs(reply)
         matcher = None
-        if sp.stop:
+        if sp.stop or sp.stop_conditions:
             if self.tokenizer is None:
-                raise ValueError("ScriptedEngine: stop strings need a tokenizer")
-            matcher = StopStringMatcher(sp.stop, token_decoder(self.tokenizer))
+                raise ValueError("ScriptedEngine: stop strings and conditions need a tokenizer")
+            matcher = StopStringMatcher(sp.stop, token_decoder(self.tokenizer), sp.stop_conditions)
         kept: list[int] = []
         for token in ids:
             if len(kept) >= sp.max_tokens:

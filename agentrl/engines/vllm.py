@@ -6,6 +6,10 @@
 - Only the requested stop ids and strings end a turn (``ignore_eos``; the model's own
   generation_config is ignored), and a stop string stays in the output, tokens up to and including
   the one that completed it (``include_stop_str_in_output``).
+- Stop conditions (``SamplingParams.stop_conditions``, the answer stop) are predicates vLLM cannot
+  run inside its scheduler: they are applied to the finished output, whose tokens after the one that
+  made a condition hold are discarded with their log-probs (``stopping.cut_at_condition``). The
+  discarded tail was still generated: its cost is vLLM's, never the trainer's.
 - ``load_weights`` pushes a state dict into the running workers in place (worker extension,
   ``agentrl/engines/vllm_worker.py``); nothing is written to or read from disk on that path. Every
   completion is stamped with the weight version it was sampled with.
@@ -23,12 +27,13 @@ script that builds the engine must do so under ``if __name__ == "__main__":``.
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import itertools
 import os
 import queue
 import random
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -42,6 +47,7 @@ from agentrl.engines.base import (
     per_prompt_params,
     weight_items,
 )
+from agentrl.models.stopping import cut_at_condition, token_decoder
 
 
 def _cpu_environment(kv_cache_gib: float) -> None:
@@ -304,6 +310,11 @@ class VLLMEngine:
                     fut.set_result(self._completion(res, sp, seed, version))
 
     # -- conversions -------------------------------------------------------------------------
+    @functools.cached_property
+    def _decode(self) -> Callable[[list[int]], str]:
+        """ids -> text, for stop conditions (vLLM's own tokenizer, made on first use)."""
+        return token_decoder(self.llm.get_tokenizer())
+
     def _seed(self, sp: SamplingParams) -> int:
         return sp.seed if sp.seed is not None else self._seeds.getrandbits(62)
 
@@ -327,20 +338,24 @@ class VLLMEngine:
             spaces_between_special_tokens=False,
         )
 
-    @staticmethod
-    def _completion(res: Any, sp: SamplingParams, seed: int, version: int) -> Completion:
+    def _completion(self, res: Any, sp: SamplingParams, seed: int, version: int) -> Completion:
         o = res.outputs[0]
         ids = list(o.token_ids)
         if sp.temperature <= 0:  # greedy: a point mass (the HFEngine convention)
             lps = [0.0] * len(ids)
         else:
             lps = [float(step[t].logprob) for t, step in zip(ids, o.logprobs or [])]
-        reason = o.finish_reason if o.finish_reason in ("stop", "length") else "abort"
+        reason, stop = (o.finish_reason if o.finish_reason in ("stop", "length") else "abort"), o.stop_reason
+        if sp.stop_conditions and reason != "abort":
+            cut = cut_at_condition(ids, sp.stop_conditions, self._decode)
+            if cut is not None:
+                (n, stop), reason = cut, "stop"
+                ids, lps = ids[:n], lps[:n]
         return Completion(
             token_ids=ids,
             logprobs=lps,
             finish_reason=reason,  # type: ignore[arg-type]
-            stop_reason=o.stop_reason,
+            stop_reason=stop,
             weight_version=version,
             info={"seed": seed, "prompt_tokens": len(res.prompt_token_ids or [])},
         )

@@ -37,6 +37,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, NamedTuple
 
 from agentrl.errors import EnvError, ToolError, ToolFeedback, ToolTimeout
+from agentrl.models.stopping import ANSWER_TAG as ANSWER_TAG  # re-exported for environments
+from agentrl.models.stopping import BOXED_ANSWER as BOXED_ANSWER
+from agentrl.models.stopping import StopCondition
 from agentrl.timeouts import DaemonThreadPool
 from agentrl.tools import ToolCall, check_arguments, parse_tool_calls, tool_schema
 from sandboxes.base import SandboxSpec
@@ -166,6 +169,13 @@ class Environment:
     tool_timeout_s: ClassVar[float] = 10.0
     max_turns: ClassVar[int] = 8
     """Default turn limit; the runner's own limit wins if it is lower."""
+    stop_strings: ClassVar[tuple[str, ...]] = ()
+    """Strings that end the model's turn besides its end-of-turn token (kept in the turn, as are the
+    config's ``rollout.stop``)."""
+    stop_conditions: ClassVar[tuple[StopCondition, ...]] = ()
+    """Predicates on the turn's text that end it where they start to hold: ``(BOXED_ANSWER,)`` ends a
+    turn with the token that closes its ``\\boxed{}`` answer, so no text is written after the
+    answer (``agentrl.models.stopping``). ``rollout.env_stop: false`` ignores both declarations."""
     extra_tools: ClassVar[Sequence[Callable]] = ()
     """Plain functions exposed as tools in addition to ``@tool`` methods."""
     mcp_servers: ClassVar[Sequence[MCPServer]] = ()
@@ -316,11 +326,12 @@ class Environment:
 
 def declared_options(cls: type[Environment]) -> list[str]:
     """What ``env.options`` may set on ``cls``: its public class attributes with a plain value (not
-    methods, properties or ``name``), its own and inherited ones."""
+    methods, properties, ``name`` or the stop declarations: ``rollout.stop`` and ``rollout.env_stop``
+    set those), its own and inherited ones."""
     found = set()
     for klass in cls.__mro__[:-1]:  # not object
         for key, value in vars(klass).items():
-            if key.startswith("_") or key in ("name", "task_options"):
+            if key.startswith("_") or key in ("name", "task_options", "stop_strings", "stop_conditions"):
                 continue
             if callable(value) or isinstance(value, (property, classmethod, staticmethod)):
                 continue

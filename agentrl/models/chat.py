@@ -118,6 +118,7 @@ class ChatRenderer:
         if placeable and (tools_prompt == "system" or not renders_tools(tokenizer, self.tools or [])):
             self.tools_text, self.tools = tools_section(self.tools or [], tool_format), None
         self._backends: dict[bool, Any] | None = None
+        self._generation_prompts: dict[str, str] = {}  # shared with with_template_kwargs' copies
         backend = getattr(tokenizer, "backend_tokenizer", None)
         if backend is not None and hasattr(backend, "encode_special_tokens"):
             self._backends = {}
@@ -134,6 +135,18 @@ class ChatRenderer:
         self.assistant_close = base[base.index(_SENTINEL) + len(_SENTINEL) :]
         """What the template writes after an assistant message's content (e.g. ``<|im_end|>\\n``)."""
         self.eos_token_id: int | None = tokenizer.convert_tokens_to_ids(self._eos_token())
+
+    def generation_prompt(self) -> str:
+        """The text the template adds to open an assistant turn (ChatML: ``<|im_start|>assistant\\n``;
+        DeepSeek-R1's also opens ``<think>``), with this renderer's template arguments: what a stop
+        condition reads before the turn's own text (``agentrl/models/stopping.py``)."""
+        key = repr(sorted(self.template_kwargs.items()))
+        if key not in self._generation_prompts:
+            user = [{"role": "user", "content": "base"}]
+            with_prompt, without = self._render(user, True), self._render(user, False)
+            found = with_prompt[len(without) :] if with_prompt.startswith(without) else ""
+            self._generation_prompts[key] = found
+        return self._generation_prompts[key]
 
     def with_template_kwargs(self, kwargs: Mapping[str, Any]) -> ChatRenderer:
         """This renderer with ``kwargs`` passed to every render of the chat template (``{"enable_thinking":

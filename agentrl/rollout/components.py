@@ -363,6 +363,7 @@ def sampling_params(cfg: Config, seed: int | None = None, temperature: float | N
         temperature=cfg.rollout.temperature if temperature is None else temperature,
         top_p=cfg.rollout.top_p,
         top_k=cfg.rollout.top_k,
+        stop=tuple(cfg.rollout.stop),
         seed=seed,
     )
 
@@ -381,6 +382,7 @@ def runner_settings(cfg: Config, seed: int | None = None, temperature: float | N
         agent_timeout_s=t.agent_run_s,
         history=ro.history,
         tools_prompt=ro.tools_prompt,
+        env_stop=ro.env_stop,
     )
 
 

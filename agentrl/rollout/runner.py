@@ -24,7 +24,9 @@ from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
 from agentrl.models.chat import ChatRenderer
 from agentrl.models.history import HistoryPolicy, history_pieces
+from agentrl.models.stopping import token_decoder
 from agentrl.rollout.tool_output import cut_long_outputs, truncate_outputs
+from agentrl.rollout.turns import Budgets, LiveEpisode, record_turn_end, turn_sampling
 from agentrl.timeouts import BoundedCalls, DaemonThreadPool, WaitTimeout
 
 ENGINE_REQUEST_S = 600.0
@@ -32,18 +34,6 @@ ENV_STEP_S = 600.0
 AGENT_RUN_S = 3600.0
 """The defaults of ``timeouts.engine_request_s``, ``env_step_s`` and ``agent_run_s``, for runners
 built without a config."""
-
-
-@dataclass(frozen=True)
-class Budgets:
-    """Per-episode limits. Token counts include everything in the context (prompt, policy tokens,
-    observations), since that is what the model must fit."""
-
-    max_turns: int = 8
-    max_tokens_per_turn: int = 256
-    max_episode_tokens: int = 2048
-    max_tool_output_tokens: int = 256
-    """Longer tool outputs keep their head and tail with a visible marker in between."""
 
 
 @dataclass(frozen=True)
@@ -60,7 +50,8 @@ class RunnerSettings:
     environment's whole ``run``. ``history`` (``rollout.history``): ``auto``, ``split`` or ``merge``,
     what to do when the chat template would show the model a different history than the one it wrote
     (``agentrl.models.history``). ``tools_prompt`` (``rollout.tools_prompt``): where the tool schemas
-    are shown."""
+    are shown. ``env_stop`` (``rollout.env_stop``): each turn also ends where the environment's
+    ``stop_strings`` and ``stop_conditions`` say (the answer stop)."""
 
     budgets: Budgets = field(default_factory=Budgets)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -72,6 +63,7 @@ class RunnerSettings:
     agent_timeout_s: float = AGENT_RUN_S
     history: str = "auto"
     tools_prompt: str = "auto"
+    env_stop: bool = True
 
 
 @dataclass(frozen=True)
@@ -90,29 +82,6 @@ class EpisodeRequest:
             seed=self.seed,
             group=self.group,
         )
-
-
-@dataclass
-class LiveEpisode:
-    """Book-keeping for one running episode."""
-
-    episode: Episode
-    env: Environment | None
-    renderer: ChatRenderer | None
-    messages: list[Message] = field(default_factory=list)
-    turn: int = 0
-    step_reward: float = 0.0
-    info: dict[str, Any] = field(default_factory=dict)
-    final_text: str | None = None
-    done: bool = False
-    t0: float = field(default_factory=time.perf_counter)
-    env_closed: bool = False
-
-    @property
-    def length(self) -> int:
-        """Tokens in the model's context: the current sample (all of an unsplit episode)."""
-        start = self.episode.sample_breaks[-1]["segment"] if self.episode.sample_breaks else 0
-        return sum(len(s.token_ids) for s in self.episode.segments[start:])
 
 
 class EpisodeRunner:
@@ -144,6 +113,8 @@ class EpisodeRunner:
         self.env_factory = env_factory
         self.budgets = settings.budgets
         self.sampling = settings.sampling
+        self.env_stop = settings.env_stop
+        self._decode = token_decoder(tokenizer)
         threads = self.env_threads or min(64, settings.max_concurrent_episodes)
         self.pool = DaemonThreadPool(threads, "agentrl-env")  # environments start here (user code)
         self._bounded_calls = BoundedCalls()  # engine and environment calls under their timeouts
@@ -221,23 +192,7 @@ class EpisodeRunner:
         return self._renderers[key]
 
     def _sampling_for(self, lv: LiveEpisode) -> SamplingParams:
-        """The next turn's sampling: the run's settings, this turn's token budget, EOS as a stop id,
-        and a seed derived from (run seed, episode seed, turn) so a turn's sample does not depend on
-        which other episodes share its batch."""
-        left = self.budgets.max_episode_tokens - lv.length
-        assert lv.renderer is not None
-        stop_ids = tuple({*self.sampling.stop_token_ids, lv.renderer.eos_token_id} - {None})
-        return SamplingParams(
-            max_tokens=min(self.budgets.max_tokens_per_turn, left),
-            temperature=self.sampling.temperature,
-            top_p=self.sampling.top_p,
-            top_k=self.sampling.top_k,
-            stop_token_ids=stop_ids,  # type: ignore[arg-type]
-            stop=self.sampling.stop,
-            seed=None
-            if self.sampling.seed is None
-            else self.sampling.seed + 7919 * lv.episode.seed + lv.turn,
-        )
+        return turn_sampling(self.sampling, self.budgets, lv, self.env_stop)
 
     def _generate(self, active: list[LiveEpisode]) -> list[Completion | None]:
         prompts = [lv.episode.context_ids() for lv in active]
@@ -273,6 +228,7 @@ class EpisodeRunner:
         lv.messages.append({"role": "assistant", "content": lv.final_text})
         close = lv.renderer.close_turn(text, ended_with_eos)
         ep.add(Segment("scaffold", lv.turn, close.token_ids, close.text))
+        record_turn_end(lv, comp, self.sampling, self.env_stop, self._decode)
         if comp.finish_reason == "length" and lv.length >= self.budgets.max_episode_tokens:
             self._stop(lv, "token_budget")
         elif comp.finish_reason == "abort":

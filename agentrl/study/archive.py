@@ -24,6 +24,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentrl.study.tokens import SELECTIONS_FILE, Selections
 
 RECORD_FILES = ("result.json", "metrics.jsonl", "config.yaml", SELECTIONS_FILE)
@@ -58,7 +60,8 @@ def restore_runs(archive_dir: str, runs: Sequence[Any], log: Callable[[str], Non
         run = Path(spec.out)
         if (run / "result.json").exists() or not (src / "result.json").exists():
             continue
-        changed = _changed_settings(json.loads((src / "result.json").read_text()), spec)
+        config = yaml.safe_load((src / "config.yaml").read_text()) if (src / "config.yaml").exists() else {}
+        changed = _changed_settings(json.loads((src / "result.json").read_text()), spec, config or {})
         if changed:
             log(f"study: the record {src} was trained with other settings than this study gives it "
                 f"({'; '.join(changed)}): not used, the run trains again and its record is replaced")  # fmt: skip
@@ -76,14 +79,29 @@ def restore_runs(archive_dir: str, runs: Sequence[Any], log: Callable[[str], Non
     return restored
 
 
-def _changed_settings(recorded: dict[str, Any], spec: Any) -> list[str]:
+ADDED_SINCE = {"rollout.env_stop": "false"}
+"""Settings added after some records were made, with the value those runs had in effect: before
+``rollout.env_stop`` (issue 52) no environment's stop condition ended a turn."""
+
+
+def _changed_settings(recorded: dict[str, Any], spec: Any, config: dict[str, Any] | None = None) -> list[str]:
     """The overrides that differ between a record and the run the study plans now (the target
-    entropy, the steps, a method's settings...), as ``key: recorded -> now``."""
+    entropy, the steps, a method's settings...), as ``key: recorded -> now``. A key the study now
+    overrides and the record did not is read from the record's ``config`` (what the run trained
+    with), else from ``ADDED_SINCE``."""
 
     def as_dict(overrides: Sequence[str]) -> dict[str, str]:
         return dict(o.split("=", 1) for o in overrides if "=" in o)
 
     then, now = as_dict(recorded.get("overrides", [])), as_dict(spec.overrides)
+    for key in now.keys() - then.keys():
+        value: Any = config or {}
+        for part in key.split("."):
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is None:
+            value = ADDED_SINCE.get(key)
+        if value is not None:
+            then[key] = str(value).lower() if isinstance(value, bool) else str(value)
     return [f"{k}: {then.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in sorted(then.keys() | now.keys())
             if then.get(k) != now.get(k)]  # fmt: skip
 

@@ -34,6 +34,10 @@ SERIES = {
     "groups_trained": "groups/trained_count",
     "reward": "reward/mean",
     "length": "length/policy_tokens",
+    "entropy_answer": "entropy/answer",
+    "entropy_rollout_answer": "entropy/rollout_answer",
+    "after_answer": "length/after_answer_frac",
+    "episodes_after_answer": "episodes/after_answer_frac",
 }
 
 
@@ -112,6 +116,13 @@ def summarize_run(
         "final_length": _tail_mean(series["length"], n_tail),
         "in_band": band_fraction(series["entropy"], target, band, warmup),
         "in_band_rollout": band_fraction(series["entropy_rollout"], target, band, warmup),
+        "final_entropy_answer": _tail_mean(series["entropy_answer"], n_tail),
+        "final_entropy_rollout_answer": _tail_mean(series["entropy_rollout_answer"], n_tail),
+        "in_band_answer": band_fraction(series["entropy_answer"], target, band, warmup)
+        if any(x is not None for x in series["entropy_answer"])
+        else math.nan,
+        "after_answer": _tail_mean(series["after_answer"], n_tail),
+        "episodes_after_answer": _tail_mean(series["episodes_after_answer"], n_tail),
         "gate_on": sum(gate) / len(gate) if gate else math.nan,
         "skipped_updates": sum(1 for r in rows if r.get("update/skipped")),
         "mean_at_k": final_eval.get("eval/mean@k", math.nan),
@@ -531,6 +542,7 @@ def _family_lines(
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     lines += [_method_row(method, rs) for method, rs in by_method.items()]
+    lines += _answer_lines(by_method)
     lines += _verdict_lines(by_method, base, study, pass_k)
     lines += _comparison_lines(by_method, base, k, pass_k)
     lines += _per_run_lines(by_method, k, pass_k)
@@ -541,6 +553,38 @@ def _family_lines(
     curve_png = _plot_pass_curves(family, prep, by_method, img) if by_method else None
     pngs += [curve_png] if curve_png else []
     return lines + [""] + [f"![{p.stem}](img/{p.name})" for p in pngs] + [""]
+
+
+def _answer_lines(by_method: dict[str, list[dict]]) -> list[str]:
+    """The entropies up to the end of each turn's answer (the text the reward reads), beside how
+    much was written after it: from ``entropy/answer``, ``entropy/rollout_answer`` and the
+    ``after_answer`` fractions the runs record where the environment declares stop conditions."""
+    if all(math.isnan(r["final_entropy_answer"]) for rs in by_method.values() for r in rs):
+        return [
+            "",
+            "These runs' records hold no entropy up to the answer (`entropy/answer`, recorded since "
+            "issue 52); `bench/answer_tail.py` splits their transcripts at the answer instead.",
+        ]
+    lines = [
+        "",
+        "**Up to the answer.** The same entropies over the policy tokens up to the end of each turn's "
+        "answer (the text the reward reads), and what was written after it (final values):",
+        "",
+        "| method | entropy to answer | in band (to answer) | rollout entropy to answer | policy tokens after "
+        "the answer | episodes with text after the answer |",
+        "|---|---|---|---|---|---|",
+    ]
+    for method, rs in by_method.items():
+
+        def col(key: str, rs: list[dict] = rs) -> list[float]:
+            return [r[key] for r in rs]
+
+        lines.append(
+            f"| {method} | {_cell(col('final_entropy_answer'))} | {_cell(col('in_band_answer'), pct=True)} | "
+            f"{_cell(col('final_entropy_rollout_answer'))} | {_cell(col('after_answer'), pct=True)} | "
+            f"{_cell(col('episodes_after_answer'), pct=True)} |"
+        )
+    return lines
 
 
 def _token_lines(prep: dict, by_method: dict[str, list[dict]]) -> list[str]:

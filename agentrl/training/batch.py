@@ -18,6 +18,7 @@ from torch import Tensor
 from agentrl import algorithms as alg
 from agentrl.episode import Episode
 from agentrl.training.forward import first_loss_column, hidden_states_out, prefix_plan, suffix_logits
+from agentrl.training.metrics import answer_flags
 
 
 @dataclass
@@ -33,6 +34,9 @@ class Batch:
     turn_start: Tensor  # [B, T-1] bool: first policy token of each turn
     parents: list[Episode] | None = None
     """The episode each row comes from (the row's own episode unless it was split into samples)."""
+    answer: Tensor | None = None
+    """[B, T-1] bool: policy tokens up to their turn's answer end (``metrics.answer_flags``); None
+    when no row's environment records where its answers end."""
 
     def parent_rows(self) -> tuple[list[Episode], Tensor]:
         """The distinct episodes of the batch, in order, and the index of each row's episode [B]:
@@ -66,6 +70,7 @@ class Batch:
             engine_logp=move(self.engine_logp),
             has_engine_logp=move(self.has_engine_logp),
             turn_start=move(self.turn_start),
+            answer=None if self.answer is None else move(self.answer),
         )
 
     def rows(self, idx: Tensor) -> Batch:
@@ -82,6 +87,7 @@ class Batch:
             engine_logp=self.engine_logp[idx, : t - 1],
             has_engine_logp=self.has_engine_logp[idx, : t - 1],
             turn_start=self.turn_start[idx, : t - 1],
+            answer=None if self.answer is None else self.answer[idx, : t - 1],
         )
 
 
@@ -102,6 +108,8 @@ def build_batch(
     elp = torch.zeros((B, T - 1))
     has = torch.zeros((B, T - 1), dtype=torch.bool)
     start = torch.zeros((B, T - 1), dtype=torch.bool)
+    answer = torch.zeros((B, T - 1), dtype=torch.bool)
+    any_answer = False
     lengths = torch.zeros(B, dtype=torch.long)
     for i, (ep, mult) in enumerate(zip(episodes, multipliers)):
         toks = ep.token_ids()
@@ -118,7 +126,22 @@ def build_batch(
             if seg.role == "policy" and seg.token_ids and pos > 0:
                 start[i, pos - 1] = True
             pos += len(seg.token_ids)
-    return Batch(list(episodes), ids, lengths, mask, advantages.float(), elp, has, start, parents)
+        flags = answer_flags(ep)
+        if flags is not None:
+            any_answer = True
+            answer[i, : n - 1] = torch.tensor(flags[1:], dtype=torch.bool)
+    return Batch(
+        list(episodes),
+        ids,
+        lengths,
+        mask,
+        advantages.float(),
+        elp,
+        has,
+        start,
+        parents,
+        answer if any_answer else None,
+    )
 
 
 def batch_forward(
@@ -215,6 +238,8 @@ def token_metrics(logp_old: torch.Tensor, entropy: torch.Tensor, batch: Batch) -
     first = batch.turn_start & m
     if first.any():
         out["entropy/turn_start"] = float(entropy[first].mean())
+    if batch.answer is not None and (answer := batch.answer & m).any():
+        out["entropy/answer"] = float(entropy[answer].mean())  # up to the answer's end, the tail left out
     gap = (logp_old - batch.engine_logp).abs()[m & batch.has_engine_logp]
     if gap.numel():
         out["mismatch/abs_logp_mean"] = float(gap.mean())

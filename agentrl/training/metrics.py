@@ -78,6 +78,59 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         # E[-log p(y)] over sampled tokens is the sampling distribution's entropy, averaged over the
         # positions visited: the entropy of fresh rollouts, with no extra forward pass.
         out["entropy/rollout"] = sum(surprisal) / len(surprisal)
+    out.update(answer_metrics(episodes))
+    return out
+
+
+def answer_flags(ep: Episode) -> list[bool] | None:
+    """Per token of ``ep.token_ids()``: a policy token written up to (and including) the end of its
+    turn's answer (``metrics.answer_tokens``, recorded where the environment declares stop
+    conditions); None when the episode has no such record."""
+    counts = ep.metrics.get("answer_tokens")
+    if counts is None:
+        return None
+    flags: list[bool] = []
+    used: dict[int, int] = {}
+    for seg in ep.segments:
+        if seg.role != "policy":
+            flags += [False] * len(seg.token_ids)
+            continue
+        limit, before = counts.get(str(seg.turn), len(seg.token_ids)), used.get(seg.turn, 0)
+        flags += [before + k < limit for k in range(len(seg.token_ids))]
+        used[seg.turn] = before + len(seg.token_ids)
+    return flags
+
+
+def answer_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """Where the answer ends (episodes whose environment declares stop conditions): the mean
+    surprisal of the policy tokens up to each turn's answer end (``entropy/rollout_answer``, beside
+    ``entropy/rollout`` over all of them), the fraction of policy tokens written after it and of
+    episodes with any (``length/after_answer_frac``, ``episodes/after_answer_frac``). With the answer
+    stop on, nothing follows an answer and the two entropies agree."""
+    inside: list[float] = []
+    after = with_tail = counted = 0
+    for ep in episodes:
+        flags = answer_flags(ep)
+        if flags is None:
+            continue
+        counted += 1
+        tail = 0
+        for flag, role, lp in zip(flags, ep.roles(), ep.engine_logprobs()):
+            if role != "policy" or lp is None:
+                continue
+            if flag:
+                inside.append(-lp)
+            else:
+                tail += 1
+        after += tail
+        with_tail += tail > 0
+    if not counted:
+        return {}
+    out = {"episodes/after_answer_frac": with_tail / counted}
+    if inside or after:
+        out["length/after_answer_frac"] = after / (len(inside) + after)
+    if inside:
+        out["entropy/rollout_answer"] = sum(inside) / len(inside)
     return out
 
 

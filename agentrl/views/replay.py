@@ -83,6 +83,7 @@ def _header(ep: Episode) -> Any:
         ("step / group", f"{ep.step} / {ep.group}"),
         ("reward", f"{ep.reward:.4g}" + (f"  ({comps})" if comps else "")),
         ("stop reason", str(ep.stop_reason)),
+        ("turns ended by", ", ".join(ep.metrics.get("stop_reasons") or ["(not recorded)"])),
         ("tokens", f"{len(ep.token_ids())} total, {ep.num_policy_tokens} policy, {ep.num_turns} turns"),
     ]
     if ep.overlays:

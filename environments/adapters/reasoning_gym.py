@@ -21,7 +21,9 @@ as agentrl environments, unchanged: its questions, its answer format and its own
   Too few distinct questions for the number asked (a small task space) is an error, not repeats.
 - **Prompt and answer.** The system prompt is reasoning-gym's default (think step by step, then give
   the answer as ``<answer>...</answer>``) unless ``env.options.system_prompt`` replaces it; the answer
-  is what ``reasoning_gym.utils.extract_answer`` takes from the turn.
+  is what ``reasoning_gym.utils.extract_answer`` takes from the turn. The turn ends with the token that
+  completes ``</answer>`` (the answer stop, ``agentrl.env.ANSWER_TAG``; ``rollout.env_stop: false``
+  lets the model write on).
 - **Reward.** ``score``: the dataset's ``score_answer(answer, entry)`` on the item reasoning-gym
   generated (1.0 when right; some datasets give partial credit). ``has_answer`` (weight 0): the turn
   held an answer. A ``score_answer`` that raises fails that episode at the ``reward`` boundary.
@@ -43,7 +45,17 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from agentrl.env import Environment, EpisodeState, Message, Reward, StepResult, Task, register
+from agentrl.env import (
+    ANSWER_TAG,
+    Environment,
+    EpisodeState,
+    Message,
+    Reward,
+    StepResult,
+    StopCondition,
+    Task,
+    register,
+)
 from environments.adapters import require
 from environments.code_interpreter import CodeInterpreter
 from environments.generators import first_messages, sample_tasks
@@ -169,6 +181,8 @@ class _ReasoningGymTasks(Environment):
     """None: reasoning-gym's default prompt (plus the tool note in the Python form)."""
     task_options: ClassVar[tuple[str, ...]] = ("dataset", "config")
     extra_prompt: ClassVar[str] = ""
+    stop_conditions: ClassVar[tuple[StopCondition, ...]] = (ANSWER_TAG,)
+    """The turn ends with the token that completes ``</answer>`` (after any thinking)."""
 
     def __init__(self, **options: Any) -> None:
         super().__init__(**options)

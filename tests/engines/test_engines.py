@@ -12,7 +12,7 @@ from agentrl.engines.base import Engine, SamplingParams
 from agentrl.engines.hf import HFEngine, sample_next
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.scripted import ScriptedEngine
-from agentrl.engines.stopping import StopStringMatcher, token_decoder
+from agentrl.models.stopping import StopStringMatcher, token_decoder
 
 PROMPT_TEXTS = [
     "1",

@@ -315,3 +315,40 @@ def test_a_tensor_parallel_engine_over_two_torchrun_ranks(tmp_path, tiny_model_d
     assert leader["episodes"] == follower["episodes"] == 4 and leader["trained"] and follower["trained"]
     assert leader["version"] == follower["version"] == 1
     assert leader["greedy"] == leader["hf_greedy"], (leader["greedy"], leader["hf_greedy"])
+
+
+def test_the_answer_stop_cuts_vllms_output_after_the_closing_brace(engine, tiny_model_dir, tiny_tokenizer):
+    """vLLM cannot run a predicate inside its scheduler: the finished output is cut after the token
+    that closed the ``\\boxed{}`` answer (not at the braces of ``\\frac{1}{2}``), its log-probs with it,
+    and ``stop_reason`` names the condition (issue 52; the HF engine's side is
+    tests/engines/test_stop_conditions.py)."""
+    from agentrl.models.stopping import BOXED_ANSWER
+    from tests.helpers.memorised import memorised_policy
+
+    tok, answer = tiny_tokenizer, "The answer is \\boxed{\\frac{1}{2}}"
+    prompt = tok.encode(
+        tok.apply_chat_template(
+            [{"role": "user", "content": "What is half of one?"}], add_generation_prompt=True, tokenize=False
+        ),
+        add_special_tokens=False,
+    )
+    completion = tok.encode(answer + " because half. More text here.<|im_end|>", add_special_tokens=False)
+    model, _ = memorised_policy(tiny_model_dir, prompt, completion)
+    engine.load_weights(model.state_dict())
+    try:
+        for temperature in (0.0, 0.5):  # 0.5: sampled, from a sharp distribution
+            (free,) = engine.generate(
+                [prompt], SamplingParams(max_tokens=40, temperature=temperature, seed=3)
+            )
+            assert tok.decode(free.token_ids).startswith(answer) and len(free.token_ids) > 12
+            params = SamplingParams(
+                max_tokens=40, temperature=temperature, seed=3, stop_conditions=(BOXED_ANSWER,)
+            )
+            (stopped,) = engine.generate([prompt], params)
+            assert tok.decode(stopped.token_ids) == answer
+            assert (stopped.finish_reason, stopped.stop_reason) == ("stop", "boxed_answer")
+            n = len(stopped.token_ids)
+            assert stopped.token_ids == free.token_ids[:n] and stopped.logprobs == free.logprobs[:n]
+    finally:
+        original, _ = load_policy(tiny_model_dir)
+        engine.load_weights(original.state_dict())
