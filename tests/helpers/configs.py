@@ -148,12 +148,16 @@ def torchrun_record(driver: str, out: Path, args: list[str], **env: str) -> obje
     import json
     import subprocess
 
-    proc = subprocess.run(
-        [*torchrun_prefix(2), str(HELPERS / driver), str(out), *args],
-        env={**TORCHRUN_ENV, **env},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    try:
+        proc = subprocess.run(
+            [*torchrun_prefix(2), str(HELPERS / driver), str(out), *args],
+            env={**TORCHRUN_ENV, **env},
+            capture_output=True,
+            text=True,
+            timeout=300,  # the drivers take 15-30 s; a hang shows the ranks' output, not only its length
+        )
+    except subprocess.TimeoutExpired as e:
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
+        raise AssertionError(f"torchrun {driver} did not finish in 300 s; its stderr:\n{err[-6000:]}") from e
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
