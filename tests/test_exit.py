@@ -17,32 +17,13 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
-from tests.helpers import HELPERS, ROOT
+from tests.helpers import ROOT
+from tests.helpers.configs import hanging_config
 
 LIMIT_S = 120  # the process must be gone by then (it takes ~10-20 s); the old code never ended
-
-
-def _config(tmp_path: Path, model_dir: Path, hang: str) -> Path:
-    cfg = {
-        "run": {"name": "hang", "output_dir": str(tmp_path / "run"), "device": "cpu"},
-        "model": {"path": str(model_dir)},
-        "env": {"name": "hanging", "module": str(HELPERS / "hanging_env.py"), "options": {"hang": hang}},
-        "data": {"num_train": 4, "num_test": 2},
-        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_turns": 1, "max_tokens_per_turn": 8,
-                    "max_episode_tokens": 512},
-        "trainer": {"total_steps": 1, "max_failed_fraction": None},
-        "timeouts": {"env_step_s": 1.0},
-        "eval": {"k": 1},
-        "logging": {"plots": False, "tensorboard": False},
-    }  # fmt: skip
-    path = tmp_path / "hang.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
 
 
 def _agentrl(*args: str) -> subprocess.CompletedProcess:
@@ -65,7 +46,7 @@ def _agentrl(*args: str) -> subprocess.CompletedProcess:
 )
 @pytest.mark.slow
 def test_train_exits_whatever_user_code_hangs(tmp_path, tiny_model_dir, hang, status, said):
-    proc = _agentrl("train", str(_config(tmp_path, tiny_model_dir, hang)))
+    proc = _agentrl("train", str(hanging_config(tmp_path, tiny_model_dir, hang, data={"num_train": 4})))
     out = proc.stdout + proc.stderr
     assert proc.returncode == status, out[-3000:]
     assert said in out or said in (tmp_path / "run" / "transcripts.jsonl").read_text(), out[-3000:]
@@ -75,7 +56,7 @@ def test_train_exits_whatever_user_code_hangs(tmp_path, tiny_model_dir, hang, st
 def test_a_thread_user_code_never_ends_delays_the_exit_by_the_grace_only(tmp_path, tiny_model_dir):
     """The tool starts a non-daemon thread that runs forever: the run trains (exit 0), says which
     thread it left behind, and exits after the grace (2 s here)."""
-    proc = _agentrl("train", str(_config(tmp_path, tiny_model_dir, "thread")))
+    proc = _agentrl("train", str(hanging_config(tmp_path, tiny_model_dir, "thread", data={"num_train": 4})))
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out[-3000:]
     assert re.search(
@@ -88,7 +69,9 @@ def test_a_thread_user_code_never_ends_delays_the_exit_by_the_grace_only(tmp_pat
 def test_eval_and_rollout_exit_whatever_user_code_hangs(tmp_path, tiny_model_dir, command, hang):
     """With train's cases above: every hang point (tool, reward, step, reset, a user thread) and every command."""
     args = ["--tasks", "2"] if command == "rollout" else []
-    proc = _agentrl(command, str(_config(tmp_path, tiny_model_dir, hang)), *args)
+    proc = _agentrl(
+        command, str(hanging_config(tmp_path, tiny_model_dir, hang, data={"num_train": 4})), *args
+    )
     out = proc.stdout + proc.stderr
     # every episode failed: both commands did their work, and their status says nothing succeeded
     assert proc.returncode == 3, out[-3000:]

@@ -25,12 +25,11 @@ import threading
 import time
 
 import pytest
-import yaml
 
 from agentrl.config import ConfigError, load_config
 from agentrl.env.check import check_environment
 from tests.helpers import HELPERS
-from tests.helpers.configs import small_config
+from tests.helpers.configs import hanging_config, small_config
 
 HANGING = HELPERS / "hanging_env.py"
 
@@ -141,29 +140,6 @@ def _hanging_class() -> type:
     return registered()["hanging"]
 
 
-def _hanging_config(tmp_path, model_dir, hang: str, **sections) -> str:
-    """A config file for the tiny model on ``hanging`` (``hang``: where its code hangs): 2 tasks × 2
-    samples of up to 8 tokens, one step, ``timeouts.env_step_s=1``."""
-    cfg = {
-        "run": {"name": "hang", "output_dir": str(tmp_path / "run"), "device": "cpu"},
-        "model": {"path": str(model_dir)},
-        "env": {"name": "hanging", "module": str(HANGING), "options": {"hang": hang}},
-        "data": {"num_train": 2, "num_test": 2},
-        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_turns": 1, "max_tokens_per_turn": 8,
-                    "max_episode_tokens": 512},
-        "trainer": {"total_steps": 1, "max_failed_fraction": None},
-        "timeouts": {"env_step_s": 1.0},
-        "eval": {"k": 1},
-        "sft": {"enabled": False},
-        "logging": {"plots": False, "tensorboard": False},
-    }  # fmt: skip
-    for section, values in sections.items():
-        cfg[section] = {**cfg.get(section, {}), **values}
-    path = tmp_path / "hang.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return str(path)
-
-
 @pytest.mark.parametrize(("command", "hang", "said"), [
     # the tool times out (its output says so), then the reward never returns: the episode fails at
     # the reward boundary. tests/test_exit.py runs two of these as commands of their own (the exit).
@@ -183,7 +159,7 @@ def test_eval_and_rollout_fail_the_episodes_whose_code_hangs(
     monkeypatch.setattr(hanging, "_tool_outputs", [])
     args = ["--tasks", "2"] if command == "rollout" else []
     t0 = time.monotonic()
-    status = main([command, _hanging_config(tmp_path, tiny_model_dir, hang), *args])
+    status = main([command, hanging_config(tmp_path, tiny_model_dir, hang), *args])
     err = capsys.readouterr().err
     assert status == 3 and time.monotonic() - t0 < 60, err
     assert said in err, err
@@ -212,7 +188,7 @@ def test_a_training_runs_evaluation_fails_the_episodes_whose_code_hangs(
     monkeypatch.setattr(trainer_module, "evaluate", evaluate)
     hanging = _hanging_class()
     monkeypatch.setattr(hanging, "_tool_outputs", [])
-    path = _hanging_config(
+    path = hanging_config(
         tmp_path, tiny_model_dir, hang, env={"options": {"hang": hang, "hang_split": "test"}},
         trainer={"total_steps": 1, "eval_every": 1},
     )  # fmt: skip
@@ -236,7 +212,7 @@ def test_serve_refuses_a_solver_that_hangs_before_serving(tmp_path, tiny_model_d
     solver's demonstrations, bounded): a hang there is a config error naming the environment and the call."""
     from agentrl.cli.main import main
 
-    path = _hanging_config(
+    path = hanging_config(
         tmp_path, tiny_model_dir, hang, env={"name": "hanging_solver"}, sft={"enabled": True}
     )
     t0 = time.monotonic()
@@ -259,7 +235,7 @@ def test_a_served_episode_runs_none_of_the_environments_code(tmp_path, tiny_mode
     from tests.helpers.configs import free_port
 
     port = free_port()
-    path = _hanging_config(tmp_path, tiny_model_dir, "tool,reset,step,reward")
+    path = hanging_config(tmp_path, tiny_model_dir, "tool,reset,step,reward")
     answers: dict = {}
 
     def client() -> None:
@@ -311,7 +287,7 @@ def test_an_agent_environments_code_is_bounded_as_in_rollouts(tmp_path, tiny_mod
     tool blocked)."""
     from agentrl.cli.main import main
 
-    path = _hanging_config(
+    path = hanging_config(
         tmp_path,
         tiny_model_dir,
         hang,

@@ -161,3 +161,29 @@ def torchrun_record(driver: str, out: Path, args: list[str], **env: str) -> obje
         raise AssertionError(f"torchrun {driver} did not finish in 300 s; its stderr:\n{err[-6000:]}") from e
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
+
+
+def hanging_config(tmp_path: Path, model_dir: Path, hang: str, **sections: dict) -> str:
+    """A config file for the tiny model on ``hanging`` (``hang``: where its code hangs): 2 tasks × 2
+    samples of up to 8 tokens, one step, ``timeouts.env_step_s=1``; ``sections`` update its sections
+    (tests/env/test_bounded_user_code.py, tests/test_exit.py)."""
+    import yaml
+
+    cfg = {
+        "run": {"name": "hang", "output_dir": str(tmp_path / "run"), "device": "cpu"},
+        "model": {"path": str(model_dir)},
+        "env": {"name": "hanging", "module": str(HELPERS / "hanging_env.py"), "options": {"hang": hang}},
+        "data": {"num_train": 2, "num_test": 2},
+        "rollout": {"prompts_per_step": 2, "group_size": 2, "max_turns": 1, "max_tokens_per_turn": 8,
+                    "max_episode_tokens": 512},
+        "trainer": {"total_steps": 1, "max_failed_fraction": None},
+        "timeouts": {"env_step_s": 1.0},
+        "eval": {"k": 1},
+        "sft": {"enabled": False},
+        "logging": {"plots": False, "tensorboard": False},
+    }  # fmt: skip
+    for section, values in sections.items():
+        cfg[section] = {**cfg.get(section, {}), **values}
+    path = tmp_path / "hang.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
