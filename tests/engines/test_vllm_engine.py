@@ -12,15 +12,21 @@ from agentrl.models import load_policy
 from agentrl.rollout.runner import RunnerSettings
 from tests.helpers.configs import small_config
 
-pytestmark = pytest.mark.vllm
+# one xdist group: one worker builds the module's engine (scripts/test_vllm.sh runs two workers)
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm_tiny_engine")]
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: run scripts/test_vllm.sh")
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
+    """vLLM's default: the engine core in a process of its own, so every call below crosses processes
+    as a user's does (test_vllm_real_model.py's engine runs in-process, to start faster)."""
+    from vllm.v1.engine.core_client import SyncMPClient
+
     from agentrl.engines.vllm import VLLMEngine
 
     eng = VLLMEngine(str(tiny_model_dir), dtype="float32", max_model_len=512)
+    assert isinstance(eng.llm.llm_engine.engine_core, SyncMPClient), type(eng.llm.llm_engine.engine_core)
     yield eng
     del eng.llm
 
@@ -296,25 +302,6 @@ def test_an_update_with_part_of_a_fused_layer_is_refused(engine, prompts, tiny_m
     assert [c.token_ids for c in engine.generate(ids, greedy)] == [
         c.token_ids for c in HFEngine(model, tok).generate(ids, greedy)
     ]
-
-
-def test_a_tensor_parallel_engine_over_two_torchrun_ranks(tmp_path, tiny_model_dir):
-    """vLLM's CPU build under torchrun: two ranks, one engine of tensor_parallel_size 2 through vLLM's
-    external_launcher (each rank holds half of every layer). A training step runs its episodes on it
-    (the leader drives, the follower makes the same calls), the update reaches both halves, and the
-    engine's greedy tokens after the push are an HF engine's with the trainer's weights."""
-    from tests.helpers.configs import colocated_tp_overrides, torchrun_record
-
-    out = tmp_path / "record.json"
-    overrides = colocated_tp_overrides(
-        tmp_path, tiny_model_dir, "rollout.max_tokens_per_turn=8", "rollout.max_episode_tokens=128",
-        "trainer.lr=1e-2",
-    )  # fmt: skip
-    leader, follower = torchrun_record("colocated_vllm.py", out, overrides, VLLM_CPU_KVCACHE_SPACE="1")
-    assert (leader["engine"], follower["engine"]) == ("LeaderEngine", "FollowerEngine")
-    assert leader["episodes"] == follower["episodes"] == 4 and leader["trained"] and follower["trained"]
-    assert leader["version"] == follower["version"] == 1
-    assert leader["greedy"] == leader["hf_greedy"], (leader["greedy"], leader["hf_greedy"])
 
 
 def test_the_answer_stop_cuts_vllms_output_after_the_closing_brace(engine, tiny_model_dir, tiny_tokenizer):

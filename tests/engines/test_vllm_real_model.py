@@ -7,6 +7,7 @@ sync of a moved policy is verified (checksums of every tensor and the probe's lo
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,8 @@ import torch
 from agentrl.engines.base import SamplingParams
 from agentrl.models import load_policy
 
-pytestmark = pytest.mark.vllm
+# beside test_vllm_engine.py's group: scripts/test_vllm.sh's two workers build the two engines at once
+pytestmark = [pytest.mark.vllm, pytest.mark.xdist_group("vllm_beside_the_tiny_engine")]
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed here: run scripts/test_vllm.sh")
 
 # read at import, before the test session's private cache is set: where `agentrl models install` put it
@@ -35,9 +37,22 @@ def smollm2_dir() -> Path:
 
 @pytest.fixture(scope="module")
 def engine(smollm2_dir):
+    """vLLM's engine core in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, read when the engine
+    starts): an engine core in a process of its own takes ~28 s more to start on 2 cores (it imports
+    vLLM and torch again), and test_vllm_engine.py's engine runs vLLM's default, the core in its own
+    process, so the calls that cross processes (weight buckets, checksums) are tested there."""
+    import vllm.envs
+    from vllm.v1.engine.core_client import InprocClient
+
     from agentrl.engines.vllm import VLLMEngine
 
-    eng = VLLMEngine(str(smollm2_dir), dtype="float32", max_model_len=512)
+    with pytest.MonkeyPatch.context() as mp, warnings.catch_warnings():
+        mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        # vLLM's triton dispatcher reads every torch.distributed attribute, deprecated ones too
+        warnings.filterwarnings("ignore", "`torch.distributed.reduce_op` is deprecated", FutureWarning)
+        eng = VLLMEngine(str(smollm2_dir), dtype="float32", max_model_len=512)
+    vllm.envs.disable_envs_cache()  # an in-process core froze this process's vLLM settings: engines after it read them again
+    assert isinstance(eng.llm.llm_engine.engine_core, InprocClient)
     yield eng
     del eng.llm
 

@@ -1,5 +1,5 @@
 """A colocated vLLM engine of tensor parallelism 2 over two trainer ranks, with the real vLLM (its CPU
-build, external_launcher), for tests/engines/test_vllm_engine.py (the vLLM tier).
+build, external_launcher), for tests/engines/test_vllm_tensor_parallel.py (the vLLM tier).
 
     python -m torch.distributed.run --nproc_per_node 2 tests/helpers/colocated_vllm.py OUT.json key=value ...
 

@@ -5,7 +5,7 @@ runs them) must run its body (pytest's ``call`` phase; shared fixtures' setup is
 within ``FAST_LIMIT_S`` seconds; the session fails naming each one that
 took longer, so a test that grew heavy moves to the ``slow`` tier or gets lighter. With
 ``AGENTRL_TEST_DURATIONS=FILE`` every test's phases are also written to FILE as JSON (nodeid ->
-{setup, call, teardown, fast_tier}), for finding where the suite's time goes."""
+{setup, call, teardown, fast_tier, start, worker}), for finding where the suite's time goes."""
 
 from __future__ import annotations
 
@@ -27,11 +27,15 @@ class Durations:
 
     def __init__(self, limit_s: float, out: str | None) -> None:
         self.limit_s, self.out = limit_s, out
-        self.phases: dict[str, dict[str, float]] = defaultdict(dict)
+        self.phases: dict[str, dict[str, float | str]] = defaultdict(dict)
         self.fast: dict[str, bool] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         self.phases[report.nodeid][report.when] = report.duration
+        if report.when == "setup":  # where and when it began: the suite's timeline, for balancing workers
+            self.phases[report.nodeid]["start"] = report.start
+            node = getattr(report, "node", None)  # xdist's controller adds the worker that ran it
+            self.phases[report.nodeid]["worker"] = node.gateway.id if node is not None else "main"
         self.fast[report.nodeid] = not OTHER_TIERS & set(report.keywords)
 
     def over_limit(self) -> dict[str, float]:

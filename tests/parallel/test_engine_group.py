@@ -5,7 +5,7 @@ engine of tensor parallelism 2 spans two ranks whose calls stay in step.
 Here (the default tier, where vLLM is not installed) the engine is a recording stand-in
 (``tests/helpers/fake_vllm.py``): what is tested is what each rank passes to ``vllm.LLM`` and which
 calls it makes, with the real trainer, runner, gather and weight push around it. The vLLM tier runs
-the same path with vLLM's CPU build (``tests/engines/test_vllm_engine.py``,
+the same path with vLLM's CPU build (``tests/engines/test_vllm_tensor_parallel.py``,
 ``test_a_tensor_parallel_engine_over_two_torchrun_ranks``)."""
 
 from __future__ import annotations
