@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,20 @@ def save_weights(out: Path, learner: Any, base_path: str) -> dict[str, Any]:
     return record
 
 
+def read_dcp(ckpt: Path, state: dict[str, Any], alone: bool | None = None) -> None:
+    """Fill ``state`` in place from the checkpoint's DCP directory, resharded to this run's ranks, or
+    whole in this process ``alone`` (by default: when there is no process group, as in a resume on one
+    rank; an export reads alone whatever the process). One process is what is meant then, so DCP's
+    warning that it assumed so is not shown."""
+    import torch.distributed.checkpoint as dcp
+
+    alone = not torch.distributed.is_initialized() if alone is None else alone
+    with warnings.catch_warnings():
+        if alone:
+            warnings.filterwarnings("ignore", "torch.distributed is disabled, unavailable or uninitialized")
+        dcp.load(state, checkpoint_id=str(ckpt / DCP_DIR), no_dist=alone)  # type: ignore[call-arg]
+
+
 def load_weights(ckpt: Path, learner: Any, record: dict[str, Any]) -> None:
     """Every rank: ``save_weights``'s output back into a learner built like the saving one (the
     model from the base, or from ``ckpt`` itself for full HF weights). DCP reshards to this run's
@@ -136,11 +151,10 @@ def load_weights(ckpt: Path, learner: Any, record: dict[str, Any]) -> None:
     from agentrl.training import lora
 
     if record["format"] == "dcp":
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import set_state_dict
 
         state = _sharded_state(learner)
-        dcp.load(state, checkpoint_id=str(ckpt / DCP_DIR))
+        read_dcp(ckpt, state)
         set_state_dict(
             learner.model,
             learner.optimizer,

@@ -25,10 +25,10 @@ from agentrl.parallel import sharding
 from agentrl.rollout.components import meta_model
 from agentrl.training import lora
 from agentrl.training.checkpoint import (
-    DCP_DIR,
     latest_checkpoint,
     list_checkpoints,
     load_state,
+    read_dcp,
     weights_record,
 )
 
@@ -75,10 +75,7 @@ def checkpoint_model(ckpt: Path, dtype: str = "float32") -> tuple[torch.nn.Modul
 
 def _read_dcp(ckpt: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Fill ``tensors`` in place with the model entries of the DCP checkpoint (resharded to whole)."""
-    import torch.distributed.checkpoint as dcp
-
-    state = {"model": tensors}
-    dcp.load(state, checkpoint_id=str(ckpt / DCP_DIR), no_dist=True)  # type: ignore[call-arg]
+    read_dcp(ckpt, {"model": tensors}, alone=True)
 
 
 def export(

@@ -1,11 +1,13 @@
 """Data-parallel training: 2 gloo processes launched by torchrun give the single-process gradient,
-and a killed 2-rank run resumes to the uninterrupted run's metrics and transcripts."""
+a killed 2-rank run resumes to the uninterrupted run's metrics and transcripts, and a 2-rank FSDP2
+checkpoint resumes on one process."""
 
 from __future__ import annotations
 
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -88,7 +90,7 @@ def _timeless(run: Path) -> list[dict]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
-def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_model_dir, strategy):
+def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_model_dir, strategy, capsys):
     """A 2-rank run killed with SIGKILL after a step that followed its checkpoint, resumed with
     ``--resume`` under torchrun, ends with the metrics, transcripts and final weights of the
     uninterrupted run on both ranks: the step count continues, lines written after the checkpoint
@@ -98,7 +100,9 @@ def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_mode
 
     ``ddp``: the uninterrupted run's first step also equals one step in one process (the launch
     that proved it alone took ~25 s in CI, issue 51): it checkpoints every step for that (the weights
-    after step 0), which changes none of its metrics or episodes."""
+    after step 0), which changes none of its metrics or episodes. ``fsdp2``: the uninterrupted run's
+    checkpoint also resumes on one process (``_assert_resumes_on_one_process``; it had a test of its
+    own, with two more torchrun launches, issue 51)."""
     n_steps = 4
     ranks = lambda run: [run, run / "ranks" / "1"]  # noqa: E731
     # checkpoints after steps 1 and 3 (step_2, step_4): the kill lands in between, after rank 1 has
@@ -189,3 +193,34 @@ def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_mode
     assert all(torch.equal(got[n], want[n]) for n in want)
     fmt = torch.load(run / "checkpoints" / "step_4" / "trainer_state.pt", weights_only=False)["weights"]
     assert fmt["format"] == ("dcp" if strategy == "fsdp2" else "hf")
+    if strategy == "fsdp2":
+        _assert_resumes_on_one_process(ref, tmp_path / "resume_on_1", capsys)
+
+
+def _assert_resumes_on_one_process(ref: Path, run: Path, capsys: pytest.CaptureFixture) -> None:
+    """The 2-rank FSDP2 run's checkpoint after steps 0-1 resumed in one process (this one: ``agentrl
+    train`` tears its single-rank process group down at the end; a fresh process costs ~10 s of
+    imports): DCP reshards the model and optimizer, rank 1's files end at the checkpoint, and steps
+    2-3 train again with the 2-rank run's rewards and, up to sums in another order, its loss,
+    gradient norm and final weights (the episodes do not depend on the world size)."""
+    from agentrl.cli import main
+
+    shutil.copytree(ref, run)
+    shutil.rmtree(run / "checkpoints" / "step_4")  # the latest checkpoint is now step 2's
+    capsys.readouterr()
+    code = main(["train", "--resume", str(run)])
+    said = capsys.readouterr()
+    assert code == 0, said.err[-3000:]
+    assert not torch.distributed.is_initialized()  # nothing left for the tests after this one
+    assert "resumed from" in said.out + said.err and "reshard" in (said.out + said.err).lower()
+    assert _steps(run / "ranks" / "1") == [0, 1]  # rank 1 is gone: its files end at the checkpoint
+    got, want = _timeless(run), _timeless(ref)
+    assert [r["step"] for r in got] == [0, 1, 2, 3]  # steps 2-3 cut and trained again, once
+    for g, w in zip(got[2:], want[2:], strict=True):
+        assert g["reward/mean"] == w["reward/mean"]
+        for key in ("loss/pg_loss", "grad/norm"):
+            assert g[key] == pytest.approx(w[key], rel=1e-5, abs=1e-7), (g["step"], key)
+    ids = [e["id"] for e in _episodes(run)]
+    assert len(ids) == len(set(ids)) == 4 * 2 * 2
+    a, b = (checkpoint_model(r / "checkpoints" / "step_4")[0].state_dict() for r in (run, ref))
+    assert max(float((a[n] - b[n]).abs().max()) for n in b) <= 1e-5

@@ -3,13 +3,13 @@
 Each comparison runs ``tests/helpers/sharded_update.py`` (a ``Trainer``-built learner updating on seeded
 synthetic episodes) once in one process and once under torchrun with gloo ranks (most of them share
 two launches, ``equal_updates``), then compares what rank 0 saved: the full parameters, each step's metrics, STARE's token weights and selection mask,
-and the log-probs of the final policy. The world-size and kill -9 resumes run ``agentrl train``.
+and the log-probs of the final policy. The resumes on another world size and after kill -9 are in
+test_ddp.py.
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,10 +19,8 @@ import torch
 
 from agentrl.config import ConfigError, load_config
 from agentrl.training import lora
-from agentrl.training.export import checkpoint_model
 from tests.helpers import HELPERS
 from tests.helpers.configs import TORCHRUN_ENV, torchrun_prefix
-from tests.helpers.jsonl import lines
 
 DRIVER = HELPERS / "sharded_update.py"
 STARE = ["algorithm.name=stare", "algorithm.stare.variant=C2", "algorithm.stare.P=0.3"]
@@ -292,69 +290,6 @@ def _train(tmp: Path, model_dir: Path, procs: int, *args: str) -> subprocess.Com
         else [sys.executable, "-m", "agentrl.cli", "train", *args]
     )
     return subprocess.run(cmd, env=TORCHRUN_ENV, capture_output=True, text=True, timeout=600)
-
-
-@pytest.mark.slow
-def test_fsdp2_checkpoint_resumes_on_one_and_on_two_ranks(tmp_path, tiny_model_dir, capsys):
-    """A 2-rank FSDP2 run's step-1 checkpoint resumed on 1 process and on 2: DCP reshards the model
-    and optimizer, training continues, and the first resumed step's loss and gradient norm equal the
-    uninterrupted run's (the episodes do not depend on the world size). The 1-process resume runs in
-    this process (``agentrl train`` tears its single-rank process group down at the end; a fresh
-    process cost ~10 s of imports, issue 51)."""
-    from agentrl.cli import main
-
-    envs = HELPERS / "distributed_envs.py"
-    overrides = [
-        *_base(tiny_model_dir, tmp_path / "ref"),
-        "env.name=test_crashy",
-        f"env.module={envs}",
-        "rollout.prompts_per_step=2",
-        "rollout.group_size=2",
-        "rollout.max_tokens_per_turn=8",
-        "rollout.max_episode_tokens=64",
-        "trainer.mini_batches_per_step=1",
-        "trainer.micro_batch_size=1",
-        "trainer.total_steps=2",
-        "trainer.checkpoint_every=1",
-        "trainer.strategy=fsdp2",
-    ]
-    ref = tmp_path / "ref"
-    proc = _train(tmp_path, tiny_model_dir, 2, *overrides)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    want = [json.loads(x) for x in lines(ref / "metrics.jsonl")]
-    assert [r["step"] for r in want] == [0, 1]
-    for procs in (1, 2):
-        run = tmp_path / f"resume_on_{procs}"
-        shutil.copytree(ref, run)
-        shutil.rmtree(run / "checkpoints" / "step_2")  # the latest checkpoint is now step 1's
-        if procs == 1:
-            capsys.readouterr()
-            code = main(["train", "--resume", str(run)])
-            said = capsys.readouterr()
-            assert code == 0, said.err[-3000:]
-            assert not torch.distributed.is_initialized()  # nothing left for the tests after this one
-            output = said.out + said.err
-        else:
-            done = _train(tmp_path, tiny_model_dir, procs, "--resume", str(run))
-            assert done.returncode == 0, done.stderr[-3000:]
-            output = done.stdout + done.stderr
-        assert "resumed from" in output
-        if procs == 1:
-            assert "reshard" in output.lower()
-            # rank 1 is gone: its files end at the checkpoint, like every running rank's
-            gone = [json.loads(x)["step"] for x in lines(run / "ranks" / "1" / "metrics.jsonl")]
-            assert gone == [0]
-        got = [json.loads(x) for x in lines(run / "metrics.jsonl")]
-        assert [r["step"] for r in got] == [0, 1]  # step 1 cut and trained again, once
-        assert got[1]["reward/mean"] == want[1]["reward/mean"]
-        for key in ("loss/pg_loss", "grad/norm"):
-            assert got[1][key] == pytest.approx(want[1][key], rel=1e-5, abs=1e-7), (procs, key)
-        ids = [json.loads(x)["id"] for x in lines(run / "transcripts.jsonl")]
-        assert len(ids) == len(set(ids)) == 2 * 2 * 2
-        a, _ = checkpoint_model(run / "checkpoints" / "step_2")
-        b, _ = checkpoint_model(ref / "checkpoints" / "step_2")
-        sa, sb = a.state_dict(), b.state_dict()
-        assert max(float((sa[n] - sb[n]).abs().max()) for n in sb) <= 1e-5
 
 
 def test_unknown_strategy_names_the_valid_ones():
