@@ -15,6 +15,10 @@ from agentrl.training.forward import output_head
 from agentrl.training.passes import CHUNKED_HEAD_VOCAB, Passes
 from tests.helpers.batches import synthetic_batch
 
+# the tests that build a peft model themselves: peft reads transformers' deprecated
+# is_gradient_checkpointing (agentrl's own lora.apply hides the same warning)
+pytestmark = pytest.mark.filterwarnings("ignore:.*is_gradient_checkpointing.* is deprecated:FutureWarning")
+
 VOCAB = 40_000  # above CHUNKED_HEAD_VOCAB, so auto chunks; small layers keep the test fast
 
 
