@@ -14,7 +14,7 @@ docs/algorithms.md, "Advantages", "Policy loss", "Token weightings"), unless the
 token weighting's settings are a registered section, ``algorithm.<name>``, checked by the rules in its
 record when it is selected. Derived values (``run.output_dir``, ``model.tokenizer``, the overlong
 lengths) are filled in too, so the resolved config saved in the run directory holds concrete values
-only. Interpolation (``${...}``) is refused: what can be derived is derived here, in one place.
+only. Interpolation (``${...}``) is refused: what can be derived is derived in one place, ``loading.py``.
 
 Everything named here is re-exported from this package: import it from ``agentrl.config``.
 """

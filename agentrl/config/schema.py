@@ -5,7 +5,8 @@ turns the docstrings into the table in ``docs/configuration.md``. Fields that de
 with "from the preset" in their docstring are filled from the preset of ``algorithm.name`` (its
 record in ``agentrl.algorithms.registry.METHODS``); other ``None`` defaults say in their docstring
 what they resolve to. The settings of each token weighting (``algorithm.stare``, ``algorithm.steer``,
-...) are defined next to the method, in its record, and appear here as registered sections.
+...) are defined next to the method, in its record, and appear here as registered sections. Below the
+schema, three readers of a built config: ``output_dir``, ``weighting_name``, ``weighting_settings``.
 """
 
 from __future__ import annotations

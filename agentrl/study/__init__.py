@@ -21,7 +21,7 @@ checkpoint (every ``checkpoint_every`` steps), or starts over when it has none, 
 """
 
 from agentrl.study.prep import prepare_family, probe_tasks
-from agentrl.study.runs import child_main, run_one, run_study, stop_when_orphaned
+from agentrl.study.runs import run_one, run_study
 from agentrl.study.spec import Reduced, RunSpec, StudyConfig, TargetRule, family_overrides, load_study, plan
 
 __all__ = [
@@ -29,7 +29,6 @@ __all__ = [
     "RunSpec",
     "StudyConfig",
     "TargetRule",
-    "child_main",
     "family_overrides",
     "load_study",
     "plan",
@@ -37,5 +36,4 @@ __all__ = [
     "probe_tasks",
     "run_one",
     "run_study",
-    "stop_when_orphaned",
 ]
