@@ -20,10 +20,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import statistics
 from pathlib import Path
 
-from agentrl.study.report import supported
+from agentrl.study.report import diff_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOWN = (  # (summary key, column title, as a percentage)
@@ -50,17 +49,6 @@ def _num(x: object) -> float:
 
 def _fmt(x: float, pct: bool) -> str:
     return "–" if math.isnan(x) else (f"{100 * x:.0f} %" if pct else f"{x:.3f}")
-
-
-def _change(diffs: list[float], pct: bool) -> str:
-    if not diffs:
-        return "–"
-    scale = 100.0 if pct else 1.0
-    m = statistics.fmean(diffs) * scale
-    sd = (statistics.stdev(diffs) if len(diffs) > 1 else 0.0) * scale
-    unit, digits = (" pp", 0) if pct else ("", 3)
-    mark = " **supported**" if supported(diffs) else ""
-    return f"{m:+.{digits}f}{unit} ± {sd:.{digits}f} ({sum(d > 0 for d in diffs)}/{len(diffs)} > 0){mark}"
 
 
 def compare(before: dict[str, dict], after: dict[str, dict], names: tuple[str, str]) -> list[str]:
@@ -92,7 +80,7 @@ def compare(before: dict[str, dict], after: dict[str, dict], names: tuple[str, s
                     for m, s in paired
                     if m == method
                 ]
-                cells.append(_change([d for d in diffs if not math.isnan(d)], pct))
+                cells.append(diff_cell([d for d in diffs if not math.isnan(d)], pct))
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines
