@@ -212,6 +212,35 @@ def test_the_checks_catch_a_planted_violation(tmp_path, source, finding):
     assert len(found) == 1 and finding in found[0], found
 
 
+def init_code(files: dict[str, Path]) -> list[str]:
+    """Each statement of a package's ``__init__.py`` that is not its docstring, an import or
+    ``__all__``: a package's code lives in its modules, where it can be found by name."""
+    bad = []
+    for path in files.values():
+        if path.name != "__init__.py":
+            continue
+        for i, node in enumerate(ast.parse(path.read_text()).body):
+            docstring = i == 0 and isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+            names_all = isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["__all__"]
+            if not (docstring or names_all or isinstance(node, (ast.Import, ast.ImportFrom))):
+                bad.append(f"{_where(path)}:{node.lineno}: {type(node).__name__.lower()} in an __init__.py")
+    return bad
+
+
+def test_init_files_hold_re_exports_only():
+    assert init_code(modules()) == []
+
+
+def test_the_init_check_catches_code(tmp_path):
+    planted = tmp_path / "__init__.py"
+    planted.write_text(
+        '"""A package."""\n\nfrom x import y\n\n__all__ = ["y"]\n\n\ndef helper():\n    pass\n'
+    )
+    assert [line.split(": ", 1)[1] for line in init_code({"planted": planted})] == [
+        "functiondef in an __init__.py"
+    ]
+
+
 CLASS_LINES, FUNCTION_LINES = 300, 60
 DECLARATIVE = {  # tables, not logic: one entry a line, so exempt from the limit; each may only shrink
 }

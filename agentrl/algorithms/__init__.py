@@ -37,10 +37,6 @@ STARE's controller state (``StareState``) is returned as ``tw.state``; keep it a
 with ``to_dict``/``from_dict``. ``docs/algorithms.md`` maps every name to its formula and source.
 """
 
-from __future__ import annotations
-
-from typing import Any
-
 from agentrl.algorithms import presets  # noqa: F401  (registers grpo, dr_grpo, rloo, dapo, none)
 from agentrl.algorithms.advantages import compute_advantages
 from agentrl.algorithms.covariance import clip_cov_weights, kl_cov_weights, token_covariance
@@ -80,6 +76,7 @@ from agentrl.algorithms.registry import (
     Method,
     StepContext,
     TokenWeighting,
+    compute_weights,
     register_advantage,
     register_aggregation,
     register_method,
@@ -100,14 +97,6 @@ from agentrl.algorithms.token_stats import (
     token_logprobs_and_entropy_from_hidden,
 )
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs, unit_weights
-
-
-def compute_weights(name: str, inputs: WeightingInputs, **params: Any) -> TokenWeights:
-    """The one place a weighting is chosen by name."""
-    if name not in WEIGHTINGS:
-        raise ValueError(f"unknown token weighting {name!r}; choose one of {sorted(WEIGHTINGS)}")
-    return WEIGHTINGS[name].compute(inputs, **params)
-
 
 __all__ = [
     "ADVANTAGES",

@@ -36,7 +36,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from agentrl.algorithms.token_weights import TokenWeights
+from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
 
 GRPO: Mapping[str, Any] = {
     "advantage": "grpo",
@@ -163,6 +163,13 @@ def register_advantage(record: AdvantageEstimator) -> AdvantageEstimator:
 
 def register_aggregation(record: LossAggregation) -> LossAggregation:
     return _add(AGGREGATIONS, record.name, record, "loss aggregation", record.numerator)
+
+
+def compute_weights(name: str, inputs: WeightingInputs, **params: Any) -> TokenWeights:
+    """The one place a weighting is chosen by name."""
+    if name not in WEIGHTINGS:
+        raise ValueError(f"unknown token weighting {name!r}; choose one of {sorted(WEIGHTINGS)}")
+    return WEIGHTINGS[name].compute(inputs, **params)
 
 
 def settings_types() -> dict[str, type]:

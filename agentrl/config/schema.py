@@ -5,12 +5,14 @@ turns the docstrings into the table in ``docs/configuration.md``. Fields that de
 with "from the preset" in their docstring are filled from the preset of ``algorithm.name`` (its
 record in ``agentrl.algorithms.registry.METHODS``); other ``None`` defaults say in their docstring
 what they resolve to. The settings of each token weighting (``algorithm.stare``, ``algorithm.steer``,
-...) are defined next to the method, in its record, and appear here as registered sections.
+...) are defined next to the method, in its record, and appear here as registered sections. Below the
+schema, three readers of a built config: ``output_dir``, ``weighting_name``, ``weighting_settings``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from agentrl.algorithms import registry
@@ -477,3 +479,19 @@ class Config:
     """The OpenAI-compatible endpoint agents call (``AgentEnvironment``, ``agentrl serve``)."""
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     """What the run records."""
+
+
+# ------------------------------------------------------------------------------ read from a Config
+def output_dir(cfg: Config) -> Path:
+    """The run's directory: ``run.output_dir``, or ``runs/<run.name>`` when that is unset."""
+    return Path(cfg.run.output_dir or f"runs/{cfg.run.name}")
+
+
+def weighting_name(cfg: Config) -> str:
+    """The token weighting ``algorithm.name`` trains with (``none`` for the plain surrogate)."""
+    return registry.METHODS[cfg.algorithm.name].weighting
+
+
+def weighting_settings(cfg: Config) -> Any:
+    """That weighting's settings section (``cfg.algorithm.stare`` for STARE), or None."""
+    return cfg.algorithm.settings.get(weighting_name(cfg))

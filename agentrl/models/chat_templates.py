@@ -102,7 +102,7 @@ def family_tokenizer(family: str) -> PreTrainedTokenizerFast:
     # Imported here: torch and transformers take seconds, and probing a template needs neither.
     from transformers import PreTrainedTokenizerFast
 
-    from agentrl.models import train_bpe, train_tokenizer
+    from agentrl.models.tiny import train_bpe, train_tokenizer
 
     _check_family(family)
     if family == "chatml":

@@ -2,6 +2,6 @@
 
 import sys
 
-from agentrl.study import _child_main
+from agentrl.study.runs import child_main
 
-raise SystemExit(_child_main(sys.argv[1]))
+raise SystemExit(child_main(sys.argv[1]))

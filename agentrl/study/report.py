@@ -279,7 +279,9 @@ def supported(diffs: Sequence[float]) -> bool:
     return same_sign and abs(m) > 2 * sd / math.sqrt(len(diffs))
 
 
-def _diff_cell(diffs: Sequence[float], pct: bool = False) -> str:
+def diff_cell(diffs: Sequence[float], pct: bool = False) -> str:
+    """A paired difference as a table cell: mean ± sd over the seeds, how many are above zero, and
+    **supported** where ``supported`` says so."""
     if not diffs:
         return "–"
     scale, unit = (100.0, " pp") if pct else (1.0, "")
@@ -320,7 +322,7 @@ def _comparison_lines(by_method: dict[str, list[dict]], base: str, k: int, pass_
     for method in by_method:
         if method == base:
             continue
-        cells = [_diff_cell(diffs[key][method], pct) for key, _, pct in COMPARED]
+        cells = [diff_cell(diffs[key][method], pct) for key, _, pct in COMPARED]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 

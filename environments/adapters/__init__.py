@@ -5,19 +5,6 @@ whether or not its package is installed; using one without it raises an ``Import
 the extra to install.
 """
 
-from __future__ import annotations
+from environments.adapters.packages import require
 
-import importlib
-from types import ModuleType
-
-
-def require(module: str, extra: str, env: str) -> ModuleType:
-    """Import ``module`` for the ``env`` adapter, or say which ``pip install`` brings it. Call it
-    with literal arguments: tests/test_dependencies.py checks each ``extra`` against pyproject."""
-    try:
-        return importlib.import_module(module)
-    except ImportError as e:
-        raise ImportError(
-            f"environment {env!r} needs the {extra} package, which is not installed: "
-            f"pip install 'agentrl[{extra}]' ({type(e).__name__}: {e})"
-        ) from e
+__all__ = ["require"]

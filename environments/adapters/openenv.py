@@ -79,7 +79,7 @@ from typing import Any, ClassVar
 
 from agentrl.env import Environment, EpisodeState, Message, Reward, StepResult, Task, register
 from agentrl.errors import OptionsRequired
-from environments.adapters import require
+from environments.adapters.packages import require
 from environments.generators import sample_tasks
 
 OBSERVATION_BOOKKEEPING = ("reward", "done", "metadata")

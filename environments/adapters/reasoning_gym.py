@@ -56,7 +56,7 @@ from agentrl.env import (
     Task,
     register,
 )
-from environments.adapters import require
+from environments.adapters.packages import require
 from environments.code_interpreter import CodeInterpreter
 from environments.generators import first_messages, sample_tasks
 from environments.rewards import num_tool_calls

@@ -46,7 +46,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 from agentrl.env import Environment, EpisodeState, Message, Reward, StepResult, Task, register
-from environments.adapters import require
+from environments.adapters.packages import require
 from environments.generators import sample_tasks
 
 GAME_MESSAGE = -1  # TextArena's sender id for the game itself

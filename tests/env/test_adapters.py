@@ -60,12 +60,14 @@ def test_verifiers_outside_its_environment_says_how_to_get_one():
 
 def test_envs_check_all_skips_an_adapter_whose_package_is_missing(monkeypatch, capsys):
     import agentrl.env as env_mod
+    from agentrl.env import registry
     from environments.adapters import textarena
 
     monkeypatch.setitem(sys.modules, "textarena", None)
     textarena.game_ids.cache_clear()
     some = {k: v for k, v in env_mod.registered().items() if k in ("calculator", "textarena")}
-    monkeypatch.setattr(env_mod, "registered", lambda: some)
+    monkeypatch.setattr(env_mod, "registered", lambda: some)  # what `agentrl envs` lists
+    monkeypatch.setattr(registry, "registered", lambda: some)  # what make_env finds
     try:
         assert main(["envs", "check", "--all"]) == 0
         out = capsys.readouterr().out

@@ -278,6 +278,8 @@ def test_a_served_episode_runs_none_of_the_environments_code(tmp_path, tiny_mode
     ("tool", "the agents' event loop did not return within 4s (timeouts.agent_run_s=2s per agent"),
     ("reset", "environment 'hanging_agent' reset: no answer after waiting 1.0s"),
     ("reward", "reward 'correct' did not return: environment 'hanging_agent' rewards: no answer"),
+    # rewards() itself, read first to see whether a run that returned None has rewards at all
+    ("rewards", "environment 'hanging_agent' rewards: no answer after waiting 1.0s"),
 ])  # fmt: skip
 def test_an_agent_environments_code_is_bounded_as_in_rollouts(tmp_path, tiny_model_dir, capsys, hang, said):
     """The agent runner (``AgentEnvironment``: train, eval, rollout) bounds the environment's

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from agentrl import env as env_mod
 from agentrl.config import ConfigError, load_config
+from agentrl.env import registry as env_mod
 from tests.helpers import ROOT
 
 PLUGIN = '''

@@ -5,7 +5,7 @@ once one has returned in this process: ``HangingEnv._resets_returned`` counts th
 tool starts a non-daemon thread of its own that never ends, then returns). ``hang_split=test``: only the held-out
 tasks' episodes hang (training runs; its evaluation hangs). ``hanging_solver`` also has solver
 demonstrations, which hang where ``hang`` says (its tasks carry the option: ``task_options``);
-``hanging_agent`` is an ``AgentEnvironment`` whose ``reset`` or reward hangs."""
+``hanging_agent`` is an ``AgentEnvironment`` whose ``reset``, reward or ``rewards()`` listing hangs."""
 
 from __future__ import annotations
 
@@ -110,9 +110,9 @@ class HangingSolver(HangingEnv):
 
 @register
 class HangingAgent(AgentEnvironment):
-    """An agent environment whose ``reset`` (the agent runner's, before the agent starts) or reward
-    (``run`` returns None: the rewards score the episode) hangs where ``hang`` says; its agent asks
-    the endpoint for one turn."""
+    """An agent environment whose ``reset`` (the agent runner's, before the agent starts), reward
+    (``run`` returns None: the rewards score the episode) or ``rewards()`` listing hangs where ``hang``
+    says; its agent asks the endpoint for one turn."""
 
     name = "hanging_agent"
     hang = "reset"
@@ -134,6 +134,9 @@ class HangingAgent(AgentEnvironment):
         )
 
     def rewards(self) -> list[Reward]:
+        if "rewards" in self.hang.split(","):  # the listing itself, before any reward is computed
+            _forever()
+
         def scored(task: Task, state: EpisodeState) -> float:
             if "reward" in self.hang.split(","):
                 _forever()

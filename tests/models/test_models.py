@@ -16,6 +16,7 @@ from agentrl.models import (
     ensure_tiny_base,
     load_policy,
     resolve_model_path,
+    tiny,
     tiny_config,
     train_tokenizer,
 )
@@ -242,7 +243,7 @@ def test_ensure_tiny_base_builds_once_and_resolves(tmp_path, monkeypatch):
     def no_rebuild(*a, **k):
         raise AssertionError("the cached model must be reused")
 
-    monkeypatch.setattr(models, "build_tiny_model", no_rebuild)
+    monkeypatch.setattr(tiny, "build_tiny_model", no_rebuild)
     assert ensure_tiny_base("h128-L8") == path
     assert resolve_model_path("tiny:h128-L8") == str(path)
     assert resolve_model_path("Qwen/Qwen2.5-0.5B") == "Qwen/Qwen2.5-0.5B"

@@ -3,6 +3,7 @@ client, recorded token by token (agentrl.rollout.agent_runner, agentrl.agents)."
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import json
@@ -11,6 +12,7 @@ import re
 import signal
 import threading
 import time
+from typing import Any
 
 import httpx
 import openai
@@ -788,9 +790,12 @@ def test_smollm2_served_with_tools_starts_as_its_training_episode_does():
 
 
 @pytest.mark.slow
-def test_openai_agents_runs_a_tool_through_the_endpoint_on_a_chatml_template(tiny_tokenizer):
+@pytest.mark.parametrize("streamed", [False, True], ids=["run_sync", "run_streamed"])
+def test_openai_agents_runs_a_tool_through_the_endpoint_on_a_chatml_template(tiny_tokenizer, streamed):
     """An agent framework users have (openai-agents) against a template without a tools section: its
-    function tool is called from the policy's text and its result comes back as a tool message."""
+    function tool is called from the policy's text and its result comes back as a tool message. Also
+    streamed (``Runner.run_streamed``: its model asks with ``stream: true`` and reads the endpoint's
+    server-sent events, the tool call assembled from them)."""
     agents = pytest.importorskip("agents", reason="openai-agents is not installed (pip install openai-agents)")  # fmt: skip
     tok = chatml(tiny_tokenizer)
     replies = [f"{CALL}<|im_end|>", "It is 17.<|im_end|>"]
@@ -811,7 +816,16 @@ def test_openai_agents_runs_a_tool_through_the_endpoint_on_a_chatml_template(tin
         agent = agents.Agent(
             name="calc", instructions="Use the calculate tool.", model=model, tools=[calculate]
         )
-        result = agents.Runner.run_sync(agent, TASK.prompt)
+        if streamed:
+
+            async def run_streamed() -> tuple[Any, list[str]]:
+                result = agents.Runner.run_streamed(agent, TASK.prompt)
+                return result, [event.type async for event in result.stream_events()]
+
+            result, events = asyncio.run(run_streamed())
+            assert "raw_response_event" in events and "run_item_stream_event" in events, events
+        else:
+            result = agents.Runner.run_sync(agent, TASK.prompt)
     finally:
         runner.close()
     assert seen == ["3 * 4 + 5"] and result.final_output == "It is 17."

@@ -388,7 +388,7 @@ def test_a_run_whose_study_died_before_it_started_watching_stops(monkeypatch):
     import signal
     import threading
 
-    from agentrl import study
+    from agentrl.study import runs
 
     killed = threading.Event()
     sent: list[tuple[int, int]] = []
@@ -399,7 +399,7 @@ def test_a_run_whose_study_died_before_it_started_watching_stops(monkeypatch):
 
     monkeypatch.setattr(os, "kill", kill)
     monkeypatch.setenv("AGENTRL_STUDY_PID", str(os.getppid() + 1_000_000))  # a study that is gone
-    study._stop_when_orphaned(poll_s=0.01)
+    runs.stop_when_orphaned(poll_s=0.01)
     assert killed.wait(5.0), "the run kept training after its study was gone"
     assert sent == [(os.getpid(), signal.SIGTERM)]
 

@@ -1,0 +1,220 @@
+"""What a study is: its config (``StudyConfig``, read and checked by ``load_study``) and its plan, one
+``RunSpec`` per (family, method, seed)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from agentrl import dataclass_tree
+
+
+@dataclass
+class TargetRule:
+    rule: Literal["initial", "fixed"] = "initial"
+    """``initial``: H_tgt = scale × the warm start's measured entropy; ``fixed``: H_tgt = value."""
+    scale: float = 1.0
+    """Multiplier on the measured initial entropy."""
+    value: float | None = None
+    """H_tgt in nats when ``rule = fixed``."""
+    probe_prompts: int = 16
+    """Training prompts (× ``rollout.group_size`` episodes) the initial entropy is measured on."""
+    probe: Literal["run_seeds", "sft_seed"] = "run_seeds"
+    """Whose training prompts: ``run_seeds`` = an equal share from each RL seed's task list (what
+    the runs start on); ``sft_seed`` = the warm start's own task list (which it may have memorised;
+    the committed study used it, see study.md)."""
+
+
+@dataclass
+class Reduced:
+    """What ``--reduced`` keeps: the smoke-sized study a test runs. It writes into ``OUTPUT/reduced``
+    and ``REPORT/reduced`` and archives nothing, apart from the full study's runs."""
+
+    families: list[str] = field(default_factory=list)
+    """Families to run (empty: the first)."""
+    methods: list[str] = field(default_factory=list)
+    """Methods to run (empty: all)."""
+    seeds: list[int] = field(default_factory=lambda: [0])
+    steps: int = 8
+    eval_tasks: int = 16
+
+
+@dataclass
+class StudyConfig:
+    name: str = "entropy-study"
+    output_dir: str = "runs/study"
+    """Where the runs go: ``OUTPUT/FAMILY/METHOD/sSEED``."""
+    report_dir: str = "runs/study/report"
+    """Where ``results.md`` and its PNGs (``img/``) are written."""
+    families: dict[str, str] = field(default_factory=dict)
+    """Family name -> the agentrl config it trains with (a normal ``agentrl train`` config)."""
+    family_overrides: dict[str, list[str]] = field(default_factory=dict)
+    """Extra dotted overrides per family."""
+    methods: dict[str, list[str]] = field(default_factory=dict)
+    """Method label -> dotted overrides that make it (e.g. ``[algorithm.name=dapo]``)."""
+    extra_methods: dict[str, list[str]] = field(default_factory=dict)
+    """More methods, run after every run of ``methods`` (seeds outermost again), so that a study cut
+    short by its budget has the required methods on every seed and the extras on the seeds that fit."""
+    overrides: list[str] = field(default_factory=list)
+    """Dotted overrides for every run."""
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    steps: int = 30
+    """RL steps per run."""
+    sft_seed: int = 0
+    """Seed of the shared warm start of each family."""
+    target: TargetRule = field(default_factory=TargetRule)
+    band: tuple[float, float] = (0.5, 1.5)
+    """The entropy band, as multiples of H_tgt."""
+    warmup_steps: int = 3
+    """Steps excluded from the band fraction (the controller needs a few steps to act)."""
+    eval_k: int = 8
+    """Samples per held-out task at the end: mean@k, and pass@j for every j ≤ k (unbiased
+    estimator), the curve the report plots."""
+    pass_k: int | None = None
+    """The pass@j the tables show (≤ ``eval_k``); None = ``eval_k``."""
+    eval_tasks: int = 32
+    parallel: int = 2
+    """Runs at once."""
+    checkpoint_every: int = 0
+    """RL steps between checkpoints of each run: a run the study was stopped in continues from its
+    newest one. 0 = none: a stopped run starts over (the tiny-model runs take minutes; a real model's
+    take hours, so its studies set this)."""
+    archive_dir: str | None = None
+    """Where each finished run's record is kept, small enough to commit (``study/archive.py``): a
+    study on a machine without its run directories restores the records instead of rerunning them.
+    None = no archive."""
+    section_in: str | None = None
+    """Also write the report as a section of this markdown file (``study/sections.py``), e.g.
+    ``docs/results.md`` for a study that belongs beside another study's results; that file's own study
+    keeps the section when it rewrites the file. None = the report in ``report_dir`` only."""
+    reduced: Reduced = field(default_factory=Reduced)
+
+
+@dataclass
+class RunSpec:
+    family: str
+    method: str
+    seed: int
+    overrides: list[str]
+    out: str
+
+
+def load_study(path: str | Path, overrides: Sequence[str] = (), reduced: bool = False) -> StudyConfig:
+    """Read and check a study config (unknown keys and bad types name the key and the choices)."""
+    from omegaconf import OmegaConf
+
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
+    if overrides:
+        dotted = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
+        raw = OmegaConf.to_container(OmegaConf.merge(raw, dotted), resolve=True)
+    values, errors = dataclass_tree.check_tree(raw, StudyConfig, str(path))
+    if errors:
+        raise ValueError("\n".join(errors))
+    cfg = dataclass_tree.build(StudyConfig, _complete(StudyConfig(), values))
+    if not cfg.families or not cfg.methods:
+        raise ValueError(f"{path}: a study needs at least one entry in 'families' and in 'methods'")
+    if set(cfg.methods) & set(cfg.extra_methods):
+        raise ValueError(
+            f"{path}: {sorted(set(cfg.methods) & set(cfg.extra_methods))} in both 'methods' and 'extra_methods'"
+        )
+    if cfg.pass_k is not None and not 1 <= cfg.pass_k <= cfg.eval_k:
+        raise ValueError(f"{path}: pass_k={cfg.pass_k} must be between 1 and eval_k={cfg.eval_k}")
+    if cfg.target.rule == "fixed" and cfg.target.value is None:
+        raise ValueError(f"{path}: target.rule=fixed needs target.value")
+    if reduced:
+        cfg = _reduce(cfg, path)
+    return cfg
+
+
+def _complete(default: Any, given: dict[str, Any]) -> dict[str, Any]:
+    """The default dataclass tree as a dict, with the checked values of ``given`` merged in."""
+    out = asdict(default)
+
+    def merge(base: dict[str, Any], upd: dict[str, Any]) -> None:
+        for k, v in upd.items():
+            if (
+                isinstance(v, dict)
+                and isinstance(base.get(k), dict)
+                and dataclass_tree.is_section(type(getattr(default, k, None)))
+            ):
+                merge(base[k], v)
+            else:
+                base[k] = v
+
+    merge(out, given)
+    return out
+
+
+def _reduce(cfg: StudyConfig, path: str | Path) -> StudyConfig:
+    r = cfg.reduced
+    fams = r.families or list(cfg.families)[:1]
+    meths = r.methods or list(cfg.methods)
+    pools = ((fams, cfg.families, "families"), (meths, {**cfg.methods, **cfg.extra_methods}, "methods"))
+    for name, pool, what in pools:
+        unknown = [x for x in name if x not in pool]
+        if unknown:
+            raise ValueError(f"{path}: reduced.{what} names {unknown}; valid: {sorted(pool)}")
+    every = {**cfg.methods, **cfg.extra_methods}
+    cfg.families = {k: cfg.families[k] for k in fams}
+    cfg.methods = {k: every[k] for k in meths}
+    cfg.extra_methods = {}
+    cfg.seeds, cfg.steps, cfg.eval_tasks = list(r.seeds), r.steps, r.eval_tasks
+    # apart from the full study: a reduced run's result must never pass for a finished full run
+    cfg.output_dir = str(Path(cfg.output_dir) / "reduced")
+    cfg.report_dir = str(Path(cfg.report_dir) / "reduced")
+    cfg.archive_dir = None
+    cfg.section_in = None
+    return cfg
+
+
+# ------------------------------------------------------------------------------------- planning
+def family_overrides(study: StudyConfig, family: str) -> list[str]:
+    """Overrides every run of ``family`` shares (the warm start and the probe use them too)."""
+    return [
+        *study.overrides,
+        *study.family_overrides.get(family, []),
+        f"sft.seed={study.sft_seed}",
+        f"eval.k={study.eval_k}",
+        f"eval.num_tasks={study.eval_tasks}",
+    ]
+
+
+def plan(study: StudyConfig, targets: dict[str, float]) -> list[RunSpec]:
+    """Every (family, method, seed) run, seeds outermost so that a partial study is balanced: the
+    ``methods`` first, then the ``extra_methods``."""
+    runs = []
+    for group in (study.methods, study.extra_methods):
+        runs += _plan_group(study, targets, group)
+    return runs
+
+
+def _plan_group(
+    study: StudyConfig, targets: dict[str, float], methods: dict[str, list[str]]
+) -> list[RunSpec]:
+    runs = []
+    for seed in study.seeds:
+        for family in study.families:
+            for method, m_over in methods.items():
+                out = str(Path(study.output_dir) / family / method / f"s{seed}")
+                runs.append(
+                    RunSpec(
+                        family,
+                        method,
+                        seed,
+                        [
+                            *family_overrides(study, family),
+                            *m_over,
+                            f"run.seed={seed}",
+                            f"trainer.total_steps={study.steps}",
+                            f"algorithm.stare.target_entropy={targets[family]:.6g}",
+                            f"run.output_dir={out}",
+                            f"run.name={study.name}-{family}-{method}-s{seed}",
+                            f"trainer.checkpoint_every={study.checkpoint_every}",
+                            "run.resume=true",  # continue a stopped run, or start over without a checkpoint
+                        ],
+                        out,
+                    )
+                )
+    return runs
