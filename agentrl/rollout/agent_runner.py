@@ -355,7 +355,7 @@ class AgentRunner(EpisodeRunner):
                 self._fail(
                     lv, "reward", TypeError(f"AgentEnvironment.run returned {outcome!r}, not a number")
                 )
-        if not ep.failed and outcome is None and lv.env is not None and not self._declares_rewards(lv):
+        if not ep.failed and outcome is None and lv.env is not None and not declares_rewards(self, lv):
             self._fail(lv, "reward", ValueError("AgentEnvironment.run returned None and the environment has no rewards()"))  # fmt: skip
         if ep.stop_reason is None:
             ep.stop_reason = "answered"
@@ -365,18 +365,6 @@ class AgentRunner(EpisodeRunner):
         if not ep.failed and isinstance(outcome, (int, float)):
             ep.reward_components.setdefault(self.step_reward_name, float(outcome))  # a 0 is a reward too
         return ep
-
-    def _declares_rewards(self, lv: _Ledger) -> bool:
-        """Whether the environment lists reward functions. ``rewards()`` is user code, bounded like the
-        rest (``timeouts.env_step_s``): a listing that raises or never returns fails the episode at the
-        ``reward`` boundary (True then, so that failure is the one recorded)."""
-        env = lv.env
-        assert env is not None
-        try:
-            return bool(self._bounded(env.rewards, env, "rewards"))
-        except Exception as e:
-            self._fail(lv, "reward", e)
-            return True
 
     # -- the endpoint's backend (agentrl.serve.openai_request.ChatBackend) --------------------------
     def chat(self, request: ChatRequest) -> ChatResult:
@@ -491,6 +479,19 @@ def drift(runner: AgentRunner, lv: _Ledger, messages: list[dict], tools: list[di
     lv.renderer, lv.tools_key = renderer, tools_key
     lv.messages, lv.seen = shown, [canonical(m) for m in messages]
     record_tools(ep, tools, renderer)
+
+
+def declares_rewards(runner: AgentRunner, lv: _Ledger) -> bool:
+    """Whether the episode's environment lists reward functions. ``rewards()`` is user code, bounded like
+    the rest (``timeouts.env_step_s``): a listing that raises or never returns fails the episode at the
+    ``reward`` boundary (True then, so that failure is the one recorded)."""
+    env = lv.env
+    assert env is not None
+    try:
+        return bool(runner._bounded(env.rewards, env, "rewards"))
+    except Exception as e:
+        runner._fail(lv, "reward", e)
+        return True
 
 
 def loop_blocked(lives: list[_Ledger], agents: LoopThread, waited_s: float, agent_s: float, at_once: int) -> TimeoutError:  # fmt: skip
