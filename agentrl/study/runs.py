@@ -60,6 +60,7 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
 
 def _launch(spec: RunSpec, config_path: str, threads: int) -> subprocess.Popen:
     Path(spec.out).mkdir(parents=True, exist_ok=True)
+    Path(spec.out, "failed.json").unlink(missing_ok=True)  # an earlier attempt's mark; this one decides anew
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
     env["AGENTRL_TORCH_THREADS"] = str(threads)
     env["AGENTRL_STUDY_PID"] = str(os.getpid())  # the run stops when its parent is no longer this

@@ -134,6 +134,9 @@ def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_
     logs: list[str] = []
     # H_tgt above the entropy: STARE's gate opens and it selects tokens
     over = ["target.scale=3.0", f"archive_dir={tmp_path / 'archive'}"]
+    stale = tmp_path / "runs" / "calc" / "grpo_ds" / "s0" / "failed.json"  # an earlier attempt failed
+    stale.parent.mkdir(parents=True)
+    stale.write_text("{}")
     report = run_study(load_study(path, over), log=logs.append)
     text = report.read_text()
     assert sum("recorded in" in line for line in logs) == 2, logs
@@ -171,7 +174,7 @@ def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_
     cfg = yaml.safe_load((tmp_path / "runs" / "calc" / "stare_pi" / "s0" / "config.yaml").read_text())
     assert cfg["algorithm"]["stare"]["target_entropy"] == pytest.approx(prep["target_entropy"], rel=1e-5)
     assert cfg["sft"]["seed"] == 0 and cfg["run"]["seed"] == 0
-    assert not (tmp_path / "runs" / "calc" / "grpo_ds" / "s0" / "failed.json").exists()
+    assert not stale.exists()  # the run that finished took the earlier attempt's failure mark away
     # rerun: nothing is trained again, the report is rewritten, here also as a section of another
     # study's results file (docs/results.md holds the real-model study's report so)
     logs.clear()
