@@ -416,6 +416,18 @@ def _cost_line(study: Any, preps: dict[str, dict], runs: Sequence[Any]) -> str:
     return text + "."
 
 
+def _finite(x: Any) -> Any:
+    """``x`` with every NaN or infinity (a value a run did not record) as None, so that
+    ``summary.json`` is strict JSON: null, which every parser reads, not Python's bare NaN."""
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [_finite(v) for v in x]
+    return x
+
+
 def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_seconds: float) -> Path:
     """Summaries, plots and ``results.md`` in ``study.report_dir``; returns the markdown's path."""
     out = Path(study.report_dir)
@@ -432,7 +444,7 @@ def write_report(study: Any, preps: dict[str, dict], runs: Sequence[Any], wall_s
                 m: [{k: v for k, v in r.items() if k != "series"} for r in rs] for m, rs in by_method.items()
             },
         }
-    (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    (out / "summary.json").write_text(json.dumps(_finite(summary), indent=1, default=str, allow_nan=False))
     path = out / "results.md"
     lines += [
         x for block in sections.others(path, study.name) for x in ("", block)

@@ -158,7 +158,8 @@ def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_
     assert not any(line.startswith("| grpo_ds | ") and "`'" in line for line in text.splitlines())
     trained, boosted = tokens.split(" | ")[1:3]
     assert int(trained) > 0 and float(boosted.rstrip("%")) > 0
-    summary = json.loads((tmp_path / "report" / "summary.json").read_text())
+    summary = json.loads((tmp_path / "report" / "summary.json").read_text(), parse_constant=pytest.fail)
+    assert summary["calc"]["methods"]["grpo_ds"][0]["gate_on"] is None  # not recorded: null, strict JSON
     prep = summary["calc"]["prep"]
     assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(3.0 * prep["h0"])
     assert prep["h0_branching"] >= prep["h0"]  # the top 10 % of tokens are at least the mean
