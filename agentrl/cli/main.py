@@ -84,7 +84,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         return 3
     except DiskFull as e:
         print(f"agentrl: {e}", file=sys.stderr)
-        return 4
+        return e.exit_code
     finally:
         from agentrl.parallel import ranks
 

@@ -3,6 +3,7 @@ archived as it finishes; a stopped study stops its runs at their step's checkpoi
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -22,6 +23,7 @@ from agentrl.study.report import write_report
 from agentrl.study.spec import RunSpec, StudyConfig, plan
 from agentrl.training import build
 from agentrl.training.evaluation import evaluate, pass_at_k_curve
+from agentrl.training.run_state import DiskFull
 from agentrl.training.trainer import Trainer, stop_after_step_on_signal
 from agentrl.transcripts import read_metrics
 
@@ -140,17 +142,25 @@ def _run_all(
             proc.log_file.close()  # type: ignore[attr-defined]
             active.remove(item)
             done += 1
+            full = proc.returncode == DiskFull.exit_code
             status = (
-                "ok" if proc.returncode == 0 else f"FAILED (exit {proc.returncode}, see {spec.out}/log.txt)"
+                "ok"
+                if proc.returncode == 0
+                else f"FAILED (exit {proc.returncode}{': the disk is full' * full}, see {spec.out}/log.txt)"
             )
             if proc.returncode != 0:
-                Path(spec.out, "failed.json").write_text(
-                    json.dumps({**asdict(spec), "status": "failed", "exit": proc.returncode})
-                )
+                with contextlib.suppress(OSError):  # a full disk may refuse the mark too; the log says it
+                    Path(spec.out, "failed.json").write_text(
+                        json.dumps({**asdict(spec), "status": "failed", "exit": proc.returncode})
+                    )
             elif study.archive_dir:
                 status += f", recorded in {archive.archive_run(study.archive_dir, spec)}"
             log(f"[{done}/{total}] {spec.family} {spec.method} seed {spec.seed}: {status} "
                 f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
+            if full and todo:  # every later run would meet the same disk
+                log(f"study: the disk is full, so {len(todo)} run(s) not started; free space and run the same "
+                    f"command: it continues every run from its newest checkpoint")  # fmt: skip
+                todo.clear()
 
 
 def _archive_finished(study: StudyConfig, runs: list[RunSpec], log: Callable[[str], None]) -> None:
@@ -210,4 +220,7 @@ def child_main(payload: str) -> int:
     except KeyboardInterrupt:
         print("run stopped; the study continues it from its newest checkpoint", flush=True)
         return 130
+    except DiskFull as e:  # the study stops launching runs; rerunning it continues this one
+        print(f"agentrl: {e} (or rerun the study, which does so)", flush=True)
+        return e.exit_code
     return 0

@@ -4,9 +4,10 @@ back to it, weights pushed, RNG streams restored). The formats are ``checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,10 @@ from agentrl.training.weight_push import WeightPush
 
 
 class DiskFull(RuntimeError):
-    """A checkpoint could not be written: the disk is full (``agentrl train`` exits 4)."""
+    """A checkpoint or a step's records could not be written: the disk is full (``agentrl train``
+    exits ``exit_code``)."""
+
+    exit_code = 4
 
 
 def disk_full(e: BaseException) -> bool:
@@ -41,6 +45,21 @@ def disk_full(e: BaseException) -> bool:
         return True
     text = str(e)
     return "No space left on device" in text or "StorageFull" in text
+
+
+def stopped_by_full_disk(root_dir: Path, writing: str, e: BaseException) -> DiskFull:
+    """The ``DiskFull`` for a write into the run ``root_dir`` that found no space: what was being
+    written, which checkpoint is the last complete one (resuming cuts the run's files back to it, so
+    nothing is lost or written twice) and the command that continues the run."""
+    last = latest_checkpoint(root_dir)
+    kept = (
+        f"the last complete checkpoint, {last.name}, is intact" if last else "no checkpoint was complete yet"
+    )
+    resume = f"agentrl train --resume {root_dir}" if last else "the same command again"
+    return DiskFull(
+        f"no space left on device while writing {writing} ({type(e).__name__}); {kept}: free space there "
+        f"(or lower trainer.keep_checkpoints), then run {resume}"
+    )
 
 
 class RunState:
@@ -68,18 +87,21 @@ class RunState:
             if not disk_full(e):
                 raise
             shutil.rmtree(self.root_dir / "checkpoints" / f".tmp_step_{step}", ignore_errors=True)
-            last = latest_checkpoint(self.root_dir)
-            kept = (
-                f"the last complete checkpoint, {last.name}, is intact"
-                if last
-                else "no checkpoint was complete yet"
-            )
-            resume = f"agentrl train --resume {self.root_dir}" if last else "the same command again"
-            raise DiskFull(
-                f"no space left on device while writing checkpoint step_{step} in {self.root_dir / 'checkpoints'} "
-                f"({type(e).__name__}); {kept}: free space there (or lower trainer.keep_checkpoints), then "
-                f"run {resume}"
-            ) from e
+            where = f"checkpoint step_{step} in {self.root_dir / 'checkpoints'}"
+            raise stopped_by_full_disk(self.root_dir, where, e) from e
+
+    @contextlib.contextmanager
+    def writing(self, what: str) -> Iterator[None]:
+        """Around a write of the run's records (metrics, transcripts): a full disk stops the run with
+        ``DiskFull`` naming ``what``, the last complete checkpoint and the resume command."""
+        try:
+            yield
+        except DiskFull:
+            raise
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            raise stopped_by_full_disk(self.root_dir, what, e) from e
 
     def _room_for(self, step: int, learner: Any) -> None:
         """Warn when the checkpoint's expected size (weights, or LoRA's adapters, and AdamW's two

@@ -258,25 +258,27 @@ class Trainer:
 
     def _record(self, step: int, out: StepOutput, failing: int) -> int:
         """Evaluate, log and checkpoint after a step as configured; returns the count of consecutive
-        steps with too many failed episodes, raising ``TrainingFailed`` when the breaker trips."""
-        cfg = self.cfg
-        if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
-            out.metrics.update(self.evaluate())
-        self.metrics.log(step, out.metrics)
-        if _prompt_too_long(out.metrics):
-            self.log(
-                f"warning (step {step}): every episode stopped before the model wrote a token: the prompt "
-                f"is longer than rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}"
-            )
-        failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
-        tripped = failing >= cfg.trainer.max_failed_steps
-        if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
-            self.transcripts.write(out.episodes)
-        if tripped:
-            raise TrainingFailed(self._breaker_message(step, failing, out.failure))
-        if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
-            self.checkpoint(step + 1)
-        return failing
+        steps with too many failed episodes, raising ``TrainingFailed`` when the breaker trips (and
+        ``DiskFull``, exit 4 with the resume command, when the disk has no room for the records)."""
+        with self.state.writing(f"the records of step {step} in {self.run_dir}"):
+            cfg = self.cfg
+            if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
+                out.metrics.update(self.evaluate())
+            self.metrics.log(step, out.metrics)
+            if _prompt_too_long(out.metrics):
+                self.log(
+                    f"warning (step {step}): every episode stopped before the model wrote a token: the prompt "
+                    f"is longer than rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}"
+                )
+            failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
+            tripped = failing >= cfg.trainer.max_failed_steps
+            if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
+                self.transcripts.write(out.episodes)
+            if tripped:
+                raise TrainingFailed(self._breaker_message(step, failing, out.failure))
+            if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
+                self.checkpoint(step + 1)
+            return failing
 
     def _should_stop(self, step: int, t_start: float) -> bool:
         """``trainer.max_wall_minutes`` reached (rank 0's clock decides, so every rank stops after the

@@ -441,3 +441,51 @@ def test_a_stopped_or_killed_study_checkpoints_its_run_at_the_step_and_continues
         time.sleep(0.2)
     assert "the study is gone" in (run / "log.txt").read_text()
     done = _assert_checkpointed_at_its_step(run)
+
+
+def test_a_run_that_finds_the_disk_full_stops_the_study_from_starting_more(tmp_path, monkeypatch):
+    """A run that exits with ``DiskFull`` (its own message in its log) is reported as such, and the
+    study starts no further run (each would meet the same disk): rerunning it continues them all."""
+    from agentrl.study import runs
+    from agentrl.study.spec import StudyConfig
+    from agentrl.training.run_state import DiskFull
+
+    class Finished:  # a run process that has exited with ``code``
+        def __init__(self, code: int) -> None:
+            self.returncode, self.log_file = code, open(tmp_path / f"log{code}", "w")  # noqa: SIM115
+
+        def poll(self) -> int:
+            return self.returncode
+
+    launched: list[str] = []
+
+    def launch(spec: RunSpec, config: str, threads: int) -> Finished:
+        launched.append(spec.method)
+        return Finished(DiskFull.exit_code if spec.method == "b" else 0)
+
+    monkeypatch.setattr(runs, "_launch", launch)
+    monkeypatch.setattr(runs.time, "sleep", lambda s: None)
+    specs = [RunSpec("f", m, 0, [], str(tmp_path / m)) for m in ("a", "b", "c", "d")]
+    for spec in specs:
+        Path(spec.out).mkdir()
+    logs: list[str] = []
+    study = StudyConfig(families={"f": "f.yaml"}, parallel=1)
+    runs._run_all(list(specs), [], study, 1, len(specs), logs.append)
+    assert launched == ["a", "b"], logs
+    assert f"f b seed 0: FAILED (exit 4: the disk is full, see {tmp_path / 'b'}/log.txt)" in logs[1]
+    assert logs[2].startswith("study: the disk is full, so 2 run(s) not started; free space and run the same")
+    assert json.loads((tmp_path / "b" / "failed.json").read_text())["exit"] == 4
+
+
+def test_a_run_child_that_finds_the_disk_full_says_so_and_exits_4(monkeypatch, capsys):
+    from agentrl.study import runs
+    from agentrl.training.run_state import DiskFull
+
+    def fills_up(spec: RunSpec, config: str) -> None:
+        raise DiskFull("no space left on device while writing the records of step 3 in R (OSError); ...")
+
+    monkeypatch.setattr(runs, "stop_when_orphaned", lambda: None)
+    monkeypatch.setattr(runs, "run_one", fills_up)
+    payload = json.dumps({"spec": dataclasses.asdict(RunSpec("f", "m", 0, [], "R")), "config": "c.yaml"})
+    assert runs.child_main(payload) == 4
+    assert "agentrl: no space left on device while writing the records of step 3" in capsys.readouterr().out

@@ -1,6 +1,8 @@
 """A full disk during a checkpoint: the run stops with exit 4 and a message naming the full
 directory, the last complete checkpoint (intact) and the resume command, not a traceback; the
-half-written checkpoint is removed; a warning comes before a save the disk has no room for."""
+half-written checkpoint is removed; a warning comes before a save the disk has no room for. A full
+disk while a step's records (metrics, transcripts) are written stops the run the same way, and the
+resume loses and repeats nothing."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ import shutil
 
 from agentrl.cli import main
 from agentrl.training import run_state
+from agentrl.transcripts import TranscriptWriter, iter_episodes, read_metrics
 from tests.helpers.configs import cli_args
 
 
@@ -49,3 +52,34 @@ def test_a_save_the_disk_has_no_room_for_is_announced(tmp_path, tiny_model_dir, 
             'Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: "No space left on device" })'
         )
     )
+
+
+def test_a_full_disk_while_writing_a_steps_records_stops_with_exit_4_and_the_resume_loses_nothing(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """Before: ``OSError: [Errno 28] No space left on device`` from ``TranscriptWriter.write``, a
+    traceback and exit 1 (the real-model study met it, 2026-11-30)."""
+    run = tmp_path / "run"
+    args = cli_args(run, tiny_model_dir, "trainer.total_steps=4", "trainer.checkpoint_every=2")
+    real = TranscriptWriter.write
+    calls = []
+
+    def fills_up(self, episodes):
+        calls.append(1)
+        if len(calls) == 4:  # step 3's transcripts: half a line lands, then the disk is full
+            self._f.write(b'{"torn')
+            self._f.flush()
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, episodes)
+
+    monkeypatch.setattr(TranscriptWriter, "write", fills_up)
+    assert main(["train", *args]) == 4
+    err = capsys.readouterr().err
+    assert f"no space left on device while writing the records of step 3 in {run} (OSError)" in err
+    assert "the last complete checkpoint, step_2, is intact" in err
+    assert f"agentrl train --resume {run}" in err and "Traceback" not in err
+    monkeypatch.setattr(TranscriptWriter, "write", real)  # space freed
+    assert main(["train", "--resume", str(run)]) == 0
+    assert [row["step"] for row in read_metrics(run)] == [0, 1, 2, 3]  # step 3's row, logged once
+    steps = [ep.step for ep in iter_episodes(run)]
+    assert sorted(steps) == [s for s in range(4) for _ in range(4)], steps  # 2 prompts x 2 each, once
