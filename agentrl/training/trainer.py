@@ -86,6 +86,40 @@ def _over(failure: FailureSummary | None, limit: float | None) -> bool:
     return failure is not None and limit is not None and failure.fraction > limit
 
 
+def _breaker_message(
+    cfg: Config, run_dir: Path, step: int, failing: int, failure: FailureSummary | None
+) -> str:
+    assert failure is not None
+    return (
+        f"{failure.fraction:.0%} of step {step}'s episodes failed, and more than "
+        f"trainer.max_failed_fraction={cfg.trainer.max_failed_fraction} failed for {failing} steps in a "
+        f"row. Most frequent failure ({failure.count} episodes), at the '{failure.boundary}' boundary: "
+        f"{failure.message}. Example episode: {failure.example} (agentrl replay {run_dir} "
+        f"--episode {failure.example}). Fix the cause, or raise trainer.max_failed_fraction (null: never stop)."
+    )
+
+
+def _nothing_trained_message(cfg: Config, run_dir: Path, history: list[dict[str, float]]) -> str:
+    failed = max(m.get("episodes/failed_frac", 0.0) for m in history)
+    if all(_prompt_too_long(m) for m in history):
+        return (
+            f"no step trained: in all {len(history)} steps every episode stopped before the model wrote a "
+            f"token: the prompt (system prompt, tool schemas, task) is longer than "
+            f"rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}; raise it"
+        )
+    why = (
+        "episodes failed: see the FAILED part of the progress lines, and agentrl replay "
+        f"{run_dir} --filter failure=BOUNDARY"
+        if failed > 0
+        else "no group had rewards that differ (all correct or all wrong): check the warm start with "
+        "agentrl eval, or the reward functions"
+    )
+    return (
+        f"no step trained: in all {len(history)} steps every advantage was 0 or the update was "
+        f"skipped ({why})"
+    )
+
+
 class Trainer:
     """``overwrite``: move a run already in ``run.output_dir`` aside (to ``<dir>.old-<n>``) instead of
     refusing to start; without it (and without ``run.resume``) an existing run is an error.
@@ -253,7 +287,7 @@ class Trainer:
         if cfg.logging.plots:
             plot_run(self.run_dir)
         if history and not any(m.get("advantages/nonzero_frac", 0.0) > 0 for m in history):
-            raise TrainingFailed(self._nothing_trained_message(history))
+            raise TrainingFailed(_nothing_trained_message(self.cfg, self.run_dir, history))
         return history
 
     def _record(self, step: int, out: StepOutput, failing: int) -> int:
@@ -275,7 +309,7 @@ class Trainer:
             if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
                 self.transcripts.write(out.episodes)
             if tripped:
-                raise TrainingFailed(self._breaker_message(step, failing, out.failure))
+                raise TrainingFailed(_breaker_message(cfg, self.run_dir, step, failing, out.failure))
             if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
                 self.checkpoint(step + 1)
             return failing
@@ -300,36 +334,6 @@ class Trainer:
             yield
         finally:
             self.rollouts.close()
-
-    def _breaker_message(self, step: int, failing: int, failure: FailureSummary | None) -> str:
-        assert failure is not None
-        return (
-            f"{failure.fraction:.0%} of step {step}'s episodes failed, and more than "
-            f"trainer.max_failed_fraction={self.cfg.trainer.max_failed_fraction} failed for {failing} steps in a "
-            f"row. Most frequent failure ({failure.count} episodes), at the '{failure.boundary}' boundary: "
-            f"{failure.message}. Example episode: {failure.example} (agentrl replay {self.run_dir} "
-            f"--episode {failure.example}). Fix the cause, or raise trainer.max_failed_fraction (null: never stop)."
-        )
-
-    def _nothing_trained_message(self, history: list[dict[str, float]]) -> str:
-        failed = max(m.get("episodes/failed_frac", 0.0) for m in history)
-        if all(_prompt_too_long(m) for m in history):
-            return (
-                f"no step trained: in all {len(history)} steps every episode stopped before the model wrote a "
-                f"token: the prompt (system prompt, tool schemas, task) is longer than "
-                f"rollout.max_episode_tokens={self.cfg.rollout.max_episode_tokens}; raise it"
-            )
-        why = (
-            "episodes failed: see the FAILED part of the progress lines, and agentrl replay "
-            f"{self.run_dir} --filter failure=BOUNDARY"
-            if failed > 0
-            else "no group had rewards that differ (all correct or all wrong): check the warm start with "
-            "agentrl eval, or the reward functions"
-        )
-        return (
-            f"no step trained: in all {len(history)} steps every advantage was 0 or the update was "
-            f"skipped ({why})"
-        )
 
     def train_step(self, step: int) -> StepOutput:
         self.step = step
