@@ -30,11 +30,7 @@ def test_a_full_disk_stops_the_run_with_exit_4_and_the_resume_command(
         return real(out, learner, base_path)
 
     monkeypatch.setattr(run_state, "save_weights", fills_up)
-    assert main(["train", *args]) == 4
-    err = capsys.readouterr().err
-    assert f"no space left on device while writing checkpoint step_4 in {run / 'checkpoints'}" in err
-    assert "the last complete checkpoint, step_2, is intact" in err
-    assert f"agentrl train --resume {run}" in err and "Traceback" not in err
+    _stops_on_a_full_disk(args, run, f"checkpoint step_4 in {run / 'checkpoints'}", capsys)
     assert sorted(p.name for p in (run / "checkpoints").iterdir()) == ["step_2"]  # the partial one is gone
 
 
@@ -73,13 +69,19 @@ def test_a_full_disk_while_writing_a_steps_records_stops_with_exit_4_and_the_res
         return real(self, episodes)
 
     monkeypatch.setattr(TranscriptWriter, "write", fills_up)
-    assert main(["train", *args]) == 4
-    err = capsys.readouterr().err
-    assert f"no space left on device while writing the records of step 3 in {run} (OSError)" in err
-    assert "the last complete checkpoint, step_2, is intact" in err
-    assert f"agentrl train --resume {run}" in err and "Traceback" not in err
+    _stops_on_a_full_disk(args, run, f"the records of step 3 in {run} (OSError)", capsys)
     monkeypatch.setattr(TranscriptWriter, "write", real)  # space freed
     assert main(["train", "--resume", str(run)]) == 0
     assert [row["step"] for row in read_metrics(run)] == [0, 1, 2, 3]  # step 3's row, logged once
     steps = [ep.step for ep in iter_episodes(run)]
     assert sorted(steps) == [s for s in range(4) for _ in range(4)], steps  # 2 prompts x 2 each, once
+
+
+def _stops_on_a_full_disk(args, run, writing, capsys) -> None:
+    """``agentrl train ARGS`` exits 4 with one message: what it was writing, the last complete
+    checkpoint (step_2 in these runs) and the resume command; no traceback."""
+    assert main(["train", *args]) == 4
+    err = capsys.readouterr().err
+    assert f"no space left on device while writing {writing}" in err
+    assert "the last complete checkpoint, step_2, is intact" in err
+    assert f"agentrl train --resume {run}" in err and "Traceback" not in err
