@@ -8,6 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+from tests.helpers.durations import REFERENCE_CALIBRATION_S, calibrate, scaled_limit
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SLOW_AND_FAST = """
@@ -30,7 +34,9 @@ def test_heavy_in_the_vllm_tier():
 """
 
 
-def run_pytest(tmp_path: Path, limit_s: float, *selected: str) -> subprocess.CompletedProcess[str]:
+def run_pytest(
+    tmp_path: Path, limit_s: float, *selected: str, calibration_s: float = REFERENCE_CALIBRATION_S
+) -> subprocess.CompletedProcess[str]:
     (tmp_path / "test_timed.py").write_text(SLOW_AND_FAST)
     (tmp_path / "pytest.ini").write_text(
         "[pytest]\nmarkers =\n    slow: a slow test\n    vllm: the vLLM tier\n"
@@ -39,6 +45,7 @@ def run_pytest(tmp_path: Path, limit_s: float, *selected: str) -> subprocess.Com
         **os.environ,
         "PYTHONPATH": str(ROOT),
         "AGENTRL_FAST_TEST_LIMIT_S": str(limit_s),
+        "AGENTRL_TEST_CALIBRATION_S": str(calibration_s),
         "AGENTRL_TEST_DURATIONS": str(tmp_path / "durations.json"),
     }
     cmd = [sys.executable, "-m", "pytest", "-p", "tests.helpers.durations", "-p", "no:cacheprovider"]
@@ -64,3 +71,14 @@ def test_within_the_limit_or_in_the_slow_tier_the_session_passes(tmp_path):
     proc = run_pytest(tmp_path, 0.5, "test_quick", "test_heavy_but_slow_tier", "test_heavy_in_the_vllm_tier")
     assert proc.returncode == 0, proc.stdout
     assert "fast-tier tests over" not in proc.stdout
+
+
+def test_on_a_slower_machine_the_limit_grows_by_its_calibration(tmp_path):
+    """A machine whose calibration takes 3 times the reference's gives a fast test 3 times the limit:
+    the 1 s test passes under 0.5 s x 3 and the summary says why; at the reference it failed above."""
+    proc = run_pytest(tmp_path, 0.5, "test_quick", "test_heavy", calibration_s=3 * REFERENCE_CALIBRATION_S)
+    assert proc.returncode == 0, proc.stdout
+    assert "fast-tier limit 1.5 s: 0.5 s at the reference speed" in proc.stdout, proc.stdout
+    assert scaled_limit(30.0, REFERENCE_CALIBRATION_S / 2) == 30.0  # a faster machine: never stricter
+    assert scaled_limit(30.0, 2.4 * REFERENCE_CALIBRATION_S) == pytest.approx(72.0)
+    assert 0.0 < calibrate(rounds=2) < 10.0  # it measures (the interpreter work takes ~0.08 s here)
