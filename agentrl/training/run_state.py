@@ -103,6 +103,22 @@ class RunState:
                 raise
             raise stopped_by_full_disk(self.root_dir, what, e) from e
 
+    @contextlib.contextmanager
+    def after_the_run(self, what: str, instead: str) -> Iterator[None]:
+        """Around a write at the end of a run, after its last checkpoint and its every step's records
+        are written (TensorBoard's last events, the plots): a full disk there is a warning naming
+        ``what`` and ``instead`` (how to get it once there is space), not a failure of a complete run,
+        which a resume could not repeat anyway (every step is trained)."""
+        try:
+            yield
+        except Exception as e:
+            if not disk_full(e):
+                raise
+            self.log(
+                f"warning: no space left on device while writing {what} ({type(e).__name__}); the run is "
+                f"complete (its last checkpoint and every step's records are written): {instead}"
+            )
+
     def _room_for(self, step: int, learner: Any) -> None:
         """Warn when the checkpoint's expected size (weights, or LoRA's adapters, and AdamW's two
         moments) exceeds the free space of the run's disk."""

@@ -283,9 +283,11 @@ class Trainer:
         done, every = self.start_step + len(history), cfg.trainer.checkpoint_every
         if history and not (every and done % every == 0):  # no periodic checkpoint at the last step
             self.checkpoint(done)
-        self.metrics.close()
+        with self.state.after_the_run("the metrics' last events", "metrics.jsonl holds every step"):
+            self.metrics.close()
         if cfg.logging.plots:
-            plot_run(self.run_dir)
+            with self.state.after_the_run("the plots", f"free space, then run agentrl plot {self.run_dir}"):
+                plot_run(self.run_dir)
         if history and not any(m.get("advantages/nonzero_frac", 0.0) > 0 for m in history):
             raise TrainingFailed(_nothing_trained_message(self.cfg, self.run_dir, history))
         return history

@@ -9,6 +9,8 @@ from __future__ import annotations
 import errno
 import shutil
 
+import pytest
+
 from agentrl.cli import main
 from agentrl.training import run_state
 from agentrl.transcripts import TranscriptWriter, iter_episodes, read_metrics
@@ -85,3 +87,35 @@ def _stops_on_a_full_disk(args, run, writing, capsys) -> None:
     assert f"no space left on device while writing {writing}" in err
     assert "the last complete checkpoint, step_2, is intact" in err
     assert f"agentrl train --resume {run}" in err and "Traceback" not in err
+
+
+def test_a_full_disk_after_the_last_checkpoint_warns_and_the_run_succeeds(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
+    """The disk fills after the run's last checkpoint and records are written, in TensorBoard's close
+    and in the plots: the run is complete, so it exits 0 with a warning saying how to get the plots,
+    not 4 with a resume that would have nothing to train (before: a traceback, exit 1)."""
+    from agentrl.training import metrics, trainer
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(metrics.MetricsLogger, "close", full)
+    monkeypatch.setattr(trainer, "plot_run", full)
+    run = tmp_path / "run"
+    assert main(["train", *cli_args(run, tiny_model_dir, "trainer.total_steps=2", "logging.plots=true")]) == 0
+    out = capsys.readouterr()
+    text = out.out + out.err
+    assert "no space left on device while writing the metrics' last events" in text
+    assert "no space left on device while writing the plots (OSError)" in text
+    assert f"free space, then run agentrl plot {run}" in text and "Traceback" not in text
+    assert [row["step"] for row in read_metrics(run)] == [0, 1]
+    assert (run / "checkpoints" / "step_2").is_dir()
+
+    def broken(run_dir):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(trainer, "plot_run", broken)  # only a full disk is a warning
+    other = cli_args(tmp_path / "other", tiny_model_dir, "trainer.total_steps=1", "logging.plots=true")
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["train", *other])
