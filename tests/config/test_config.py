@@ -366,3 +366,17 @@ def test_an_empty_mapping_override_clears_a_presets_mapping():
     assert cfg.data.options == {}
     kept = load_config(ROOT / "configs" / "quickstart.yaml", ["data.options.x=1"])
     assert kept.data.options == {"n_operands": 2, "max_value": 20, "x": 1}  # a key still merges
+
+
+def test_cpu_gemm_onednn_outside_a_float32_hf_engine_is_refused_before_work():
+    """oneDNN's products are the float32 HF engine's on the CPU; asked for elsewhere, the config says
+    so instead of running without them."""
+    assert load_config(None, ["rollout.cpu_gemm=onednn"]).rollout.cpu_gemm == "onednn"
+    bf16 = _error(overrides=["rollout.cpu_gemm=onednn", "rollout.dtype=bfloat16"])
+    assert "rollout.cpu_gemm=onednn applies to the HF engine in float32 on the CPU" in bf16
+    assert "rollout.engine=hf in bfloat16: set rollout.cpu_gemm=mkl (or auto)" in bf16
+    assert "rollout.engine=vllm in float32" in _error(
+        overrides=["rollout.cpu_gemm=onednn", "rollout.engine=vllm"]
+    )
+    wrong = _error(overrides=["rollout.cpu_gemm=blas"])
+    assert "rollout.cpu_gemm" in wrong and all(c in wrong for c in ("mkl", "onednn", "auto")), wrong

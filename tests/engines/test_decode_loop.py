@@ -72,8 +72,9 @@ def test_the_static_loop_equals_the_transformers_loop(peaky_policy, poll_every):
     same(static.generate(prompts, params), reference)
 
 
-def fresh_step(model, tok, rows: int = 3):
-    """A prefilled batch of ``rows`` prompts and its ``DecodeState`` and ``LeanDecoder``."""
+def fresh_step(model, tok, rows: int = 3, gemm: str = "mkl"):
+    """A prefilled batch of ``rows`` prompts and its ``DecodeState`` and ``LeanDecoder`` (its products
+    through ``gemm``)."""
     engine = HFEngine(model, tok, lean_decode=True)
     prompts = [tok.encode(t, add_special_tokens=False) for t in TEXTS[:rows]]
     params = [SamplingParams(max_tokens=8, temperature=1.0, top_k=5 * i, seed=i) for i in range(rows)]
@@ -81,7 +82,7 @@ def fresh_step(model, tok, rows: int = 3):
     logits, mask, positions, cache = engine._prefill(batch)
     uniforms = torch.rand(rows, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     state = DecodeState.start(logits, positions, uniforms, params, filtered=True, plain=False)
-    return state, LeanDecoder.from_cache(model, cache, mask, 8)
+    return state, LeanDecoder.from_cache(model, cache, mask, 8, gemm)
 
 
 @pytest.mark.slow
@@ -117,12 +118,14 @@ class ShapeLog(TorchDispatchMode):
         return out
 
 
-def test_a_step_keeps_its_shapes_and_never_reads_the_device(peaky_policy, monkeypatch):
+@pytest.mark.parametrize("gemm", ["mkl", "onednn"])
+def test_a_step_keeps_its_shapes_and_never_reads_the_device(peaky_policy, monkeypatch, gemm):
     """Two consecutive steps run the same operations on the same shapes (a CUDA graph replays one
-    recording), and none of them reads a tensor back to the host."""
+    recording), and none of them reads a tensor back to the host, with the products through MKL or
+    through oneDNN's packed weights (engines/cpu_gemm.py)."""
     model, tok = peaky_policy
     with torch.inference_mode():
-        state, lean = fresh_step(model, tok)
+        state, lean = fresh_step(model, tok, gemm=gemm)
         for name in ("item", "tolist", "__bool__", "cpu", "numpy"):
             monkeypatch.setattr(torch.Tensor, name, lambda *a, _n=name, **k: pytest.fail(f"host read: {_n}"))
         logs = []

@@ -369,16 +369,22 @@ def test_scripted_engine_with_a_function():
 
 # -- the lean decode step (engines/lean_decode.py) -----------------------------------------------
 def lean_and_loop_agree(model, tok, prompts, params) -> list:
-    """The lean step and the transformers loop give the same tokens, and log-probs within 1e-5;
-    returns the lean engine's completions."""
-    lean = HFEngine(model, tok, max_batch_size=8, lean_decode=True)
+    """The lean step, its products through MKL and through oneDNN's packed weights (engines/cpu_gemm.py),
+    and the transformers loop give the same tokens, and log-probs within 1e-5; returns the lean
+    engine's completions (MKL)."""
     slow = HFEngine(model, tok, max_batch_size=8, lean_decode=False)
-    assert lean.decode_path == "lean" and slow.decode_path == "transformers"
-    a, b = lean.generate(prompts, params), slow.generate(prompts, params)
-    for x, y in zip(a, b):
-        assert x.token_ids == y.token_ids
-        assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
-    return a
+    assert slow.decode_path == "transformers"
+    b = slow.generate(prompts, params)
+    out = []
+    for gemm in ("mkl", "onednn"):
+        lean = HFEngine(model, tok, max_batch_size=8, lean_decode=True, cpu_gemm=gemm)
+        assert lean.decode_path == "lean" and lean.cpu_gemm == gemm
+        a = lean.generate(prompts, params)
+        for x, y in zip(a, b):
+            assert x.token_ids == y.token_ids
+            assert max(abs(p - q) for p, q in zip(x.logprobs, y.logprobs)) < 1e-5
+        out.append(a)
+    return out[0]
 
 
 def test_lean_decode_is_used_for_qwen2_and_matches_the_transformers_loop(peaky_policy):
@@ -420,19 +426,37 @@ def test_lean_decode_matches_the_transformers_loop_on_a_llama_model(tiny_tokeniz
 
 
 def test_the_lean_step_is_the_default_only_where_it_is_faster(tiny_tokenizer):
-    """The lean step is 2.49x the transformers forward at hidden 128 (bench/step_parts.py) and 0.91x at
-    SmolLM2's 576 (bench/engine.py). By default (``lean_decode=None``) a SmolLM2-sized model decodes through
-    transformers; ``lean_decode=True`` still takes the lean step, ``False`` never does."""
+    """With MKL's products the lean step is 2.49x the transformers forward at hidden 128
+    (bench/step_parts.py) and 0.91x at SmolLM2's 576 (bench/engine.py). By default (``lean_decode=None``)
+    a SmolLM2-sized model decodes through transformers, unless its products run faster through oneDNN
+    on this machine (``cpu_gemm``: measured under "auto"), which only the lean step calls;
+    ``lean_decode=True`` still takes the lean step, ``False`` never does."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     wide = LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=576, intermediate_size=64,
                                         num_hidden_layers=1, num_attention_heads=9, num_key_value_heads=3))  # fmt: skip
-    assert HFEngine(wide).decode_path == "transformers"
-    assert HFEngine(wide, lean_decode=True).decode_path == "lean"
+    assert HFEngine(wide, cpu_gemm="mkl").decode_path == "transformers"
+    assert HFEngine(wide, lean_decode=True, cpu_gemm="mkl").decode_path == "lean"
+    assert HFEngine(wide, cpu_gemm="onednn").decode_path == "lean"
+    assert HFEngine(wide).cpu_gemm == "mkl"  # the default, as before oneDNN
+    auto = HFEngine(wide, cpu_gemm="auto")
+    assert auto.cpu_gemm in ("mkl", "onednn")  # measured on this machine
+    assert auto.decode_path == ("lean" if auto.cpu_gemm == "onednn" else "transformers")
     narrow = LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=128, intermediate_size=64,
                                           num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
     assert HFEngine(narrow).decode_path == "lean"
+    assert HFEngine(narrow, cpu_gemm="auto").cpu_gemm == "mkl"  # a small model: nothing measured
     assert HFEngine(narrow, lean_decode=False).decode_path == "transformers"
+    assert HFEngine(narrow, lean_decode=False).cpu_gemm is None  # nothing measured for a step never taken
+    assert HFEngine(narrow, dtype="bfloat16", cpu_gemm="auto").cpu_gemm is None  # float32 only
+    with pytest.raises(
+        ValueError, match=r"applies to a float32 engine on the CPU; this one is torch\.bfloat16"
+    ):
+        HFEngine(narrow, dtype="bfloat16", cpu_gemm="onednn")  # asked for where it cannot apply: said
+    with pytest.raises(ValueError, match="this engine does not take that step"):
+        HFEngine(narrow, lean_decode=False, cpu_gemm="onednn")
+    with pytest.raises(ValueError, match="cpu_gemm='blas': choose one of auto, mkl, onednn"):
+        HFEngine(narrow, cpu_gemm="blas")
 
 
 def test_lean_decode_declines_models_it_does_not_reproduce(tiny_policy):
@@ -486,3 +510,14 @@ def test_lean_decode_bfloat16_stays_close_to_the_transformers_loop(peaky_policy)
             logits = engine.model(ids).logits[0, len(prompt) - 1 : -1].float()
         ref = logits.log_softmax(-1).gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
         assert max(abs(x - y) for x, y in zip(out.logprobs, ref.tolist())) < 0.15
+
+
+@pytest.mark.parametrize("choice", ["mkl", "onednn"])
+def test_rollout_cpu_gemm_reaches_the_engine(tiny_policy, choice):
+    """``rollout.cpu_gemm`` is the engine's: a run's HF engine takes the library the config names."""
+    from agentrl.config import load_config
+    from agentrl.rollout.components import local_engine
+
+    model, tok = tiny_policy
+    engine = local_engine(load_config(None, [f"rollout.cpu_gemm={choice}"]), model, tok, "unused")
+    assert engine.cpu_gemm == choice and engine.decode_path == "lean"
