@@ -104,7 +104,8 @@ class _Layer:
     """One decoder layer's weights packed for a [B, H] decode step, so a layer is a handful of calls:
 
     - every matrix is transposed to [in, out] and contiguous (a row-major GEMM against a
-      pre-transposed weight is 2-3x faster on CPU at these shapes than ``F.linear``);
+      pre-transposed weight is 2-3x faster on CPU at these shapes than ``F.linear``), or, with
+      ``rows`` set, packed for oneDNN (``cpu_gemm.Gemm``: ``rollout.cpu_gemm: onednn``);
     - one GEMM gives q, k, v and rotate_half(q), rotate_half(k): rotate_half is linear, so its
       matrix is multiplied into the q and k columns, and rotary embedding becomes
       ``qk * cos + qk_rotated * sin``;
