@@ -104,7 +104,7 @@ def onednn_is_faster(
     """Whether ``rows`` rows through the [in, out] products ``shapes`` (one decoder layer's and a
     slice of the head's) run at least ``FASTER_BY`` times faster through packed oneDNN weights than
     through MKL on this machine, float32, interleaved, best of 3. Measured once per process for each
-    shape set and thread count (``threads``: part of the key only; ~0.3 s at SmolLM2-135M's shapes)."""
+    shape set and thread count (``threads``: part of the key only; 0.67 s at SmolLM2-135M's shapes, one thread, beside a CI run)."""
     if onednn_ops() is None:
         return False
     weights = [torch.full((i, o), 0.01) for i, o in shapes]  # the values do not change the time
