@@ -89,15 +89,11 @@ def _normed(x: Tensor, eps: Tensor) -> Tensor:
     return x * r if x.dtype == torch.float32 else (h * r).to(x.dtype)
 
 
-def _rotate_half_matrix(n_heads: int, head_dim: int, dtype: torch.dtype, device: Any) -> Tensor:
-    """R with ``y @ R == rotate_half(y)`` head by head for y [., n_heads * head_dim]: rotate_half
-    maps (a, b) to (-b, a) in each head's two halves."""
-    half = head_dim // 2
-    r = torch.zeros(head_dim, head_dim, dtype=dtype, device=device)
-    idx = torch.arange(half, device=device)
-    r[idx + half, idx] = -1.0  # output i < half takes -y[i + half]
-    r[idx, idx + half] = 1.0  # output i + half takes y[i]
-    return torch.block_diag(*[r] * n_heads)
+def _rotate_half_columns(y: Tensor, n_heads: int, head_dim: int) -> Tensor:
+    """``rotate_half`` of each head's columns of y [., n_heads * head_dim]: (a, b) -> (-b, a) in
+    each head's two halves. A signed permutation: exact, no product, no read of the device."""
+    halves = y.unflatten(-1, (n_heads, 2, head_dim // 2))
+    return torch.stack((-halves[..., 1, :], halves[..., 0, :]), dim=-2).flatten(-3)
 
 
 class _Layer:
@@ -106,9 +102,9 @@ class _Layer:
     - every matrix is transposed to [in, out] and contiguous (a row-major GEMM against a
       pre-transposed weight is 2-3x faster on CPU at these shapes than ``F.linear``), or, with
       ``rows`` set, packed for oneDNN (``cpu_gemm.Gemm``: ``rollout.cpu_gemm: onednn``);
-    - one GEMM gives q, k, v and rotate_half(q), rotate_half(k): rotate_half is linear, so its
-      matrix is multiplied into the q and k columns, and rotary embedding becomes
-      ``qk * cos + qk_rotated * sin``;
+    - one GEMM gives q, k, v and rotate_half(q), rotate_half(k): rotate_half permutes and negates
+      columns, so the weight carries the q and k columns a second time, rotated
+      (``_rotate_half_columns``), and rotary embedding becomes ``qk * cos + qk_rotated * sin``;
     - each RMSNorm's weight w is folded into the rows of the matrix that reads the normed vector
       (``(w * n) @ W == n @ (w[:, None] * W)``), so a norm is ``x * rsqrt(mean(x^2) + eps)``.
 
@@ -121,10 +117,10 @@ class _Layer:
         projs = (a.q_proj, a.k_proj, a.v_proj)
         bias = [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in projs]
         qk_t = torch.cat([a.q_proj.weight, a.k_proj.weight]).t()  # [H, (nH + kvH) D]
-        rot = _rotate_half_matrix(n_heads + n_kv, head_dim, qk_t.dtype, qk_t.device)
         qk_b = torch.cat(bias[:2])
-        qkv_t = (w1[:, None] * torch.cat([qk_t, a.v_proj.weight.t(), qk_t @ rot], dim=1)).contiguous()
-        self.qkv = Gemm(qkv_t, torch.cat([qk_b, bias[2], qk_b @ rot]), rows)
+        qk_t_rot, qk_b_rot = (_rotate_half_columns(x, n_heads + n_kv, head_dim) for x in (qk_t, qk_b))
+        qkv_t = (w1[:, None] * torch.cat([qk_t, a.v_proj.weight.t(), qk_t_rot], dim=1)).contiguous()
+        self.qkv = Gemm(qkv_t, torch.cat([qk_b, bias[2], qk_b_rot]), rows)
         self.o = Gemm(a.o_proj.weight.t().contiguous(), a.o_proj.bias, rows)
         gate_up_t = (w2[:, None] * torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()).contiguous()
         self.gate_up = Gemm(gate_up_t, None, rows)

@@ -136,6 +136,28 @@ def test_a_step_keeps_its_shapes_and_never_reads_the_device(peaky_policy, monkey
     assert logs[0] == logs[1] and len(logs[0]) > 50
 
 
+READS_THE_DEVICE = ("_local_scalar_dense", "nonzero", "index_put", "masked_select", "unique", "_to_copy")
+"""aten ops that wait for a CUDA device (a scalar or a data-dependent size read back, or a copy to
+the host); the GPU check found 60 per batch in the packing (an index assignment per layer)."""
+
+
+def test_packing_the_weights_reads_nothing_back(peaky_policy):
+    """A batch's ``LeanDecoder`` packs every layer without an op that waits for the device, and its
+    rotated q/k columns equal transformers' ``rotate_half`` head by head, exactly."""
+    from transformers.models.llama.modeling_llama import rotate_half
+
+    from agentrl.engines.lean_decode import _rotate_half_columns
+
+    model, tok = peaky_policy
+    with torch.inference_mode():
+        _, lean = fresh_step(model, tok)
+        with ShapeLog() as log:
+            LeanDecoder(model, lean.keys, lean.values, lean.bias, lean.length, 16)
+    assert [op for op, _ in log.ops if op.split(".")[1] in READS_THE_DEVICE] == []
+    y = torch.randn(5, 7 * 16)
+    assert torch.equal(_rotate_half_columns(y, 7, 16), rotate_half(y.view(5, 7, 16)).view(5, -1))
+
+
 def test_the_batch_is_as_large_as_the_memory_budget_allows(peaky_policy, monkeypatch):
     """No fixed 64-row split: rows decode together as far as the KV budget holds them. The test model
     (hidden 128, 2 layers, 2 KV heads of 32) holds 2 layers · 2 · 2 · 32 · 4 bytes = 1 KiB per
