@@ -32,6 +32,7 @@ import itertools
 import os
 import queue
 import random
+import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -47,14 +48,19 @@ from agentrl.engines.base import (
     per_prompt_params,
     weight_items,
 )
+from agentrl.engines.cpu_shm import remove_stale_segments
 from agentrl.models.stopping import cut_at_condition, token_decoder
 
 
-def _cpu_environment(kv_cache_gib: float) -> None:
+def _cpu_environment(kv_cache_gib: float, tensor_parallel_size: int) -> None:
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gib))))
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(os.cpu_count() or 1) - 1}")
     os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
     os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+    if tensor_parallel_size > 1 and os.environ.get("LOCAL_RANK", "0") == "0":
+        # Before the engine's first collective, which no other rank passes until this one is done.
+        for name in remove_stale_segments():
+            print(f"vLLM: removed stale CPU shared memory /dev/shm/{name}", file=sys.stderr)
 
 
 def safetensors_blob(state_dict: Mapping[str, torch.Tensor]) -> bytes:
@@ -92,7 +98,7 @@ class VLLMEngine:
                 "enable_sleep_mode needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, not on device='cpu'"
             )
         if device == "cpu":
-            _cpu_environment(kv_cache_space_gib)
+            _cpu_environment(kv_cache_space_gib, tensor_parallel_size)
         import vllm
 
         self._vllm = vllm
