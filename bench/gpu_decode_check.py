@@ -16,12 +16,14 @@ Rows, at each ``--batch``:
   also a static cache (transformers compiles its forward: the first run includes the compile).
 Also: which attention kernel sdpa picks at decode shapes, and a new key length against a repeated
 one; where each path reads the device back (``torch.cuda.set_sync_debug_mode``); the lean graph's
-tokens against the eager lean loop's at the same seeds; a short profile of the transformers path.
+paths' tokens against the eager lean loop's at the same seeds, in bfloat16 and in a float32 copy
+(``--agreement-only``: that alone); a short profile of the transformers path.
 
-    python3 bench/gpu_decode_check.py [--batch 32 128] [--new-tokens 128] [--static]
+    python3 bench/gpu_decode_check.py [--batch 32 128] [--new-tokens 128] [--static] [--agreement-only]
 
 Writes ``$OUT/gpu_decode_check.json`` and ``$OUT/profile_transformers.txt`` (``$OUT`` defaults to
-the current directory). Written to take a few minutes on an H100 or H200; not yet run (2026-11-29).
+the current directory). Ran on an H200 on 2026-11-30 in 109 s (``--agreement-only`` 26 s; results in
+docs/performance.md); ``--static`` has not run.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import traceback
 import warnings
 from collections import Counter
 from collections.abc import Callable
+from copy import deepcopy
 from pathlib import Path
 
 import torch
@@ -199,6 +202,42 @@ def reads_back(engine: HFEngine, rows: int) -> dict[str, int]:
     return dict(sites.most_common(12))
 
 
+def float32_engines(model: torch.nn.Module, device: str) -> dict[str, HFEngine]:
+    """The three decode paths over a float32 copy of ``model`` (TF32 off)."""
+    torch.backends.cuda.matmul.allow_tf32 = False
+    copy = deepcopy(model).float()
+    return {
+        "transformers": HFEngine(copy, device=device, lean_decode=False),
+        "lean_eager": HFEngine(copy, device=device, lean_decode=True, cuda_graphs=False),
+        "lean_graph_poll8": HFEngine(copy, device=device, lean_decode=True, poll_every=8),
+    }
+
+
+def agreement(engines: dict[str, HFEngine], rows: int = 32, new: int = 32) -> dict[str, object]:
+    """Each path's sampled tokens against the eager lean loop's at the same seeds, and the graph's
+    against its own second run: rows with the same tokens, the earliest step where a row's tokens
+    part (every later token follows the difference, so one flipped token changes the rest of its
+    row), and the largest log-prob difference before the row parts."""
+    params = [SamplingParams(max_tokens=new, temperature=1.0, seed=i) for i in range(rows)]
+    outs = {name: engine.generate(prompts(rows), params) for name, engine in engines.items()}
+    pairs = {name: (outs["lean_eager"], outs[name]) for name in outs if name != "lean_eager"}
+    again = engines["lean_graph_poll8"].generate(prompts(rows), params)
+    pairs["lean_graph_poll8 run twice"] = (outs["lean_graph_poll8"], again)
+    report: dict[str, object] = {}
+    for name, (ref, other) in pairs.items():
+        parts, worst = [], 0.0
+        for a, b in zip(ref, other):
+            same = next((i for i, (x, y) in enumerate(zip(a.token_ids, b.token_ids)) if x != y), new)
+            parts.append(same)
+            worst = max([worst] + [abs(x - y) for x, y in zip(a.logprobs[:same], b.logprobs[:same])])
+        report[name] = {
+            "rows_equal": f"{sum(p == new for p in parts)}/{rows}",
+            "first_difference_min": min(parts),
+            "logprob_max_diff_before_it": worst,
+        }
+    return report
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--batch", type=int, nargs="+", default=[32, 128])
@@ -208,6 +247,11 @@ def main() -> None:
         "--smoke",
         action="store_true",
         help="on the CPU, 2 layers, tiny sizes: checks the script runs, measures nothing",
+    )
+    ap.add_argument(
+        "--agreement-only",
+        action="store_true",
+        help="only the paths' agreement in bfloat16 and float32: no timing, probe or profile",
     )
     args = ap.parse_args()
     out_dir = Path(os.environ.get("OUT", "."))
@@ -226,11 +270,13 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"),
     }
     print(res, flush=True)
-    if device == "cuda":
+    if args.agreement_only:
+        args.batch = []
+    elif device == "cuda":
         res["attention"] = attention_probe(device)
         print(res["attention"], flush=True)
-    else:
-        args.batch, args.new_tokens = [4], 6
+    if device == "cpu":
+        args.batch, args.new_tokens = [] if args.agreement_only else [4], 6
     model = smollm2_shaped(device, layers=2 if args.smoke else 30)
     make = {
         "transformers": lambda: HFEngine(model, device=device, lean_decode=False),
@@ -252,13 +298,14 @@ def main() -> None:
             row["generate_no_cudnn"] = generate_ms(model, rows, args.new_tokens)
         res[f"B{rows}"] = row
         print(rows, row, flush=True)
-    params = [SamplingParams(max_tokens=32, temperature=1.0, seed=i) for i in range(32)]
-    eager = engines["lean_eager"].generate(prompts(32), params)
-    graph = engines["lean_graph_poll8"].generate(prompts(32), params)
-    res["graph_tokens_equal_eager"] = [a.token_ids for a in eager] == [b.token_ids for b in graph]
-    res["graph_logprob_max_diff"] = max(
-        abs(x - y) for a, b in zip(eager, graph) for x, y in zip(a.logprobs, b.logprobs)
-    )
+    res["agreement"] = {
+        "bfloat16" if device == "cuda" else "float32": agreement(engines),
+        "float32": agreement(float32_engines(model, device)),
+    }
+    print(res["agreement"], flush=True)
+    if args.agreement_only:
+        (out_dir / "gpu_decode_check.json").write_text(json.dumps(res, indent=1))
+        return
     if device == "cuda":
         res["reads_back"] = {name: reads_back(e, 16) for name, e in engines.items() if name != "lean_eager"}
     from torch.profiler import ProfilerActivity, profile

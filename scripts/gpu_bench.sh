@@ -8,8 +8,9 @@
 #   MODEL=path/to/SmolLM2-135M-Instruct.Q4_1.gguf bash scripts/gpu_bench.sh tiny full lora
 # Environment: MODEL (default pypi:smollm2-135m-instruct), STEPS (4: the first is a warm-up), ROUNDS (2),
 # OUT_DIR ($OUT or runs/gpu_bench). Uses .venv when present, else python3 (the GPU machine's own).
-# Run on a GPU once (H200, 2026-11-27): `full` only (docs/performance.md); `lora` and `tiny` have not
-# yet run on a GPU.
+# Run on an H200: `full` on 2026-11-27 and 2026-11-30 (STEPS=3, 326 s with the GGUF's conversion;
+# docs/performance.md); `lora` and `tiny` have not yet run on a GPU. The GPU machine lacks trl, its
+# datasets and the model: scripts/gpu_bundle.sh bench packs them.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=python3

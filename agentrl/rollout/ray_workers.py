@@ -116,8 +116,8 @@ class RolloutWorker:
         """One bucket as CUDA IPC handles to the trainer's GPU memory (``rollout.sync.transport:
         cuda_ipc``; this worker shares the trainer's GPU): copied into the engine, and the copy
         finished, before this returns and the trainer may free them. A vLLM engine takes a copy of
-        its own first (its worker process cannot reopen memory this process opened). Not yet run
-        on a GPU."""
+        its own first (its worker process cannot reopen memory this process opened). Run on an H200
+        with the HF engine (the GPU check, 2026-11-30); with vLLM not yet run on a GPU."""
         import torch
 
         from agentrl.engines.vllm_worker import open_cuda_ipc_blob

@@ -87,7 +87,8 @@ class PoolWeights:
     def _ipc(self, workers: list, bucket: list[tuple[str, torch.Tensor]]) -> None:
         """``transport: cuda_ipc``: the workers (on this process's GPU, ``placement.py``) open CUDA IPC
         handles to the bucket's tensors and copy from them; the tensors stay referenced here until every
-        worker has answered. Not yet run on a GPU."""
+        worker has answered. Run on an H200 (the GPU check, 2026-11-30: an HF engine's worker sharing the
+        trainer's GPU, every sync verified)."""
         from agentrl.engines.vllm_worker import cuda_ipc_blob
 
         alive = [(n, t.contiguous()) for n, t in bucket]
