@@ -1,7 +1,8 @@
 """The GPU check (``bash scripts/gpu_check.sh``): the trainer, the HF engine, FSDP2 and LoRA on CUDA,
 engine/trainer log-prob parity there, ``agentrl plan`` against ``torch.cuda.max_memory_allocated``, a
-Ray rollout worker sharing the GPU with the trainer and taking its weights over CUDA IPC, and
-``run.deterministic`` repeating a run bit for bit.
+Ray rollout worker sharing the GPU with the trainer and taking its weights over CUDA IPC,
+``run.deterministic`` repeating a run bit for bit, and the decode step's CUDA graphs kept across
+batches and weight syncs.
 
 Marked ``gpu``; each test skips, saying why, when torch sees no CUDA device (CI machines have none).
 Models are built locally: the GPU machine reaches no hub.
@@ -119,6 +120,42 @@ def test_engine_logprobs_equal_the_trainers_on_cuda(tmp_path, tiny_model_dir):
             worst = max(worst, float((ref - torch.tensor(out.logprobs)).abs().max()))
     print(f"engine/trainer max |Δ logp| on CUDA: {worst:.2e}")
     assert worst <= 1e-4
+
+
+def test_kept_cuda_graphs_survive_a_second_batch_and_a_weight_sync(peaky_policy):
+    """fp32 on CUDA (TF32 off): the decode step's graphs (engines/decode_graphs.py) are captured once
+    per batch bucket; a second batch and a batch after ``load_weights`` replay them, and every batch's
+    tokens equal the eager lean loop's on the same weights (log-probs within 1e-5)."""
+    import copy
+
+    from agentrl.engines.decode_graphs import GraphPool
+    from agentrl.engines.decode_loop import StepGraph
+    from agentrl.engines.hf import HFEngine
+    from tests.helpers.decode_cases import mixed_requests, same
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    model, tok = peaky_policy
+    captures = []
+
+    def counted(fn, device):
+        captures.append(fn.args[0].logits.shape[0])
+        return StepGraph(fn, device)
+
+    kept = HFEngine(copy.deepcopy(model), tok, device="cuda", lean_decode=True)
+    kept._graphs = GraphPool(capture=counted)
+    eager = HFEngine(copy.deepcopy(model), tok, device="cuda", lean_decode=True, cuda_graphs=False)
+    prompts, params = mixed_requests(tok)
+    same(kept.generate(prompts, params), eager.generate(prompts, params))
+    first = list(captures)
+    same(kept.generate(prompts, params), eager.generate(prompts, params))
+    new = {
+        n: p + 0.05 * torch.randn_like(p) for n, p in model.state_dict().items() if n.endswith("proj.weight")
+    }
+    kept.load_weights(new)
+    eager.load_weights(new)
+    same(kept.generate(prompts, params), eager.generate(prompts, params))
+    print(f"buckets captured: {first}; after a second batch and a weight sync: {captures}")
+    assert captures == first and len(first) > 1
 
 
 def long_episodes(n: int, policy_tokens: int) -> list:

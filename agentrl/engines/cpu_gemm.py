@@ -63,6 +63,14 @@ class Gemm:
         self.w_t = None if ops is not None else w_t
         self.packed = ops[0](w_t.t().contiguous(), rows) if ops is not None else None
 
+    def copy_from(self, other: Gemm) -> None:
+        """Take ``other``'s values into this one's tensors, in place (the same shapes and library:
+        ``lean_weights.PackedWeights.refresh``)."""
+        for mine, theirs in ((self.w_t, other.w_t), (self.packed, other.packed), (self.bias, other.bias)):
+            if mine is not None:
+                assert theirs is not None
+                mine.copy_(theirs)
+
     def __call__(self, x: Tensor) -> Tensor:
         if self._linear is not None:
             return self._linear(x, self.packed, self.bias, "none", [], "")

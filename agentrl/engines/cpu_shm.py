@@ -43,8 +43,10 @@ def held_paths(root: Path) -> set[str]:
 
 def remove_stale_segments(root: str | Path = "/dev/shm") -> list[str]:
     """Remove this user's vLLM CPU shared-memory segments under ``root`` that no live process holds;
-    returns their names. A segment in use (open or mapped by an engine running now) is kept."""
-    root = Path(root)
+    returns their names. A segment in use (open or mapped by an engine running now) is kept. ``root``
+    is resolved first: ``/proc`` names the files by their real path, so a root reached through a
+    symbolic link would otherwise match no held file and remove segments in use."""
+    root = Path(root).resolve()
     if not root.is_dir() or not os.path.isdir("/proc"):
         return []
     mine = [p for p in root.glob(PATTERN) if p.is_file() and p.stat().st_uid == os.getuid()]

@@ -9,7 +9,8 @@ samples a token for every row (``sample_next``, by inverse CDF on the row's own 
 and its log-probability, marks rows that hit a stop id or their ``max_tokens``, runs the lean step
 (``lean_decode.py``) on the tokens and advances positions and step: no ``.item()``, ``.tolist()``,
 ``bool(tensor)`` or data-dependent shape, so ``torch.compile(fullgraph=True)`` traces it whole
-(tested) and on CUDA ``StepGraph`` replays it as one CUDA graph.
+(tested) and on CUDA ``StepGraph`` replays it as one CUDA graph (kept across batches by
+``decode_graphs.py``).
 
 The host (``decode_batch``) reads back the new tokens every ``poll_every`` steps: it appends them
 to each request up to its end (a stop id, a stop string, ``max_tokens``: tokens sampled past a row's
@@ -19,9 +20,8 @@ are done. Finished rows keep being sampled until then; what they sample is never
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import torch
@@ -137,6 +137,13 @@ class DecodeState:
             plain=plain,
         )
 
+    def first_rows(self, rows: int, filtered: bool, plain: bool) -> DecodeState:
+        """A state over the first ``rows`` rows of this one's tensors (the same memory, the step
+        counter shared), with the given ``sample_next`` hints."""
+        named = ((f.name, getattr(self, f.name)) for f in fields(self) if f.name != "step")
+        views = {name: t[:rows] for name, t in named if isinstance(t, Tensor)}
+        return replace(self, **views, filtered=filtered, plain=plain)
+
     def keep(self, rows: Tensor) -> None:
         """Keep only ``rows`` (indices into the current rows)."""
         for f in fields(self):
@@ -175,8 +182,8 @@ class StepGraph:
     (``decode_step`` on a ``DecodeState`` and its ``LeanDecoder``). The first call runs ``fn``
     eagerly on a side stream (the warm-up PyTorch asks for before a capture: cuBLAS workspaces and
     lazily built kernels), then captures one more call, which records without running, and replays
-    that recording for it and every later call. Rows dropped from the batch change the shapes: the
-    caller makes a new ``StepGraph``. Run on an H200 (bench/gpu_decode_check.py, 2026-11-30): in float32
+    that recording for it and every later call. ``decode_graphs.GraphPool`` keeps one per batch
+    bucket, over tensors that keep their addresses from batch to batch. Run on an H200 (bench/gpu_decode_check.py, 2026-11-30): in float32
     the same tokens and log-probs as the eager loop, bit for bit; 3.1-3.8 ms a step for SmolLM2-135M
     at 32-128 rows in bfloat16."""
 
@@ -205,23 +212,21 @@ def decode_batch(
     lean: Any,
     steps: int,
     poll_every: int,
-    graphs: torch.device | None,
     check: Callable[[str], None],
 ) -> None:
-    """The host's loop over a prefilled batch (``HFEngine._run_batch``): ``steps`` decode steps, the new
-    tokens read back every ``poll_every`` steps and appended to their requests (``rows``, whose
-    ``add(token, logprob)`` says when a request is done) up to each one's end; finished rows dropped
-    at a poll once a quarter are done. ``graphs``: replay each step as a CUDA graph on that device
-    (attending over the whole capacity); None: call it (attending to the columns in use).
-    ``check(where)`` raises when the caller's deadline has passed."""
+    """The host's loop over a prefilled batch (``HFEngine._run_batch`` without CUDA graphs; with them,
+    ``decode_graphs.GraphPool.decode``): ``steps`` decode steps, each attending to the key columns in
+    use, the new tokens read back every ``poll_every`` steps and appended to their requests
+    (``rows``, whose ``add(token, logprob)`` says when a request is done) up to each one's end;
+    finished rows dropped at a poll once a quarter are done. ``check(where)`` raises when the
+    caller's deadline has passed."""
     rows, seen = list(rows), 0
-    run = _stepper(state, lean, graphs)
     for step in range(steps):
         check(f"at decode step {step}")
-        run(lean.length + step + 1)
+        decode_step(state, lean, lean.length + step + 1)
         if step + 1 - seen < poll_every and step + 1 < steps:
             continue
-        done = _take(rows, state, seen, step + 1)
+        done = take(rows, state, seen, step + 1)
         seen = step + 1
         if all(done):
             return
@@ -231,22 +236,14 @@ def decode_batch(
             state.keep(index)
             lean.keep(index)
             rows = [rows[i] for i in keep]
-            run = _stepper(state, lean, graphs)  # new shapes: on CUDA, a new graph
 
 
-def _stepper(state: DecodeState, lean: Any, graphs: torch.device | None) -> Callable[[int], None]:
-    """One decode step, given the key columns in use (a graph reads them all)."""
-    if graphs is None:
-        return functools.partial(decode_step, state, lean)
-    graph = StepGraph(functools.partial(decode_step, state, lean, None), graphs)
-    return lambda span: graph()
-
-
-def _take(rows: list[Any], state: DecodeState, start: int, end: int) -> list[bool]:
+def take(rows: list[Any], state: DecodeState, start: int, end: int) -> list[bool]:
     """Append the tokens of steps ``start..end`` to each row's request up to its end (one read
-    back); whether each row is done."""
-    tokens = state.tokens[:, start:end].tolist()
-    logprobs = state.logprobs[:, start:end].tolist()
+    back); whether each row is done. ``state`` may hold more rows than ``rows`` (a graph bucket's
+    padding, ``decode_graphs.py``): only the first ``len(rows)`` are read."""
+    tokens = state.tokens[: len(rows), start:end].tolist()
+    logprobs = state.logprobs[: len(rows), start:end].tolist()
     for r, toks, lps in zip(rows, tokens, logprobs):
         for t, lp in zip(toks, lps):
             if r.finish is not None or r.add(t, lp):

@@ -30,7 +30,7 @@ import copy
 import random
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -49,11 +49,13 @@ from agentrl.engines.base import (
 )
 from agentrl.engines.cpu_gemm import CHOICES as CPU_GEMM_CHOICES
 from agentrl.engines.cpu_gemm import resolve as cpu_gemm_library
+from agentrl.engines.decode_graphs import GraphPool, columns_bucket
 from agentrl.engines.decode_loop import DecodeState, decode_batch, sample_next
 from agentrl.engines.fingerprint import checksum, probe_logprobs, sampled_many
 from agentrl.engines.lean_decode import LeanDecoder
 from agentrl.engines.lean_decode import pays_off as lean_pays_off
 from agentrl.engines.lean_decode import supports as lean_supports
+from agentrl.engines.lean_weights import PackedWeights
 from agentrl.models import torch_dtype
 from agentrl.models.cache_api import cache_kwargs
 from agentrl.models.stopping import StopStringMatcher, token_decoder
@@ -150,6 +152,9 @@ class HFEngine:
         ("mkl" or "onednn"; None elsewhere): recorded so benchmarks and logs can say which ran."""
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
         self._deadline = threading.local()  # ``bounded``: this thread's generate deadline
+        self._packed: PackedWeights | None = None  # the lean step's weights, kept while current
+        self._graphs = GraphPool() if self.cuda_graphs and self.decode_path == "lean" else None
+        """The decode step's CUDA graphs, kept per batch bucket across batches (decode_graphs.py)."""
 
     @property
     def version(self) -> int:
@@ -199,6 +204,7 @@ class HFEngine:
     def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy, pickle: the deadline is per thread
         state = self.__dict__.copy()
         state.pop("_deadline", None)
+        state.update(_packed=None, _graphs=GraphPool() if self._graphs is not None else None)  # remade
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -251,16 +257,16 @@ class HFEngine:
         when set; else as many as the KV cache's memory budget holds (``kv_budget_bytes``), at least
         one. Rows decoded together cost one step for all of them, so fewer, larger batches are
         faster wherever memory allows (the 128-row runs of the GPU benchmark decoded two 64-row
-        batches one after the other when 64 was fixed)."""
+        batches one after the other when 64 was fixed). With CUDA graphs a batch takes its bucket's
+        rows and columns (powers of two, decode_graphs.py), so at most a power of two of rows."""
         if self.max_batch_size:
             return min(self.max_batch_size, len(todo))
-        c: Any = self.model.config
-        layers = int(getattr(c, "num_hidden_layers", 1))
-        heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
-        head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
         width = len(todo[0].prompt) + max(r.params.max_tokens for r in todo)
-        per_row = 2 * layers * heads * head_dim * width * next(self.model.parameters()).element_size()
-        return max(1, min(len(todo), int(kv_budget_bytes(self.device) // per_row)))
+        per_column = kv_bytes_per_column(self.model)
+        if self._graphs is None:
+            return max(1, min(len(todo), int(kv_budget_bytes(self.device) // (per_column * width))))
+        fit = int(kv_budget_bytes(self.device) // (per_column * columns_bucket(width)))
+        return max(1, min(len(todo), 1 << (fit.bit_length() - 1) if fit else 1))  # a whole bucket fits
 
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         """On CUDA, scaled-dot-product attention without cuDNN for the engine's own calls (the
@@ -346,62 +352,95 @@ class HFEngine:
         plain = not filtered and all(float(r.params.temperature) == 1.0 for r in batch)
         logits, mask, positions, cache = self._prefill(batch)
         state = DecodeState.start(logits, positions, uniforms, [r.params for r in batch], filtered, plain)
-        if self.decode_path == "lean":
-            lean = LeanDecoder.from_cache(self.model, cache, mask, steps, self.cpu_gemm or "mkl")
-            graphs = self.device if self.cuda_graphs else None
-            decode_batch(batch, state, lean, steps, self.poll_every, graphs, self._check_deadline)
+        if self.decode_path != "lean":
+            decode_transformers(self.model, batch, state, mask, cache, steps, self._check_deadline)
+        elif self._graphs is not None:
+            packed = self.packed_weights(len(batch))
+            self._graphs.decode(
+                self.model, packed, batch, state, cache, mask, self.poll_every, self._check_deadline
+            )
         else:
-            self._decode_transformers(batch, state, mask, cache, steps)
+            lean = LeanDecoder.from_cache(
+                self.model, cache, mask, steps, packed=self.packed_weights(len(batch))
+            )
+            decode_batch(batch, state, lean, steps, self.poll_every, self._check_deadline)
 
-    def _decode_transformers(
-        self, batch: list[_Request], state: DecodeState, mask: torch.Tensor, cache: DynamicCache, steps: int
-    ) -> None:
-        """The transformers forward, one step at a time (models the lean step does not reproduce)."""
-        rows, positions, logits = list(batch), state.positions, state.logits
-        temperature, top_k, top_p, uniforms = state.temperature, state.top_k, state.top_p, state.uniforms
-        for step in range(steps):
-            self._check_deadline(f"at decode step {step}")
-            tokens, lps = sample_next(
-                logits,
-                temperature,
-                top_k,
-                top_p,
-                uniforms[:, step],
-                filtered=state.filtered,
-                plain=state.plain,
+    def packed_weights(self, rows: int) -> PackedWeights:
+        """The lean step's packed weights for a batch of ``rows`` rows: the kept ones while the model's
+        weights are unchanged, else packed again in place (lean_weights.py); new ones when oneDNN
+        packs for another row count."""
+        hint = rows if self.cpu_gemm == "onednn" else None
+        if self._packed is None or self._packed.rows != hint:
+            self._packed = None  # the old copy goes before the new one is made
+            self._packed = PackedWeights(self.model, hint)
+        elif not self._packed.current(self.model):
+            self._packed.refresh(self.model)
+        return self._packed
+
+
+def decode_transformers(
+    model: torch.nn.Module,
+    batch: list[_Request],
+    state: DecodeState,
+    mask: torch.Tensor,
+    cache: DynamicCache,
+    steps: int,
+    check: Callable[[str], None],
+) -> None:
+    """A prefilled batch decoded by the transformers forward, one step at a time (models the lean step
+    does not reproduce); ``check(where)`` raises past the caller's deadline."""
+    rows, positions, logits = list(batch), state.positions, state.logits
+    temperature, top_k, top_p, uniforms = state.temperature, state.top_k, state.top_p, state.uniforms
+    for step in range(steps):
+        check(f"at decode step {step}")
+        tokens, lps = sample_next(
+            logits,
+            temperature,
+            top_k,
+            top_p,
+            uniforms[:, step],
+            filtered=state.filtered,
+            plain=state.plain,
+        )
+        done = [r.finish is not None or r.add(t, lp) for r, t, lp in zip(rows, tokens.tolist(), lps.tolist())]
+        if all(done):
+            return
+        if 4 * sum(done) >= len(rows):  # compact: drop finished rows everywhere
+            kept = [i for i, d in enumerate(done) if not d]
+            keep = torch.tensor(kept, device=state.logits.device)
+            cache.reorder_cache(keep)  # type: ignore[arg-type]
+            rows = [rows[i] for i in kept]
+            tokens, mask, positions = tokens[keep], mask[keep], positions[keep]
+            uniforms, temperature, top_k, top_p = (
+                uniforms[keep],
+                temperature[keep],
+                top_k[keep],
+                top_p[keep],
             )
-            done = [
-                r.finish is not None or r.add(t, lp) for r, t, lp in zip(rows, tokens.tolist(), lps.tolist())
-            ]
-            if all(done):
-                return
-            if 4 * sum(done) >= len(rows):  # compact: drop finished rows everywhere
-                kept = [i for i, d in enumerate(done) if not d]
-                keep = torch.tensor(kept, device=self.device)
-                cache.reorder_cache(keep)  # type: ignore[arg-type]
-                rows = [rows[i] for i in kept]
-                tokens, mask, positions = tokens[keep], mask[keep], positions[keep]
-                uniforms, temperature, top_k, top_p = (
-                    uniforms[keep],
-                    temperature[keep],
-                    top_k[keep],
-                    top_p[keep],
-                )
-            mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-            out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=positions[:, None],
-                **cache_kwargs(self.model, cache),
-                use_cache=True,
-            )
-            logits = out.logits[:, -1].float()
-            positions = positions + 1
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+        out = model(
+            input_ids=tokens[:, None],
+            attention_mask=mask,
+            position_ids=positions[:, None],
+            **cache_kwargs(model, cache),
+            use_cache=True,
+        )
+        logits = out.logits[:, -1].float()
+        positions = positions + 1
 
 
 DEFAULT_POLL_CUDA = 8
 """On CUDA the lean loop reads its tokens back every 8 steps: a read waits for the GPU, and 8 steps
 of graph replays keep it busy in between; finished rows run at most 7 wasted steps."""
+
+
+def kv_bytes_per_column(model: torch.nn.Module) -> int:
+    """The bytes one row's KV cache takes per key column (every layer's keys and values)."""
+    c: Any = model.config
+    layers = int(getattr(c, "num_hidden_layers", 1))
+    heads = int(getattr(c, "num_key_value_heads", None) or c.num_attention_heads)
+    head_dim = int(getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads)
+    return 2 * layers * heads * head_dim * next(model.parameters()).element_size()
 
 
 def kv_budget_bytes(device: torch.device) -> int:

@@ -8,7 +8,7 @@ modules. Rollouts are about half of an RL step's time (``bench/train_step.py``).
 What: the same function as ``Qwen2ForCausalLM.forward`` (or ``LlamaForCausalLM.forward``: the same
 layer, with biases on q, k and v in Qwen2 and optionally on all four attention projections in Llama)
 for one new token per row, in about 15
-calls per layer. At the start of each batch the weights are packed (``_Layer``): q, k, v and the
+calls per layer. The weights are packed (``lean_weights.py``): q, k, v and the
 rotate-half images of q and k come out of one GEMM, gate and up out of another, every matrix is
 pre-transposed, each RMSNorm weight is folded into the matrix that reads its output, and the
 attention scale into the rotary tables of the queries. Keys are stored transposed in a
@@ -19,9 +19,11 @@ allocating each result).
 Rotary cos/sin come from the model's own ``rotary_emb`` (any rope scaling its config declares is
 honoured). The prompt is still prefilled by ``transformers``; its cache is copied into the buffer.
 
-Weights: packed copies are made per batch, so weight changes between batches (``load_weights``, or
-a colocated trainer's in-place optimizer steps) are always seen, and a batch never sees a change
-made during it (there is none: generation and training do not overlap in one process).
+Weights: the engine keeps one packed copy (``lean_weights.PackedWeights``) and packs again, in place,
+before a batch whose model's weights changed since (``load_weights``, or a colocated trainer's
+in-place optimizer steps: each parameter's in-place version counter says so), so a change between
+batches is always seen, and a batch never sees a change made during it (there is none: generation
+and training do not overlap in one process).
 
 Numerics: exact in real arithmetic. In float32 the log-probs agree with the ``transformers`` loop
 within 1e-5 and the sampled tokens are identical (tests/engines/test_engines.py); in bfloat16, folding
@@ -34,13 +36,14 @@ records which path ran (``HFEngine.decode_path``)."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from agentrl.engines.cpu_gemm import Gemm
+from agentrl.engines.lean_weights import PackedWeights
 
 ARCHITECTURES = ("qwen2", "llama")  # the same decoder layer, up to which projections carry biases
 
@@ -81,7 +84,7 @@ def pays_off(model: torch.nn.Module) -> bool:
 
 
 def _normed(x: Tensor, eps: Tensor) -> Tensor:
-    """RMSNorm without its weight (folded into the next matmul, see ``_Layer``): x / RMS(x), the
+    """RMSNorm without its weight (folded into the next matmul, see ``lean_weights._Layer``): x / RMS(x), the
     RMS computed in float32 as Qwen2RMSNorm does. ``eps`` is a [1, 1, 1] tensor; mean(x^2) + eps
     comes out of one batched dot product."""
     h = x.float()
@@ -89,55 +92,13 @@ def _normed(x: Tensor, eps: Tensor) -> Tensor:
     return x * r if x.dtype == torch.float32 else (h * r).to(x.dtype)
 
 
-def _rotate_half_columns(y: Tensor, n_heads: int, head_dim: int) -> Tensor:
-    """``rotate_half`` of each head's columns of y [., n_heads * head_dim]: (a, b) -> (-b, a) in
-    each head's two halves. A signed permutation: exact, no product, no read of the device."""
-    halves = y.unflatten(-1, (n_heads, 2, head_dim // 2))
-    return torch.stack((-halves[..., 1, :], halves[..., 0, :]), dim=-2).flatten(-3)
-
-
-class _Layer:
-    """One decoder layer's weights packed for a [B, H] decode step, so a layer is a handful of calls:
-
-    - every matrix is transposed to [in, out] and contiguous (a row-major GEMM against a
-      pre-transposed weight is 2-3x faster on CPU at these shapes than ``F.linear``), or, with
-      ``rows`` set, packed for oneDNN (``cpu_gemm.Gemm``: ``rollout.cpu_gemm: onednn``);
-    - one GEMM gives q, k, v and rotate_half(q), rotate_half(k): rotate_half permutes and negates
-      columns, so the weight carries the q and k columns a second time, rotated
-      (``_rotate_half_columns``), and rotary embedding becomes ``qk * cos + qk_rotated * sin``;
-    - each RMSNorm's weight w is folded into the rows of the matrix that reads the normed vector
-      (``(w * n) @ W == n @ (w[:, None] * W)``), so a norm is ``x * rsqrt(mean(x^2) + eps)``.
-
-    Exact in real arithmetic; in float32 the rounding differs from ``transformers`` by ~1e-6
-    relative (parity is tested)."""
-
-    def __init__(self, layer: Any, n_heads: int, n_kv: int, head_dim: int, rows: int | None = None) -> None:
-        a, m = layer.self_attn, layer.mlp
-        w1, w2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        projs = (a.q_proj, a.k_proj, a.v_proj)
-        bias = [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in projs]
-        qk_t = torch.cat([a.q_proj.weight, a.k_proj.weight]).t()  # [H, (nH + kvH) D]
-        qk_b = torch.cat(bias[:2])
-        qk_t_rot, qk_b_rot = (_rotate_half_columns(x, n_heads + n_kv, head_dim) for x in (qk_t, qk_b))
-        qkv_t = (w1[:, None] * torch.cat([qk_t, a.v_proj.weight.t(), qk_t_rot], dim=1)).contiguous()
-        self.qkv = Gemm(qkv_t, torch.cat([qk_b, bias[2], qk_b_rot]), rows)
-        self.o = Gemm(a.o_proj.weight.t().contiguous(), a.o_proj.bias, rows)
-        gate_up_t = (w2[:, None] * torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()).contiguous()
-        self.gate_up = Gemm(gate_up_t, None, rows)
-        self.down = Gemm(m.down_proj.weight.t().contiguous(), None, rows)
-        self.qkv_width, self.inter = qkv_t.shape[1], gate_up_t.shape[1] // 2
-        act = type(m.act_fn).__name__
-        silu = act in ("SiLU", "SiLUActivation")
-        self.act = (lambda x: F.silu(x, inplace=True)) if silu else m.act_fn  # x: workspace scratch
-
-
 class LeanDecoder:
     """KV buffers for one batch and a ``step`` that appends one token per row.
 
     ``from_cache`` takes the ``DynamicCache`` of a left-padded prefill of width W and its attention
-    mask [B, W] and reserves room for ``extra`` more tokens. The weights are packed once here: a
-    decoder serves one batch, during which the weights do not change; the next batch packs again,
-    so weight updates between batches are always seen.
+    mask [B, W] and reserves room for ``extra`` more tokens. ``packed``: the weights packed for this
+    model (``lean_weights.PackedWeights``, the engine's copy, current for the batch); None packs
+    them here, with ``gemm``.
 
     Layout: keys are stored transposed, [B, kvH, D, capacity], so the score GEMM reads them without
     a transpose; values [B, kvH, capacity, D]. Padding is an additive bias (0 / -inf) per column.
@@ -153,6 +114,7 @@ class LeanDecoder:
         length: int,
         positions_needed: int,
         gemm: str = "mkl",
+        packed: PackedWeights | None = None,
     ):
         if not supports(model):
             raise ValueError(
@@ -172,19 +134,15 @@ class LeanDecoder:
         attn = self.inner.layers[0].self_attn
         self.head_dim: int = attn.head_dim
         self.scale: float = attn.scaling
-        self.embed: Tensor = self.inner.embed_tokens.weight
+        self.embed: Tensor = self.inner.embed_tokens.weight  # the model's own (PackedWeights.embed)
         eps = self.inner.layers[0].input_layernorm.variance_epsilon
         self.eps = torch.full((1, 1, 1), eps, dtype=torch.float32, device=bias.device)
         if gemm not in ("mkl", "onednn"):
             raise ValueError(f"gemm={gemm!r}: choose mkl or onednn (engines/cpu_gemm.py)")
         rows = keys[0].shape[0] if gemm == "onednn" else None  # oneDNN packs each weight for the batch
-        self.gemm = gemm
-        self.layers = [
-            _Layer(layer, self.n_heads, self.n_kv, self.head_dim, rows) for layer in self.inner.layers
-        ]
-        w = self.inner.norm.weight
-        self.head = Gemm((w[:, None] * m.lm_head.weight.t()).contiguous(), None, rows)
-        self.head_b: Tensor | None = getattr(m.lm_head, "bias", None)
+        self.packed = packed if packed is not None else PackedWeights(m, rows)
+        self.gemm = "onednn" if self.packed.rows is not None else "mkl"
+        self.layers, self.head, self.head_b = self.packed.layers, self.packed.head, self.packed.head_b
         self._rope_tables(positions_needed)
         self._views()
 
@@ -202,7 +160,13 @@ class LeanDecoder:
 
     @classmethod
     def from_cache(
-        cls, model: torch.nn.Module, cache: Any, mask: Tensor, extra: int, gemm: str = "mkl"
+        cls,
+        model: torch.nn.Module,
+        cache: Any,
+        mask: Tensor,
+        extra: int,
+        gemm: str = "mkl",
+        packed: PackedWeights | None = None,
     ) -> LeanDecoder:
         B, W = mask.shape
         keys, values = [], []
@@ -216,7 +180,7 @@ class LeanDecoder:
         n_kv = keys[0].shape[1]
         bias = keys[0].new_full((B, n_kv, 1, W + extra), float("-inf"))  # columns to come: -inf
         bias[:, :, 0, :W].masked_fill_(mask.bool()[:, None, :], 0.0)
-        return cls(model, keys, values, bias, W, positions_needed=W + extra + 1, gemm=gemm)
+        return cls(model, keys, values, bias, W, positions_needed=W + extra + 1, gemm=gemm, packed=packed)
 
     def keep(self, rows: Tensor) -> None:
         """Keep only ``rows`` (indices into the current batch), dropping finished ones."""
@@ -224,6 +188,16 @@ class LeanDecoder:
         self.values = [v.index_select(0, rows) for v in self.values]
         self.bias = self.bias.index_select(0, rows)
         self._views()
+
+    def first_rows(self, rows: int) -> LeanDecoder:
+        """A decoder over the first ``rows`` rows of this one's buffers: the same memory (and the
+        same packed weights, rotary tables and column ``col``), its own workspace."""
+        d = copy.copy(self)
+        d.keys = [k[:rows] for k in self.keys]
+        d.values = [v[:rows] for v in self.values]
+        d.bias = self.bias[:rows]
+        d._views()
+        return d
 
     def _views(self) -> None:
         """[B kvH, ...] views of the buffers, one GEMM batch per (row, KV head), and the step's
