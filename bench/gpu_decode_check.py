@@ -11,7 +11,9 @@ Rows, at each ``--batch``:
 - ``transformers``: the engine's transformers decode path (``lean_decode=False``), as it runs (the
   engine keeps cuDNN out of its own attention calls) and with cuDNN allowed, as before that change;
 - ``lean_eager``: the static lean loop without CUDA graphs; ``lean_graph``: replayed as a CUDA graph
-  (the engine's default on CUDA), reading tokens back every 1 and 8 steps;
+  (the engine's default on CUDA), reading tokens back every 1 and 8 steps. Since the graphs are kept
+  per batch bucket (engines/decode_graphs.py) the cold run includes their capture and the warm run
+  replays them; the H200 run of 2026-11-30 captured a graph per batch in both;
 - ``generate``: ``model.generate`` with a dynamic cache, cuDNN allowed and not; with ``--static``
   also a static cache (transformers compiles its forward: the first run includes the compile).
 Also: which attention kernel sdpa picks at decode shapes, and a new key length against a repeated

@@ -153,6 +153,7 @@ class HFEngine:
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
         self._deadline = threading.local()  # ``bounded``: this thread's generate deadline
         self._packed: PackedWeights | None = None  # the lean step's weights, kept while current
+        self._lean_lock = threading.Lock()  # calls from several threads take turns at the lean decode
         self._graphs = GraphPool() if self.cuda_graphs and self.decode_path == "lean" else None
         """The decode step's CUDA graphs, kept per batch bucket across batches (decode_graphs.py)."""
 
@@ -204,12 +205,14 @@ class HFEngine:
     def __getstate__(self) -> dict[str, Any]:  # copy.deepcopy, pickle: the deadline is per thread
         state = self.__dict__.copy()
         state.pop("_deadline", None)
+        state.pop("_lean_lock", None)
         state.update(_packed=None, _graphs=GraphPool() if self._graphs is not None else None)  # remade
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._deadline = threading.local()
+        self._lean_lock = threading.Lock()
 
     @contextlib.contextmanager
     def bounded(self, timeout_s: float, what: str, setting: str | None = None) -> Iterator[None]:
@@ -354,15 +357,15 @@ class HFEngine:
         state = DecodeState.start(logits, positions, uniforms, [r.params for r in batch], filtered, plain)
         if self.decode_path != "lean":
             decode_transformers(self.model, batch, state, mask, cache, steps, self._check_deadline)
-        elif self._graphs is not None:
+            return
+        with self._lean_lock:  # one packed copy and one set of graph arenas per engine
             packed = self.packed_weights(len(batch))
-            self._graphs.decode(
-                self.model, packed, batch, state, cache, mask, self.poll_every, self._check_deadline
-            )
-        else:
-            lean = LeanDecoder.from_cache(
-                self.model, cache, mask, steps, packed=self.packed_weights(len(batch))
-            )
+            if self._graphs is not None:
+                self._graphs.decode(
+                    self.model, packed, batch, state, cache, mask, self.poll_every, self._check_deadline
+                )
+                return
+            lean = LeanDecoder.from_cache(self.model, cache, mask, steps, packed=packed)
             decode_batch(batch, state, lean, steps, self.poll_every, self._check_deadline)
 
     def packed_weights(self, rows: int) -> PackedWeights:

@@ -50,7 +50,12 @@ The trainer's budget (or the whole GPU's):
 - the KL reference (``kl_coef`` > 0; not with LoRA, whose reference is the base itself): N·b/S;
 - the colocated HF engine (same budget): its copy of the weights, N·e, and the KV cache of its
   running sequences, q·ctx·L·2·kv·e with q = min(``max_concurrent_episodes``, episodes per rank)
-  (the engine decodes together as many rows as its KV budget, half the GPU's free memory, holds);
+  (the engine decodes together as many rows as its KV budget, half the GPU's free memory, holds).
+  For an architecture its lean step reproduces (Qwen2, Llama: its default on CUDA) the engine also
+  keeps the packed weights, (L·(layer + (heads + kv_heads)·head_dim·h) + V·h)·e (the rotated q and
+  k columns, a head of its own), and decodes in the arenas of its kept CUDA graphs
+  (engines/decode_graphs.py) instead: R rows and C columns, q and ctx rounded up to powers of two
+  (C at least 128), two arenas kept, the second of other columns, so at most 1.5·R·C·L·2·kv·e;
   the weight sync streams one tensor at a time into it, so its transient is the largest
   tensor in e bytes;
 - a fixed 2 GiB for the CUDA context, NCCL buffers and the allocator's slack.
@@ -113,6 +118,7 @@ class Architecture:
     largest_tensor: int
     lora_params: int = 0  # adapters for the configured LoRA settings (0 without LoRA)
     max_positions: int = 0  # config.json's max_position_embeddings (0 when it names none)
+    lean: bool = False  # the HF engine's lean decode step reproduces it (engines/lean_decode.supports)
 
     @property
     def kv_dim(self) -> int:
@@ -234,6 +240,7 @@ def architecture(cfg: Config) -> Architecture:
     """Count the configured model's parameters on the meta device (and its LoRA adapters)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from agentrl.engines import lean_decode
     from agentrl.parallel import sharding
     from agentrl.training import lora
 
@@ -270,6 +277,7 @@ def architecture(cfg: Config) -> Architecture:
         largest_tensor=max(p.numel() for p in model.parameters()),
         lora_params=lora_params,
         max_positions=int(raw.get("max_position_embeddings") or 0),
+        lean=lean_decode.supports(model),
     )
 
 
@@ -431,13 +439,43 @@ def chunked_head(cfg: Config, vocab: int) -> bool:
 
 def _hf_engine_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
     """The in-process HF engine: its weights, its running sequences' KV cache, the sync's transient."""
-    r, e, ctx = cfg.rollout, s.e, s.ctx
+    r, e = cfg.rollout, s.e
     seqs = min(r.max_concurrent_episodes, math.ceil(s.episodes / s.world))  # all decode together
-    kv = seqs * ctx * a.layers * 2 * a.kv_dim * e
+    sync = Term(
+        "weight sync (streamed)", a.largest_tensor * e, f"largest tensor·e = {a.largest_tensor:,}·{e}"
+    )
+    return [*hf_engine_terms(a, s, seqs, r.dtype or cfg.model.dtype), sync]
+
+
+def hf_engine_terms(a: Architecture, s: Sizes, seqs: int, dtype: str) -> list[Term]:
+    """An HF engine on a GPU decoding ``seqs`` sequences together (module docstring): its weights,
+    and for an architecture its lean step reproduces (its default on CUDA) the packed copy of them
+    and the KV arenas its kept CUDA graphs decode in, else the KV cache of its running sequences."""
+    from agentrl.engines.decode_graphs import MAX_ARENAS, columns_bucket, rows_bucket
+
+    e, per_column = s.e, a.layers * 2 * a.kv_dim * s.e
+    terms = [Term(f"HF engine weights ({dtype})", s.N * e, f"N·e = {s.N:,}·{e}")]
+    if not a.lean:
+        how = f"q·ctx·L·2·kv·e = {seqs}·{s.ctx}·{a.layers}·2·{a.kv_dim}·{e}"
+        return [*terms, Term("HF engine KV cache", seqs * s.ctx * per_column, how)]
+    rotated = (a.heads + a.kv_heads) * a.head_dim * a.hidden
+    packed = a.layers * (a.layer_params + rotated) + a.vocab * a.hidden
+    rows, columns = rows_bucket(seqs), columns_bucket(s.ctx)
+    more = sum(0.5**k for k in range(MAX_ARENAS))  # the kept arenas have different columns: C, C/2, ...
     return [
-        Term(f"HF engine weights ({r.dtype or cfg.model.dtype})", s.N * e, f"N·e = {s.N:,}·{e}"),
-        Term("HF engine KV cache", kv, f"q·ctx·L·2·kv·e = {seqs}·{ctx}·{a.layers}·2·{a.kv_dim}·{e}"),
-        Term("weight sync (streamed)", a.largest_tensor * e, f"largest tensor·e = {a.largest_tensor:,}·{e}"),
+        *terms,
+        Term(
+            "HF engine packed weights (lean step)",
+            packed * e,
+            f"(L·(layer + (heads+kv_heads)·head_dim·h) + V·h)·e = ({a.layers}·({a.layer_params:,} + {rotated:,}) "
+            f"+ {a.vocab:,}·{a.hidden})·{e}",
+        ),
+        Term(
+            "HF engine KV cache (CUDA graph arenas)",
+            more * rows * columns * per_column,
+            f"{more:g}·R·C·L·2·kv·e = {more:g}·{rows}·{columns}·{a.layers}·2·{a.kv_dim}·{e} (R: q = {seqs} "
+            f"rounded up to a power of two; C: ctx = {s.ctx} rounded up, at least 128; {MAX_ARENAS} arenas kept)",
+        ),
     ]
 
 
@@ -687,11 +725,7 @@ def _worker_budget(cfg: Config, a: Architecture, s: Sizes, gpu: float, k: int) -
         terms = vllm_engine_terms(a, s.e, s.ctx, r.vllm.tensor_parallel_size, dtype)
         return Budget(name, u * gpu, f"gpu_memory_utilization·GPU = {u:g}·{gpu:g}", terms, reserved=True)
     seqs = min(r.max_concurrent_episodes, math.ceil(s.episodes / r.workers))
-    kv = seqs * s.ctx * a.layers * 2 * a.kv_dim * s.e
-    terms = [
-        Term(f"HF engine weights ({dtype})", s.N * s.e, f"N·e = {s.N:,}·{s.e}"),
-        Term("HF engine KV cache", kv, f"q·ctx·L·2·kv·e = {seqs}·{s.ctx}·{a.layers}·2·{a.kv_dim}·{s.e}"),
-    ]
+    terms = hf_engine_terms(a, s, seqs, dtype)
     return Budget(name, w * gpu, f"rollout.worker_gpus·GPU = {w:g}·{gpu:g}", terms)
 
 
@@ -700,6 +734,7 @@ ADVICE = {
     "logits": "a smaller trainer.micro_batch_size (or shorter rollout.max_episode_tokens)",
     "HF engine KV": "fewer rollout.max_concurrent_episodes or shorter rollout.max_episode_tokens",
     "HF engine weights": "rollout.dtype=bfloat16, or rollout.workers > 0 to put the engines on other GPUs",
+    "HF engine packed": "rollout.dtype=bfloat16, or rollout.workers > 0 to put the engines on other GPUs",
     "AdamW": "trainer.strategy=fsdp2 over more GPUs, trainer.fsdp.cpu_offload=true, or model.lora.rank > 0",
     "gradients": "trainer.strategy=fsdp2 over more GPUs, or model.lora.rank > 0",
     "policy weights": "trainer.strategy=fsdp2 over more GPUs (fewer trainer.fsdp.replicas), or cpu_offload",

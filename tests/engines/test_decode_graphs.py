@@ -162,3 +162,17 @@ def test_graph_batches_take_a_whole_bucket(graph_engine, monkeypatch):
     assert graph_engine.batch_rows(requests) == 16
     monkeypatch.setattr(hf, "kv_budget_bytes", lambda device: 200 * 128 * 1024)
     assert graph_engine.batch_rows(requests) == 80
+
+
+def test_calls_from_two_threads_take_turns_at_the_kept_state(peaky_policy, graph_engine):
+    """The packed weights and the graph arenas are one per engine: two threads generating at once
+    each get what a call alone gets."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, tok = peaky_policy
+    prompts, params = mixed_requests(tok)
+    alone = graph_engine.generate(prompts, params)
+    with ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda _: graph_engine.generate(prompts, params), range(2)))
+    for result in results:
+        same(result, alone)

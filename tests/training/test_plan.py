@@ -24,6 +24,7 @@ LAYER = (
     (H * H + H) + 2 * (H * KV + KV) + H * H + 3 * H * MLP + 2 * H
 )  # q(+bias), k, v(+bias), o, MLP, 2 norms
 N = V * H + L * LAYER + H + V * H  # embeddings, layers, final norm, untied head
+PACKED = L * (LAYER + (HEADS + 2) * 32 * H) + V * H  # the lean step's: rotated q and k columns, its head
 
 
 def terms(p) -> dict[str, float]:
@@ -72,13 +73,30 @@ def test_single_gpu_full_fine_tune_term_by_term():
         "activations (one micro-batch)": t * L * per_token_layer,
         "logits and their gradient": t * V * 8,
         "HF engine weights (float32)": 4 * N,
-        "HF engine KV cache": 8 * 256 * L * 2 * KV * 4,  # min(8 concurrent, 16 episodes) sequences
+        "HF engine packed weights (lean step)": 4 * PACKED,
+        # min(8 concurrent, 16 episodes) sequences of 256 columns, two arenas (the second of 128)
+        "HF engine KV cache (CUDA graph arenas)": 1.5 * 8 * 256 * L * 2 * KV * 4,
         "weight sync (streamed)": V * H * 4,
         "CUDA context, NCCL, allocator slack": 2 * GIB,
     }
     assert terms(p) == pytest.approx(want)
     assert p.total_gib == pytest.approx(sum(want.values()) / GIB)
     assert p.fits == (sum(want.values()) <= GIB)
+
+
+def test_the_packed_weights_term_is_what_the_lean_step_keeps():
+    """The planner's packed-weights formula (``PACKED`` above, what the plans are checked against) is
+    within 0.5 % of what ``PackedWeights`` holds for the tiny model: the formula counts the layer's
+    norms, which are folded in, and not the rotated biases, a few hundred values a layer."""
+    from agentrl.engines.lean_weights import PackedWeights
+    from agentrl.models import ensure_tiny_base, load_policy
+
+    model, _ = load_policy(ensure_tiny_base())
+    assert (model.config.hidden_size, model.config.num_hidden_layers) == (H, L)
+    packed = PackedWeights(model)
+    gemms = [g for layer in packed.layers for g in layer.gemms()] + [packed.head]
+    held = sum(t.numel() for g in gemms for t in (g.w_t, g.bias) if t is not None)
+    assert held == pytest.approx(PACKED, rel=5e-3)
 
 
 HSDP_LORA = [
@@ -115,7 +133,8 @@ def test_hsdp_lora_bf16_checkpointed_term_by_term():
         "activations (one micro-batch)": t * (L * 2 * H + per_token_layer),
         "logits and their gradient": t * V * 4,
         "HF engine weights (bfloat16)": 2 * N,
-        "HF engine KV cache": 4 * 128 * L * 2 * KV * 2,  # 4 episodes per rank
+        "HF engine packed weights (lean step)": 2 * PACKED,
+        "HF engine KV cache (CUDA graph arenas)": 1.5 * 4 * 128 * L * 2 * KV * 2,  # 4 episodes per rank
         "weight sync (streamed)": V * H * 2,
         "CUDA context, NCCL, allocator slack": 2 * GIB,
     }
