@@ -21,7 +21,13 @@ and graph (``GraphPool.decode`` checks at each batch).
 
 Memory: an arena's KV buffers take R·C per-token KV bytes; ``MAX_ARENAS`` are kept (least recently
 used first out), so a multi-turn run whose turns need two capacities does not capture again at each
-turn. ``HFEngine.batch_rows`` sizes graph batches by the bucketed rows and columns.
+turn; an arena replaced by a larger one of its columns is freed first, and the new one keeps at
+least its rows and stop ids. ``HFEngine.batch_rows`` sizes graph batches by the bucketed rows and
+columns. Every graph's intermediates (sampling's [B, V] scratch, the step's activations) come from
+one memory pool shared by the engine's graphs: no tensor allocated inside a step outlives it, so
+they may reuse each other's memory in any order. Not counted by ``batch_rows`` or ``agentrl plan``:
+that pool (the largest step's, about 10 [B, V] float32 tensors with top-k or top-p rows), the
+arena's [R, V] logits and [R, C] token history, and its R-row workspace.
 
 Run only on CUDA, where ``HFEngine`` uses it with ``cuda_graphs`` on (the default). Not yet run on a
 GPU; on the CPU (tests/engines/test_decode_graphs.py) it runs with a capture that calls the step
@@ -159,9 +165,10 @@ class _Arena:
 class GraphPool:
     """The arenas and graphs of one engine (module docstring). ``capture``: ``StepGraph`` on CUDA."""
 
-    def __init__(self, capture: Capture = StepGraph) -> None:
-        self.capture = capture
+    def __init__(self, capture: Capture | None = None) -> None:
+        self.capture = capture or self._step_graph
         self.arenas: list[_Arena] = []
+        self._pool: Any = None  # one memory pool for every graph's intermediates (StepGraph)
         self._for: tuple[int, tuple[int, ...]] | None = None  # (id of the PackedWeights, addresses)
 
     def decode(
@@ -200,6 +207,16 @@ class GraphPool:
                 rows, bucket = [rows[i] for i in live], rows_bucket(len(live))
                 slot = arena.slot(bucket, fresh.filtered, fresh.plain, self.capture)
 
+    def _step_graph(self, fn: Callable[[], None], device: torch.device) -> StepGraph:
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return StepGraph(fn, device, self._pool)
+
+    def rows_kept(self, columns: int) -> int:
+        """The rows of a kept arena for ``columns`` needed columns (0 if none): a batch of up to that
+        many rows takes no new memory."""
+        return max((a.rows for a in self.arenas if a.columns == columns_bucket(columns)), default=0)
+
     def _check_weights(self, model: Any, packed: PackedWeights) -> None:
         """Drop every arena when the graphs would read stale addresses (module docstring)."""
         now = (id(packed), tuple(p.data_ptr() for p in model.parameters()))
@@ -208,14 +225,17 @@ class GraphPool:
             self._for = now
 
     def _arena(self, model: Any, packed: PackedWeights, rows: int, columns: int, stops: int) -> _Arena:
-        for arena in self.arenas:
-            if arena.fits(rows, columns, stops):
-                self.arenas.remove(arena)
-                self.arenas.append(arena)  # most recently used last
-                return arena
-        self.arenas = [a for a in self.arenas if a.columns != columns]  # superseded: too few rows
+        found = next((a for a in self.arenas if a.fits(rows, columns, stops)), None)
+        if found is not None:
+            self.arenas.remove(found)
+            self.arenas.append(found)  # most recently used last
+            return found
+        same = [a for a in self.arenas if a.columns == columns]  # superseded: too few rows or stops
+        rows = max([rows] + [a.rows for a in same])
+        stops = max([stops] + [a.stops for a in same])
+        self.arenas = [a for a in self.arenas if a.columns != columns]
         while len(self.arenas) >= MAX_ARENAS:
             self.arenas.pop(0)
-        arena = _Arena(model, packed, rows, columns, stops)
-        self.arenas.append(arena)
-        return arena
+        del same  # every dropped arena is freed before the new one is made
+        self.arenas.append(_Arena(model, packed, rows, columns, stops))
+        return self.arenas[-1]

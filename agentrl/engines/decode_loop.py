@@ -179,30 +179,35 @@ class StepGraph:
     """A CUDA graph of ``fn``, replayed for every step after the first.
 
     ``fn`` must read and write only tensors that exist before the capture and take no host decision
-    (``decode_step`` on a ``DecodeState`` and its ``LeanDecoder``). The first call runs ``fn``
-    eagerly on a side stream (the warm-up PyTorch asks for before a capture: cuBLAS workspaces and
-    lazily built kernels), then captures one more call, which records without running, and replays
-    that recording for it and every later call. ``decode_graphs.GraphPool`` keeps one per batch
-    bucket, over tensors that keep their addresses from batch to batch. Run on an H200 (bench/gpu_decode_check.py, 2026-11-30): in float32
-    the same tokens and log-probs as the eager loop, bit for bit; 3.1-3.8 ms a step for SmolLM2-135M
-    at 32-128 rows in bfloat16."""
+    (``decode_step`` on a ``DecodeState`` and its ``LeanDecoder``). The first call is the step itself,
+    run eagerly on a side stream (the warm-up PyTorch asks for before a capture: cuBLAS workspaces
+    and lazily built kernels); the same call then records ``fn`` once more without running it, and
+    every later call replays that recording. ``pool``: a memory pool shared with other graphs
+    (``torch.cuda.graph_pool_handle()``), safe when, as here, no tensor allocated inside a step
+    outlives it. Captures in ``thread_local`` mode, so another thread's CUDA calls during it neither
+    fail nor invalidate it. ``decode_graphs.GraphPool`` keeps one per batch bucket, over tensors that
+    keep their addresses from batch to batch. Run on an H200 (bench/gpu_decode_check.py,
+    2026-11-30, one graph per batch, no pool): in float32 the same tokens and log-probs as the eager
+    loop, bit for bit; 3.1-3.8 ms a step for SmolLM2-135M at 32-128 rows in bfloat16. A graph keeps
+    the matmul settings of its capture (TF32, ``set_float32_matmul_precision``)."""
 
-    def __init__(self, fn: Callable[[], None], device: torch.device) -> None:
-        self.fn, self.device = fn, device
+    def __init__(self, fn: Callable[[], None], device: torch.device, pool: Any = None) -> None:
+        self.fn, self.device, self.pool = fn, device, pool
         self.graph: Any = None
 
     def __call__(self) -> None:
         if self.graph is not None:
             self.graph.replay()
             return
-        side = torch.cuda.Stream(self.device)
-        side.wait_stream(torch.cuda.current_stream(self.device))
-        with torch.cuda.stream(side):
-            self.fn()  # the warm-up is this step, for real
-        torch.cuda.current_stream(self.device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            self.fn()  # recorded, not run
+        with torch.cuda.device(self.device):  # the capture's stream is the current device's
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self.fn()  # the warm-up is this step, for real
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool, capture_error_mode="thread_local"):
+                self.fn()  # recorded, not run
         self.graph = graph
 
 

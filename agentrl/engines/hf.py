@@ -261,15 +261,25 @@ class HFEngine:
         one. Rows decoded together cost one step for all of them, so fewer, larger batches are
         faster wherever memory allows (the 128-row runs of the GPU benchmark decoded two 64-row
         batches one after the other when 64 was fixed). With CUDA graphs a batch takes its bucket's
-        rows and columns (powers of two, decode_graphs.py), so at most a power of two of rows."""
+        rows and columns (powers of two, decode_graphs.py), so at most a power of two of rows, or
+        as many as a kept arena of its columns holds (its memory is already taken)."""
         if self.max_batch_size:
             return min(self.max_batch_size, len(todo))
-        width = len(todo[0].prompt) + max(r.params.max_tokens for r in todo)
+        width = self._width(todo)
         per_column = kv_bytes_per_column(self.model)
         if self._graphs is None:
             return max(1, min(len(todo), int(kv_budget_bytes(self.device) // (per_column * width))))
         fit = int(kv_budget_bytes(self.device) // (per_column * columns_bucket(width)))
-        return max(1, min(len(todo), 1 << (fit.bit_length() - 1) if fit else 1))  # a whole bucket fits
+        fit = 1 << (fit.bit_length() - 1) if fit else 1  # a whole bucket
+        kept = self._graphs.rows_kept(width)  # an arena of these columns holds them already
+        if kept > fit and columns_bucket(self._width(todo[:kept])) == columns_bucket(width):
+            fit = kept
+        return max(1, min(len(todo), fit))
+
+    @staticmethod
+    def _width(todo: Sequence[_Request]) -> int:
+        """The key columns a batch of ``todo`` (longest prompt first) needs."""
+        return len(todo[0].prompt) + max(r.params.max_tokens for r in todo)
 
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         """On CUDA, scaled-dot-product attention without cuDNN for the engine's own calls (the
@@ -344,29 +354,34 @@ class HFEngine:
         return logits, mask, positions[:, -1] + 1, cache
 
     def _run_batch(self, batch: list[_Request]) -> None:
-        steps = max(r.params.max_tokens for r in batch)
-        uniforms = torch.stack(
-            [
-                torch.rand(steps, generator=torch.Generator().manual_seed(r.seed), dtype=torch.float64)
-                for r in batch
-            ]
-        ).to(self.device)  # (B, steps): row i's draws depend only on its own seed
-        filtered = any(r.params.top_k > 0 or r.params.top_p < 1 for r in batch)
-        plain = not filtered and all(float(r.params.temperature) == 1.0 for r in batch)
-        logits, mask, positions, cache = self._prefill(batch)
-        state = DecodeState.start(logits, positions, uniforms, [r.params for r in batch], filtered, plain)
-        if self.decode_path != "lean":
-            decode_transformers(self.model, batch, state, mask, cache, steps, self._check_deadline)
-            return
-        with self._lean_lock:  # one packed copy and one set of graph arenas per engine
-            packed = self.packed_weights(len(batch))
-            if self._graphs is not None:
+        """Prefill and decode one batch. The lean path holds ``_lean_lock`` throughout: the packed
+        weights and graph arenas are one per engine, and on CUDA no other thread's prefill runs
+        while a graph is captured."""
+        lean = self.decode_path == "lean"
+        with self._lean_lock if lean else contextlib.nullcontext():
+            steps = max(r.params.max_tokens for r in batch)
+            uniforms = torch.stack(
+                [
+                    torch.rand(steps, generator=torch.Generator().manual_seed(r.seed), dtype=torch.float64)
+                    for r in batch
+                ]
+            ).to(self.device)  # (B, steps): row i's draws depend only on its own seed
+            filtered = any(r.params.top_k > 0 or r.params.top_p < 1 for r in batch)
+            plain = not filtered and all(float(r.params.temperature) == 1.0 for r in batch)
+            logits, mask, positions, cache = self._prefill(batch)
+            state = DecodeState.start(logits, positions, uniforms, [r.params for r in batch], filtered, plain)
+            if not lean:
+                decode_transformers(self.model, batch, state, mask, cache, steps, self._check_deadline)
+            elif self._graphs is not None:
+                packed = self.packed_weights(len(batch))
                 self._graphs.decode(
                     self.model, packed, batch, state, cache, mask, self.poll_every, self._check_deadline
                 )
-                return
-            lean = LeanDecoder.from_cache(self.model, cache, mask, steps, packed=packed)
-            decode_batch(batch, state, lean, steps, self.poll_every, self._check_deadline)
+            else:
+                decoder = LeanDecoder.from_cache(
+                    self.model, cache, mask, steps, packed=self.packed_weights(len(batch))
+                )
+                decode_batch(batch, state, decoder, steps, self.poll_every, self._check_deadline)
 
     def packed_weights(self, rows: int) -> PackedWeights:
         """The lean step's packed weights for a batch of ``rows`` rows: the kept ones while the model's

@@ -111,11 +111,13 @@ class PackedWeights:
 
     def refresh(self, model: torch.nn.Module) -> None:
         """Pack ``model``'s weights again into the same tensors (same addresses), one layer at a time
-        (the transient copy is one layer's). ``model`` must have the architecture packed here."""
+        (the transient copy is one layer's). ``model`` must have the architecture packed here. Runs in
+        inference mode: the engine makes its packed tensors inside ``generate``'s."""
         m: Any = model
-        for packed, layer in zip(self.layers, m.model.layers):
-            for old, new in zip(packed.gemms(), _Layer(layer, *self.shape, self.rows).gemms()):
-                old.copy_from(new)
-        self.head.copy_from(self._head(m))
+        with torch.inference_mode():
+            for packed, layer in zip(self.layers, m.model.layers):
+                for old, new in zip(packed.gemms(), _Layer(layer, *self.shape, self.rows).gemms()):
+                    old.copy_from(new)
+            self.head.copy_from(self._head(m))
         self.embed, self.head_b = m.model.embed_tokens.weight, getattr(m.lm_head, "bias", None)
         self.key = weights_key(model)

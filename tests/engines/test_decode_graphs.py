@@ -155,13 +155,17 @@ def test_parameters_without_a_version_counter_are_never_assumed_unchanged(peaky_
 
 
 def test_graph_batches_take_a_whole_bucket(graph_engine, monkeypatch):
-    """With graphs, a batch is as many rows as a bucket of rows and columns the budget holds: the test
-    model keeps 1 KiB per token, a 10-token prompt and 6 new tokens take the 128-column bucket."""
+    """With graphs, a batch is as many rows as a bucket of rows and columns the budget holds, or as a
+    kept arena of its columns holds: the test model keeps 1 KiB per token, a 10-token prompt and 6
+    new tokens take the 128-column bucket."""
     requests = [graph_engine._request(i, [5] * 10, SamplingParams(max_tokens=6)) for i in range(80)]
     monkeypatch.setattr(hf, "kv_budget_bytes", lambda device: 20 * 128 * 1024)
     assert graph_engine.batch_rows(requests) == 16
     monkeypatch.setattr(hf, "kv_budget_bytes", lambda device: 200 * 128 * 1024)
     assert graph_engine.batch_rows(requests) == 80
+    graph_engine.generate([r.prompt for r in requests[:64]], SamplingParams(max_tokens=6))
+    monkeypatch.setattr(hf, "kv_budget_bytes", lambda device: 20 * 128 * 1024)  # the arena took memory
+    assert graph_engine.batch_rows(requests) == 64, "a kept arena's rows cost nothing more"
 
 
 def test_calls_from_two_threads_take_turns_at_the_kept_state(peaky_policy, graph_engine):
@@ -176,3 +180,17 @@ def test_calls_from_two_threads_take_turns_at_the_kept_state(peaky_policy, graph
         results = list(pool.map(lambda _: graph_engine.generate(prompts, params), range(2)))
     for result in results:
         same(result, alone)
+
+
+def test_an_arena_replaced_for_more_stop_ids_keeps_its_rows(peaky_policy, graph_engine):
+    """A batch of the same columns that needs more stop ids than the kept arena has replaces it with
+    one that still holds the old arena's rows (so a later large batch does not allocate again)."""
+    _, tok = peaky_policy
+    prompts, params = mixed_requests(tok)
+    graph_engine.generate(prompts, params)
+    (first,) = graph_engine._graphs.arenas
+    stops = SamplingParams(max_tokens=5, stop_token_ids=tuple(range(900, 906)), seed=1)
+    graph_engine.generate(prompts[:2], [stops, stops])
+    (second,) = graph_engine._graphs.arenas
+    assert second is not first and second.columns == first.columns
+    assert (first.rows, first.stops, second.rows, second.stops) == (8, 4, 8, 8)
