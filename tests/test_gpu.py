@@ -125,7 +125,9 @@ def test_engine_logprobs_equal_the_trainers_on_cuda(tmp_path, tiny_model_dir):
 def test_kept_cuda_graphs_survive_a_second_batch_and_a_weight_sync(peaky_policy):
     """fp32 on CUDA (TF32 off): the decode step's graphs (engines/decode_graphs.py) are captured once
     per batch bucket; a second batch and a batch after ``load_weights`` replay them, and every batch's
-    tokens equal the eager lean loop's on the same weights (log-probs within 1e-5)."""
+    tokens equal the eager lean loop's on the same weights (log-probs within 1e-5). The first batch's
+    2-row arena is replaced by the next one's 8 rows, whose graphs go into a new memory pool (under
+    one engine-wide pool, that capture failed PyTorch's allocator assert on an H200)."""
     import copy
 
     from agentrl.engines.decode_graphs import GraphPool
@@ -137,15 +139,18 @@ def test_kept_cuda_graphs_survive_a_second_batch_and_a_weight_sync(peaky_policy)
     model, tok = peaky_policy
     captures = []
 
-    def counted(fn, device):
+    def counted(fn, device, pool):
         captures.append(fn.args[0].logits.shape[0])
-        return StepGraph(fn, device)
+        return StepGraph(fn, device, pool)
 
     kept = HFEngine(copy.deepcopy(model), tok, device="cuda", lean_decode=True)
     kept._graphs = GraphPool(capture=counted)
     eager = HFEngine(copy.deepcopy(model), tok, device="cuda", lean_decode=True, cuda_graphs=False)
     prompts, params = mixed_requests(tok)
+    same(kept.generate(prompts[:2], params[:2]), eager.generate(prompts[:2], params[:2]))
+    small = kept._graphs.arenas[0].pool
     same(kept.generate(prompts, params), eager.generate(prompts, params))
+    assert [(a.rows, a.pool != small) for a in kept._graphs.arenas] == [(8, True)]
     first = list(captures)
     same(kept.generate(prompts, params), eager.generate(prompts, params))
     new = {

@@ -23,11 +23,15 @@ Memory: an arena's KV buffers take R·C per-token KV bytes; ``MAX_ARENAS`` are k
 used first out), so a multi-turn run whose turns need two capacities does not capture again at each
 turn; an arena replaced by a larger one of its columns is freed first, and the new one keeps at
 least its rows and stop ids. ``HFEngine.batch_rows`` sizes graph batches by the bucketed rows and
-columns. Every graph's intermediates (sampling's [B, V] scratch, the step's activations) come from
-one memory pool shared by the engine's graphs: no tensor allocated inside a step outlives it, so
-they may reuse each other's memory in any order. Not counted by ``batch_rows`` or ``agentrl plan``:
-that pool (the largest step's, about 10 [B, V] float32 tensors with top-k or top-p rows), the
-arena's [R, V] logits and [R, C] token history, and its R-row workspace.
+columns. The intermediates of an arena's graphs (sampling's [B, V] scratch, the step's activations)
+come from one memory pool of that arena's: no tensor allocated inside a step outlives it, so its
+buckets' graphs may reuse each other's memory in any order. A new arena takes a new pool, never the
+token of one whose graphs were all freed: PyTorch's allocator releases a pool when its last graph
+goes and fails an internal assert (``use_count > 0``) at a capture into it (seen on an H200,
+2026-11-30, when an arena of 128 rows replaced one of 32 under a single engine-wide pool). Not
+counted by ``batch_rows`` or ``agentrl plan``: the pools (each the largest step's of its arena,
+about 10 [B, V] float32 tensors with top-k or top-p rows), the arena's [R, V] logits and [R, C]
+token history, and its R-row workspace.
 
 Run only on CUDA, where ``HFEngine`` uses it with ``cuda_graphs`` on (the default). Not yet run on a
 GPU; on the CPU (tests/engines/test_decode_graphs.py) it runs with a capture that calls the step
@@ -54,8 +58,9 @@ MAX_ARENAS = 2
 STOP_WIDTH = 4
 """Stop ids per row are kept in multiples of this (the arena's column count of ``stop_ids``)."""
 
-Capture = Callable[[Callable[[], None], torch.device], Callable[[], None]]
-"""Makes a replayable step from a function of fixed tensors (``StepGraph``; a test's recording fake)."""
+Capture = Callable[[Callable[[], None], torch.device, Any], Callable[[], None]]
+"""Makes a replayable step from a function of fixed tensors, its device and its arena's memory-pool
+token (``StepGraph``; a test's recording fake)."""
 
 
 def rows_bucket(n: int) -> int:
@@ -79,8 +84,11 @@ class _Arena:
     """The tensors of every batch of up to ``rows`` rows and exactly ``columns`` key columns, and the
     graphs of its buckets (module docstring)."""
 
-    def __init__(self, model: Any, packed: PackedWeights, rows: int, columns: int, stops: int) -> None:
+    def __init__(
+        self, model: Any, packed: PackedWeights, rows: int, columns: int, stops: int, pool: Any
+    ) -> None:
         self.rows, self.columns, self.stops = rows, columns, stops
+        self.pool = pool  # the memory pool of this arena's graphs, its own (module docstring)
         _, n_kv, head_dim = packed.shape
         dt, dev = packed.embed.dtype, packed.embed.device
         keys = [torch.zeros(rows, n_kv, head_dim, columns, dtype=dt, device=dev) for _ in packed.layers]
@@ -151,7 +159,7 @@ class _Arena:
         if key not in self.slots:
             view = self.state.first_rows(bucket, filtered, plain)
             lean = self.lean.first_rows(bucket)
-            step = capture(functools.partial(decode_step, view, lean, None), self.lean.bias.device)
+            step = capture(functools.partial(decode_step, view, lean, None), self.lean.bias.device, self.pool)
             self.slots[key] = _Slot(view, lean, step)
         return self.slots[key]
 
@@ -163,12 +171,13 @@ class _Arena:
 
 
 class GraphPool:
-    """The arenas and graphs of one engine (module docstring). ``capture``: ``StepGraph`` on CUDA."""
+    """The arenas and graphs of one engine (module docstring). ``capture``: ``StepGraph`` on CUDA;
+    ``new_pool``: a new memory-pool token for each arena, ``torch.cuda.graph_pool_handle`` on CUDA."""
 
-    def __init__(self, capture: Capture | None = None) -> None:
-        self.capture = capture or self._step_graph
+    def __init__(self, capture: Capture | None = None, new_pool: Callable[[], Any] | None = None) -> None:
+        self.capture: Capture = capture or StepGraph
+        self.new_pool = new_pool or torch.cuda.graph_pool_handle
         self.arenas: list[_Arena] = []
-        self._pool: Any = None  # one memory pool for every graph's intermediates (StepGraph)
         self._for: tuple[int, tuple[int, ...]] | None = None  # (id of the PackedWeights, addresses)
 
     def decode(
@@ -207,11 +216,6 @@ class GraphPool:
                 rows, bucket = [rows[i] for i in live], rows_bucket(len(live))
                 slot = arena.slot(bucket, fresh.filtered, fresh.plain, self.capture)
 
-    def _step_graph(self, fn: Callable[[], None], device: torch.device) -> StepGraph:
-        if self._pool is None:
-            self._pool = torch.cuda.graph_pool_handle()
-        return StepGraph(fn, device, self._pool)
-
     def rows_kept(self, columns: int) -> int:
         """The rows of a kept arena for ``columns`` needed columns (0 if none): a batch of up to that
         many rows takes no new memory."""
@@ -237,5 +241,5 @@ class GraphPool:
         while len(self.arenas) >= MAX_ARENAS:
             self.arenas.pop(0)
         del same  # every dropped arena is freed before the new one is made
-        self.arenas.append(_Arena(model, packed, rows, columns, stops))
+        self.arenas.append(_Arena(model, packed, rows, columns, stops, self.new_pool()))
         return self.arenas[-1]

@@ -184,7 +184,8 @@ class StepGraph:
     and lazily built kernels); the same call then records ``fn`` once more without running it, and
     every later call replays that recording. ``pool``: a memory pool shared with other graphs
     (``torch.cuda.graph_pool_handle()``), safe when, as here, no tensor allocated inside a step
-    outlives it. Captures in ``thread_local`` mode, so another thread's CUDA calls during it neither
+    outlives it; once every graph of a pool is freed, its token must not be used again (PyTorch's
+    allocator asserts). Captures in ``thread_local`` mode, so another thread's CUDA calls during it neither
     fail nor invalidate it. ``decode_graphs.GraphPool`` keeps one per batch bucket, over tensors that
     keep their addresses from batch to batch. Run on an H200 (bench/gpu_decode_check.py,
     2026-11-30, one graph per batch, no pool): in float32 the same tokens and log-probs as the eager

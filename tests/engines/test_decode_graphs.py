@@ -6,6 +6,7 @@ graph's replay would silently get wrong."""
 from __future__ import annotations
 
 import copy
+import weakref
 
 import pytest
 import torch
@@ -29,14 +30,38 @@ def addresses(state, lean) -> list[int]:
     return [t.data_ptr() for t in tensors]
 
 
-class RecordingGraph:
-    """``StepGraph``'s stand-in: records each capture, then calls the step eagerly at every replay
-    after checking that nothing it reads has moved."""
+class Pools:
+    """CUDA graph memory pools as PyTorch's caching allocator keeps them: a pool lives while a graph
+    captured into it does, and a capture into one whose graphs were all freed fails (the allocator's
+    internal assert, ``use_count > 0``, met on an H200 under an engine-wide pool)."""
 
-    def __init__(self, fn, device) -> None:
+    def __init__(self) -> None:
+        self.made, self.graphs, self.released = 0, {}, set()
+
+    def new(self) -> tuple[str, int]:
+        self.made += 1
+        return ("pool", self.made)
+
+    def capture(self, graph: object, pool: tuple[str, int]) -> None:
+        assert pool not in self.released, f"a capture into {pool}, whose graphs were all freed"
+        self.graphs[pool] = self.graphs.get(pool, 0) + 1
+        weakref.finalize(graph, self._free, pool)
+
+    def _free(self, pool: tuple[str, int]) -> None:
+        self.graphs[pool] -= 1
+        if not self.graphs[pool]:
+            self.released.add(pool)
+
+
+class RecordingGraph:
+    """``StepGraph``'s stand-in: records each capture (and its memory pool), then calls the step
+    eagerly at every replay after checking that nothing it reads has moved."""
+
+    def __init__(self, fn, device, pool) -> None:
         self.fn, self.captured = fn, addresses(*fn.args[:2])
         self.rows = fn.args[0].logits.shape[0]
         self.replays = 0
+        POOLS.capture(self, pool)
         CAPTURES.append(self)
 
     def __call__(self) -> None:
@@ -46,6 +71,7 @@ class RecordingGraph:
 
 
 CAPTURES: list[RecordingGraph] = []
+POOLS = Pools()
 
 
 @pytest.fixture
@@ -54,7 +80,9 @@ def graph_engine(peaky_policy):
     recording graphs, as a CUDA engine's does through real ones."""
     model, tok = peaky_policy
     engine = HFEngine(copy.deepcopy(model), tok, lean_decode=True, poll_every=3)
-    engine._graphs = GraphPool(capture=RecordingGraph)
+    global POOLS
+    POOLS = Pools()
+    engine._graphs = GraphPool(capture=RecordingGraph, new_pool=lambda: POOLS.new())
     CAPTURES.clear()
     return engine
 
@@ -194,3 +222,21 @@ def test_an_arena_replaced_for_more_stop_ids_keeps_its_rows(peaky_policy, graph_
     (second,) = graph_engine._graphs.arenas
     assert second is not first and second.columns == first.columns
     assert (first.rows, first.stops, second.rows, second.stops) == (8, 4, 8, 8)
+
+
+def test_an_arena_replaced_for_more_rows_captures_into_a_pool_of_its_own(peaky_policy, graph_engine):
+    """A larger batch of the same columns replaces the kept arena, freeing every graph of its memory
+    pool: the new arena's graphs go into a new pool, never the freed one's (a capture there fails the
+    allocator's assert; seen on an H200 when an engine kept one pool for all its graphs)."""
+    _, tok = peaky_policy
+    prompts, params = mixed_requests(tok)
+    graph_engine.generate(prompts[:2], params[:2])
+    (small,) = graph_engine._graphs.arenas
+    first_pool = small.pool
+    del small
+    CAPTURES.clear()  # the arena alone holds its graphs
+    big = graph_engine.generate(prompts, params)
+    (large,) = graph_engine._graphs.arenas
+    assert (large.rows, large.pool) == (8, ("pool", 2))
+    assert POOLS.released == {first_pool}, "the replaced arena's graphs were not freed"
+    same(big, HFEngine(copy.deepcopy(graph_engine.model), tok, lean_decode=True).generate(prompts, params))
