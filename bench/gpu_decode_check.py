@@ -13,7 +13,8 @@ Rows, at each ``--batch``:
 - ``lean_eager``: the static lean loop without CUDA graphs; ``lean_graph``: replayed as a CUDA graph
   (the engine's default on CUDA), reading tokens back every 1 and 8 steps. Since the graphs are kept
   per batch bucket (engines/decode_graphs.py) the cold run includes their capture and the warm run
-  replays them; the H200 run of 2026-11-30 captured a graph per batch in both;
+  replays them (the first H200 run of 2026-11-30 captured a graph per batch in both; the second,
+  at c468220, kept them);
 - ``generate``: ``model.generate`` with a dynamic cache, cuDNN allowed and not; with ``--static``
   also a static cache (transformers compiles its forward: the first run includes the compile).
 Also: which attention kernel sdpa picks at decode shapes, and a new key length against a repeated
@@ -24,8 +25,8 @@ paths' tokens against the eager lean loop's at the same seeds, in bfloat16 and i
     python3 bench/gpu_decode_check.py [--batch 32 128] [--new-tokens 128] [--static] [--agreement-only]
 
 Writes ``$OUT/gpu_decode_check.json`` and ``$OUT/profile_transformers.txt`` (``$OUT`` defaults to
-the current directory). Ran on an H200 on 2026-11-30 in 109 s (``--agreement-only`` 26 s; results in
-docs/performance.md); ``--static`` has not run.
+the current directory). Ran on an H200 on 2026-11-30 in 109 s and, with the kept graphs, 135 s
+(``--agreement-only`` 26 s; results in docs/performance.md); ``--static`` has not run.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@
 # Environment: MODEL (default pypi:smollm2-135m-instruct), STEPS (4: the first is a warm-up), ROUNDS (2),
 # OUT_DIR ($OUT or runs/gpu_bench). Uses .venv when present, else python3 (the GPU machine's own).
 # Run on an H200: `full` on 2026-11-27 and 2026-11-30 (STEPS=3, 326 s with the GGUF's conversion;
-# docs/performance.md); `lora` and `tiny` have not yet run on a GPU. The GPU machine lacks trl, its
+# a second run: 212 s for 4 x 8 alone; docs/performance.md); `lora` and `tiny` have not yet run on a GPU. The GPU machine lacks trl, its
 # datasets and the model: scripts/gpu_bundle.sh bench packs them.
 set -uo pipefail
 cd "$(dirname "$0")/.."

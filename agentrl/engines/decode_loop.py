@@ -189,7 +189,8 @@ class StepGraph:
     fail nor invalidate it. ``decode_graphs.GraphPool`` keeps one per batch bucket, over tensors that
     keep their addresses from batch to batch. Run on an H200 (bench/gpu_decode_check.py,
     2026-11-30, one graph per batch, no pool): in float32 the same tokens and log-probs as the eager
-    loop, bit for bit; 3.1-3.8 ms a step for SmolLM2-135M at 32-128 rows in bfloat16. A graph keeps
+    loop, bit for bit; 3.1-3.8 ms a step for SmolLM2-135M at 32-128 rows in bfloat16 (kept and
+    replayed, 2.9-3.5 ms). A graph keeps
     the matmul settings of its capture (TF32, ``set_float32_matmul_precision``)."""
 
     def __init__(self, fn: Callable[[], None], device: torch.device, pool: Any = None) -> None:
