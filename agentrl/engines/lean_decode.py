@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from agentrl.engines.lean_weights import PackedWeights
+from agentrl.engines.lean_weights import PackedWeights, half_swap
 
 ARCHITECTURES = ("qwen2", "llama")  # the same decoder layer, up to which projections carry biases
 
@@ -73,7 +73,9 @@ def supports(model: torch.nn.Module) -> bool:
 # tokens/s of the same engine (bench/engine.py, 64 rows x 64 new tokens, 2026-11-27) hidden 384
 # (15 M) 1.00x, hidden 576 (SmolLM2-135M) 0.91x, hidden 640 (60 M) 0.97x. The step
 # removes per-call overhead, which only dominates small models; from hidden ~384 up the matrix
-# products do, and its packed q/k GEMM (rotate-half folded in: 1.8x the projection's columns) costs.
+# products do, and its packed q/k GEMM (rotate-half folded in: 1.8x the projection's columns) cost.
+# Measured with that GEMM; the CPU's step now swaps halves instead (lean_weights._Layer), and the
+# threshold has not been measured again.
 PAYS_OFF_UP_TO_HIDDEN = 256
 
 
@@ -148,7 +150,9 @@ class LeanDecoder:
 
     def _rope_tables(self, n: int) -> None:
         """cos and sin for positions [0, n), per query and key head: [n, (nH + kvH) D], with the
-        attention scale folded into the query heads' columns."""
+        attention scale folded into the query heads' columns and, where the step swaps the halves of
+        q and k instead of reading rotated columns (``lean_weights._Layer``), the sign of
+        rotate_half into the first half of each head's sin."""
         D = self.head_dim
         probe = self.embed.new_zeros((1, 1, 1))
         cos, sin = self.inner.rotary_emb(probe, torch.arange(n, device=probe.device)[None])  # [1, n, D]
@@ -156,6 +160,10 @@ class LeanDecoder:
         scale = torch.ones(heads, 1, dtype=cos.dtype, device=cos.device)
         scale[: self.n_heads] = self.scale
         self.cos = (cos[0][:, None, :] * scale).reshape(n, heads * D)
+        if not self.packed.fold_rotation:  # the step swaps halves: rotate_half's sign goes here
+            sign = torch.ones(D, dtype=sin.dtype, device=sin.device)
+            sign[: D // 2] = -1.0
+            scale = scale * sign
         self.sin = (sin[0][:, None, :] * scale).reshape(n, heads * D)
 
     @classmethod
@@ -235,7 +243,9 @@ class LeanDecoder:
         self.bias.index_fill_(3, col, 0.0)  # the new token's column is attended to from now on
         f32 = h.dtype == torch.float32
         for lw, k4, k3, v4, v3 in zip(self.layers, self.keys, keys3, self.values, values3):
-            lw.qkv.into(ws.normed(h), ws.qkv)  # [q k | v | rot(q) rot(k)]
+            lw.qkv.into(ws.normed(h), ws.qkv)  # [q k | v | rot(q) rot(k)], or [q k | v] and a swap
+            if ws.swap is not None:
+                torch.index_select(ws.qk, 1, ws.swap, out=ws.qk_swapped)
             # rotary (queries also scaled); key and value written into the cache's column ``col``
             torch.mul(ws.q_raw, ws.cos_q, out=ws.q).addcmul_(ws.q_rot, ws.sin_q)
             torch.mul(ws.k_raw, ws.cos_k, out=ws.k).addcmul_(ws.k_rot, ws.sin_k)
@@ -259,8 +269,10 @@ class LeanDecoder:
 
 class _Workspace:
     """Buffers for one decode step of B rows, and views into them made once: the packed GEMM's
-    output split into raw and rotated q, k and v, the rotary tables' query and key columns, the
-    queries grouped by KV head ([B kvH, g, D]) and the attention output seen as [B, nH D]."""
+    output split into raw and rotated q, k and v (the rotated ones from the GEMM, or from a buffer
+    the step fills by swapping halves: ``lean_weights._Layer``), the rotary tables' query and key
+    columns, the queries grouped by KV head ([B kvH, g, D]) and the attention output seen as
+    [B, nH D]."""
 
     def __init__(self, d: LeanDecoder, B: int) -> None:
         nH, nKV, D = d.n_heads, d.n_kv, d.head_dim
@@ -270,9 +282,16 @@ class _Workspace:
         self.eps = d.eps
         self.qkv = new(B, d.layers[0].qkv_width)
         v_end = (heads + nKV) * D
-        self.q_raw, self.q_rot = self.qkv.narrow(1, 0, qd), self.qkv.narrow(1, v_end, qd)
+        self.qk = self.qkv.narrow(1, 0, qd + kd)
+        self.swap: Tensor | None = None  # with the rotation folded in, the GEMM gives rot(q), rot(k)
+        if d.packed.fold_rotation:
+            rotated = self.qkv.narrow(1, v_end, qd + kd)
+        else:
+            self.swap = half_swap(heads, D, dev)
+            self.qk_swapped = rotated = new(B, qd + kd)
+        self.q_raw, self.q_rot = self.qkv.narrow(1, 0, qd), rotated.narrow(1, 0, qd)
         self.k_raw = self.qkv.narrow(1, qd, kd).view(B, nKV, D)
-        self.k_rot = self.qkv.narrow(1, v_end + qd, kd).view(B, nKV, D)
+        self.k_rot = rotated.narrow(1, qd, kd).view(B, nKV, D)
         self.v = self.qkv.narrow(1, heads * D, kd).view(B, nKV, D)
         self.cos, self.sin = new(B, heads * D), new(B, heads * D)
         self.cos_q, self.sin_q = self.cos.narrow(1, 0, qd), self.sin.narrow(1, 0, qd)

@@ -37,6 +37,15 @@ def weights_key(model: torch.nn.Module) -> WeightsKey | None:
         return None
 
 
+def half_swap(n_heads: int, head_dim: int, device: torch.device | str = "cpu") -> Tensor:
+    """The column indices that swap the two halves of each head's columns, (a, b) -> (b, a): with the
+    first half's sin negated (``LeanDecoder``'s rotary tables), ``y[:, half_swap] * sin`` is
+    ``rotate_half(y) * sin`` exactly (the unfolded rotation, ``_Layer``)."""
+    half = head_dim // 2
+    within = torch.cat([torch.arange(half, head_dim), torch.arange(half)])
+    return (torch.arange(n_heads)[:, None] * head_dim + within).flatten().to(device)
+
+
 def _rotate_half_columns(y: Tensor, n_heads: int, head_dim: int) -> Tensor:
     """``rotate_half`` of each head's columns of y [., n_heads * head_dim]: (a, b) -> (-b, a) in
     each head's two halves. A signed permutation: exact, no product, no read of the device."""
@@ -50,25 +59,35 @@ class _Layer:
     - every matrix is transposed to [in, out] and contiguous (a row-major GEMM against a
       pre-transposed weight is 2-3x faster on CPU at these shapes than ``F.linear``), or, with
       ``rows`` set, packed for oneDNN (``cpu_gemm.Gemm``: ``rollout.cpu_gemm: onednn``);
-    - one GEMM gives q, k, v and rotate_half(q), rotate_half(k): rotate_half permutes and negates
-      columns, so the weight carries the q and k columns a second time, rotated
-      (``_rotate_half_columns``), and rotary embedding becomes ``qk * cos + qk_rotated * sin``;
+    - one GEMM gives q, k and v; with ``fold_rotation`` (on CUDA) also rotate_half(q) and
+      rotate_half(k): rotate_half permutes and negates columns, so the weight carries the q and k
+      columns a second time, rotated (``_rotate_half_columns``), and rotary embedding becomes
+      ``qk * cos + qk_rotated * sin``. Without it (on the CPU) the step swaps the halves of q and k
+      (``half_swap``, one ``index_select``) and the sin table carries the sign: the same numbers
+      without the extra columns, which cost the CPU's FLOP-bound step about 7 % at SmolLM2-135M's
+      shapes, while on a GPU a step is bound by its kernel launches and the folded GEMM saves one;
     - each RMSNorm's weight w is folded into the rows of the matrix that reads the normed vector
       (``(w * n) @ W == n @ (w[:, None] * W)``), so a norm is ``x * rsqrt(mean(x^2) + eps)``.
 
     Exact in real arithmetic; in float32 the rounding differs from ``transformers`` by ~1e-6
     relative (parity is tested)."""
 
-    def __init__(self, layer: Any, n_heads: int, n_kv: int, head_dim: int, rows: int | None = None) -> None:
+    def __init__(
+        self, layer: Any, n_heads: int, n_kv: int, head_dim: int, rows: int | None, fold_rotation: bool
+    ) -> None:
         a, m = layer.self_attn, layer.mlp
         w1, w2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         projs = (a.q_proj, a.k_proj, a.v_proj)
         bias = [p.bias if p.bias is not None else p.weight.new_zeros(p.weight.shape[0]) for p in projs]
         qk_t = torch.cat([a.q_proj.weight, a.k_proj.weight]).t()  # [H, (nH + kvH) D]
         qk_b = torch.cat(bias[:2])
-        qk_t_rot, qk_b_rot = (_rotate_half_columns(x, n_heads + n_kv, head_dim) for x in (qk_t, qk_b))
-        qkv_t = (w1[:, None] * torch.cat([qk_t, a.v_proj.weight.t(), qk_t_rot], dim=1)).contiguous()
-        self.qkv = Gemm(qkv_t, torch.cat([qk_b, bias[2], qk_b_rot]), rows)
+        columns, biases = [qk_t, a.v_proj.weight.t()], [qk_b, bias[2]]
+        if fold_rotation:
+            columns.append(_rotate_half_columns(qk_t, n_heads + n_kv, head_dim))
+            biases.append(_rotate_half_columns(qk_b, n_heads + n_kv, head_dim))
+        qkv_t = (w1[:, None] * torch.cat(columns, dim=1)).contiguous()
+        self.qkv = Gemm(qkv_t, torch.cat(biases), rows)
+        self.fold_rotation = fold_rotation
         o_b = a.o_proj.bias.clone() if a.o_proj.bias is not None else None  # its own: refreshed in place
         self.o = Gemm(a.o_proj.weight.t().contiguous(), o_b, rows)
         gate_up_t = (w2[:, None] * torch.cat([m.gate_proj.weight, m.up_proj.weight]).t()).contiguous()
@@ -89,13 +108,19 @@ class PackedWeights:
     key they were packed under (module docstring). The embedding and the head's bias are the model's
     own tensors, read where they are."""
 
-    def __init__(self, model: torch.nn.Module, rows: int | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, rows: int | None = None, fold_rotation: bool | None = None
+    ) -> None:
         m: Any = model  # a Qwen2/LlamaForCausalLM (lean_decode.supports checked by the caller)
         cfg, inner = m.config, m.model
         self.rows = rows
+        self.fold_rotation = (
+            inner.embed_tokens.weight.device.type == "cuda" if fold_rotation is None else fold_rotation
+        )
+        """rotate_half folded into the q/k GEMM (``_Layer``): on CUDA unless told otherwise."""
         self.shape = (cfg.num_attention_heads, cfg.num_key_value_heads, inner.layers[0].self_attn.head_dim)
         self.key = weights_key(model)
-        self.layers = [_Layer(layer, *self.shape, rows) for layer in inner.layers]
+        self.layers = [_Layer(layer, *self.shape, rows, self.fold_rotation) for layer in inner.layers]
         self.head = self._head(m)
         self.embed: Tensor = inner.embed_tokens.weight
         self.head_b: Tensor | None = getattr(m.lm_head, "bias", None)
@@ -116,7 +141,8 @@ class PackedWeights:
         m: Any = model
         with torch.inference_mode():
             for packed, layer in zip(self.layers, m.model.layers):
-                for old, new in zip(packed.gemms(), _Layer(layer, *self.shape, self.rows).gemms()):
+                fresh = _Layer(layer, *self.shape, self.rows, self.fold_rotation)
+                for old, new in zip(packed.gemms(), fresh.gemms()):
                     old.copy_from(new)
             self.head.copy_from(self._head(m))
         self.embed, self.head_b = m.model.embed_tokens.weight, getattr(m.lm_head, "bias", None)

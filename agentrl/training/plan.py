@@ -55,7 +55,9 @@ The trainer's budget (or the whole GPU's):
   keeps the packed weights, (L·(layer + (heads + kv_heads)·head_dim·h) + V·h)·e (the rotated q and
   k columns, a head of its own), and decodes in the arenas of its kept CUDA graphs
   (engines/decode_graphs.py) instead: R rows and C columns, q and ctx rounded up to powers of two
-  (C at least 128), two arenas kept, the second of other columns, so at most 1.5·R·C·L·2·kv·e;
+  (C at least 128), two arenas kept, the second of other columns, so at most 1.5·R·C·L·2·kv·e,
+  and beside it the arenas' sampling state, 2·R·4·V + 1.5·R·C·(20 + kv_heads·e) (float32 logits;
+  per column float64 draws, int64 tokens, float32 log-probs, an attention bias per KV head);
   the weight sync streams one tensor at a time into it, so its transient is the largest
   tensor in e bytes;
 - a fixed 2 GiB for the CUDA context, NCCL buffers and the allocator's slack.
@@ -475,6 +477,13 @@ def hf_engine_terms(a: Architecture, s: Sizes, seqs: int, dtype: str) -> list[Te
             more * rows * columns * per_column,
             f"{more:g}·R·C·L·2·kv·e = {more:g}·{rows}·{columns}·{a.layers}·2·{a.kv_dim}·{e} (R: q = {seqs} "
             f"rounded up to a power of two; C: ctx = {s.ctx} rounded up, at least 128; {MAX_ARENAS} arenas kept)",
+        ),
+        Term(
+            "HF engine sampling state (CUDA graph arenas)",
+            MAX_ARENAS * rows * 4 * a.vocab + more * rows * columns * (20 + a.kv_heads * e),
+            f"{MAX_ARENAS}·R·4·V + {more:g}·R·C·(20 + kv_heads·e) = {MAX_ARENAS}·{rows}·4·{a.vocab:,} + "
+            f"{more:g}·{rows}·{columns}·(20 + {a.kv_heads}·{e}) (each arena's float32 logits; per column its "
+            "draws, tokens, log-probs and attention bias)",
         ),
     ]
 

@@ -16,6 +16,7 @@ from agentrl.engines.base import SamplingParams
 from agentrl.engines.decode_loop import DecodeState, decode_step
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.lean_decode import LeanDecoder
+from agentrl.engines.lean_weights import PackedWeights
 from tests.helpers.decode_cases import TEXTS, mixed_requests, same
 
 
@@ -40,9 +41,10 @@ def test_the_static_loop_equals_the_transformers_loop(peaky_policy, poll_every):
     same(static.generate(prompts, params), reference)
 
 
-def fresh_step(model, tok, rows: int = 3, gemm: str = "mkl"):
+def fresh_step(model, tok, rows: int = 3, gemm: str = "mkl", fold: bool | None = None):
     """A prefilled batch of ``rows`` prompts and its ``DecodeState`` and ``LeanDecoder`` (its products
-    through ``gemm``)."""
+    through ``gemm``; rotate_half folded into the q/k GEMM as on CUDA with ``fold``, swapped in the
+    step as on the CPU without, the device's own choice with None)."""
     engine = HFEngine(model, tok, lean_decode=True)
     prompts = [tok.encode(t, add_special_tokens=False) for t in TEXTS[:rows]]
     params = [SamplingParams(max_tokens=8, temperature=1.0, top_k=5 * i, seed=i) for i in range(rows)]
@@ -50,18 +52,21 @@ def fresh_step(model, tok, rows: int = 3, gemm: str = "mkl"):
     logits, mask, positions, cache = engine._prefill(batch)
     uniforms = torch.rand(rows, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     state = DecodeState.start(logits, positions, uniforms, params, filtered=True, plain=False)
-    return state, LeanDecoder.from_cache(model, cache, mask, 8, gemm)
+    packed = None if fold is None else PackedWeights(model, 3 if gemm == "onednn" else None, fold)
+    return state, LeanDecoder.from_cache(model, cache, mask, 8, gemm, packed)
 
 
 @pytest.mark.slow
-def test_one_decode_step_compiles_into_one_graph(peaky_policy):
+@pytest.mark.parametrize("fold", [True, False], ids=["rotation-folded", "halves-swapped"])
+def test_one_decode_step_compiles_into_one_graph(peaky_policy, fold):
     """``torch.compile(fullgraph=True)`` fails on any host read (``.item()``, ``.tolist()``,
     ``bool(tensor)``) or data-dependent shape inside the step: the precondition of a CUDA graph,
-    checked on the CPU. The compiled step computes what the eager one does."""
+    checked on the CPU, with the rotation as CUDA packs it and as the CPU does. The compiled step
+    computes what the eager one does."""
     model, tok = peaky_policy
     with torch.inference_mode():
-        eager_state, eager_lean = fresh_step(model, tok)
-        state, lean = fresh_step(model, tok)
+        eager_state, eager_lean = fresh_step(model, tok, fold=fold)
+        state, lean = fresh_step(model, tok, fold=fold)
         compiled = torch.compile(decode_step, fullgraph=True, backend="eager", dynamic=False)
         for _ in range(2):
             decode_step(eager_state, eager_lean)
@@ -86,14 +91,15 @@ class ShapeLog(TorchDispatchMode):
         return out
 
 
-@pytest.mark.parametrize("gemm", ["mkl", "onednn"])
-def test_a_step_keeps_its_shapes_and_never_reads_the_device(peaky_policy, monkeypatch, gemm):
+@pytest.mark.parametrize(("gemm", "fold"), [("mkl", False), ("onednn", False), ("mkl", True)])
+def test_a_step_keeps_its_shapes_and_never_reads_the_device(peaky_policy, monkeypatch, gemm, fold):
     """Two consecutive steps run the same operations on the same shapes (a CUDA graph replays one
     recording), and none of them reads a tensor back to the host, with the products through MKL or
-    through oneDNN's packed weights (engines/cpu_gemm.py)."""
+    through oneDNN's packed weights (engines/cpu_gemm.py), and with the rotation folded into the
+    q/k GEMM as CUDA packs it."""
     model, tok = peaky_policy
     with torch.inference_mode():
-        state, lean = fresh_step(model, tok, gemm=gemm)
+        state, lean = fresh_step(model, tok, gemm=gemm, fold=fold)
         for name in ("item", "tolist", "__bool__", "cpu", "numpy"):
             monkeypatch.setattr(torch.Tensor, name, lambda *a, _n=name, **k: pytest.fail(f"host read: {_n}"))
         logs = []
@@ -110,20 +116,40 @@ the host); the GPU check found 60 per batch in the packing (an index assignment 
 
 
 def test_packing_the_weights_reads_nothing_back(peaky_policy):
-    """A batch's ``LeanDecoder`` packs every layer without an op that waits for the device, and its
-    rotated q/k columns equal transformers' ``rotate_half`` head by head, exactly."""
+    """A batch's ``LeanDecoder`` packs every layer without an op that waits for the device, with the
+    rotation folded in (as on CUDA) or not; the rotated q/k columns equal transformers'
+    ``rotate_half`` head by head, exactly, and so do the swapped halves times the signed sin."""
     from transformers.models.llama.modeling_llama import rotate_half
 
-    from agentrl.engines.lean_weights import _rotate_half_columns
+    from agentrl.engines.lean_weights import _rotate_half_columns, half_swap
 
     model, tok = peaky_policy
     with torch.inference_mode():
         _, lean = fresh_step(model, tok)
         with ShapeLog() as log:
             LeanDecoder(model, lean.keys, lean.values, lean.bias, lean.length, 16)
+            PackedWeights(model, fold_rotation=True)
     assert [op for op, _ in log.ops if op.split(".")[1] in READS_THE_DEVICE] == []
-    y = torch.randn(5, 7 * 16)
-    assert torch.equal(_rotate_half_columns(y, 7, 16), rotate_half(y.view(5, 7, 16)).view(5, -1))
+    y, sin = torch.randn(5, 7 * 16), torch.randn(7 * 16)
+    rotated = rotate_half(y.view(5, 7, 16)).view(5, -1)
+    assert torch.equal(_rotate_half_columns(y, 7, 16), rotated)
+    signed = sin.view(7, 2, 8) * torch.tensor([-1.0, 1.0])[:, None]
+    assert torch.equal(y[:, half_swap(7, 16)] * signed.flatten(), rotated * sin)
+
+
+def test_the_folded_and_the_swapped_rotation_give_the_same_steps(peaky_policy):
+    """The rotation folded into the q/k GEMM (CUDA's packing) and the halves swapped in the step (the
+    CPU's) give the same tokens and, within float32 rounding, the same logits, step after step; the
+    swapped packing holds no rotated columns."""
+    model, tok = peaky_policy
+    with torch.inference_mode():
+        runs = [fresh_step(model, tok, fold=fold) for fold in (True, False)]
+        for _ in range(4):
+            logits = [lean.step(state.tokens[:, 0], state.positions).clone() for state, lean in runs]
+            assert torch.allclose(logits[0], logits[1], rtol=1e-5, atol=1e-5)
+    folded, swapped = (lean.layers[0].qkv_width for _, lean in runs)
+    nH, nKV, D = runs[0][1].packed.shape
+    assert (folded, swapped) == ((2 * nH + 3 * nKV) * D, (nH + 2 * nKV) * D)
 
 
 def test_the_batch_is_as_large_as_the_memory_budget_allows(peaky_policy, monkeypatch):

@@ -27,6 +27,13 @@ N = V * H + L * LAYER + H + V * H  # embeddings, layers, final norm, untied head
 PACKED = L * (LAYER + (HEADS + 2) * 32 * H) + V * H  # the lean step's: rotated q and k columns, its head
 
 
+def sampling_state(rows: int, columns: int, e: int, arenas: int = 2) -> float:
+    """What the CUDA graph arenas hold beside the KV cache: each arena's float32 logits [R, V]; per
+    column, its float64 draws, int64 tokens, float32 log-probs and an attention bias per KV head (the
+    second arena of half the columns)."""
+    return arenas * rows * V * 4 + (1 + 0.5 * (arenas - 1)) * rows * columns * (20 + 2 * e)
+
+
 def terms(p) -> dict[str, float]:
     return {t.name: t.bytes for t in p.terms}
 
@@ -76,6 +83,7 @@ def test_single_gpu_full_fine_tune_term_by_term():
         "HF engine packed weights (lean step)": 4 * PACKED,
         # min(8 concurrent, 16 episodes) sequences of 256 columns, two arenas (the second of 128)
         "HF engine KV cache (CUDA graph arenas)": 1.5 * 8 * 256 * L * 2 * KV * 4,
+        "HF engine sampling state (CUDA graph arenas)": sampling_state(8, 256, 4),
         "weight sync (streamed)": V * H * 4,
         "CUDA context, NCCL, allocator slack": 2 * GIB,
     }
@@ -87,16 +95,33 @@ def test_single_gpu_full_fine_tune_term_by_term():
 def test_the_packed_weights_term_is_what_the_lean_step_keeps():
     """The planner's packed-weights formula (``PACKED`` above, what the plans are checked against) is
     within 0.5 % of what ``PackedWeights`` holds for the tiny model: the formula counts the layer's
-    norms, which are folded in, and not the rotated biases, a few hundred values a layer."""
+    norms, which are folded in, and not the rotated biases, a few hundred values a layer. The rotation
+    folded into the q/k GEMM, as a CUDA engine packs it (the plan is for GPUs)."""
     from agentrl.engines.lean_weights import PackedWeights
     from agentrl.models import ensure_tiny_base, load_policy
 
     model, _ = load_policy(ensure_tiny_base())
     assert (model.config.hidden_size, model.config.num_hidden_layers) == (H, L)
-    packed = PackedWeights(model)
+    packed = PackedWeights(model, fold_rotation=True)
     gemms = [g for layer in packed.layers for g in layer.gemms()] + [packed.head]
     held = sum(t.numel() for g in gemms for t in (g.w_t, g.bias) if t is not None)
     assert held == pytest.approx(PACKED, rel=5e-3)
+
+
+def test_the_sampling_state_term_is_what_an_arena_holds():
+    """Per arena, the planner's sampling-state formula is what ``decode_graphs._Arena`` allocates beside
+    its KV buffers, within 1 %: the formula leaves out the per-row scalars (limits, stop ids, sampling
+    settings: 65 bytes a row)."""
+    from agentrl.engines.decode_graphs import _Arena
+    from agentrl.engines.lean_weights import PackedWeights
+    from agentrl.models import ensure_tiny_base, load_policy
+
+    model, _ = load_policy(ensure_tiny_base())
+    with torch.inference_mode():
+        arena = _Arena(model, PackedWeights(model), rows=8, columns=128, stops=4, pool=None)
+    state = [t for t in vars(arena.state).values() if isinstance(t, torch.Tensor)]
+    held = sum(t.numel() * t.element_size() for t in [*state, arena.lean.bias])
+    assert held == pytest.approx(sampling_state(8, 128, 4, arenas=1), rel=1e-2)
 
 
 HSDP_LORA = [
@@ -135,6 +160,7 @@ def test_hsdp_lora_bf16_checkpointed_term_by_term():
         "HF engine weights (bfloat16)": 2 * N,
         "HF engine packed weights (lean step)": 2 * PACKED,
         "HF engine KV cache (CUDA graph arenas)": 1.5 * 4 * 128 * L * 2 * KV * 2,  # 4 episodes per rank
+        "HF engine sampling state (CUDA graph arenas)": sampling_state(4, 128, 2),
         "weight sync (streamed)": V * H * 2,
         "CUDA context, NCCL, allocator slack": 2 * GIB,
     }
