@@ -64,8 +64,9 @@ class _Layer:
       columns a second time, rotated (``_rotate_half_columns``), and rotary embedding becomes
       ``qk * cos + qk_rotated * sin``. Without it (on the CPU) the step swaps the halves of q and k
       (``half_swap``, one ``index_select``) and the sin table carries the sign: the same numbers
-      without the extra columns, which cost the CPU's FLOP-bound step about 7 % at SmolLM2-135M's
-      shapes, while on a GPU a step is bound by its kernel launches and the folded GEMM saves one;
+      without the extra columns (SmolLM2-135M's CPU step, FLOP-bound, 2-6 % faster with oneDNN:
+      bench/decode_roofline.py --paths), while on a GPU a step is bound by its kernel launches and
+      the folded GEMM saves one;
     - each RMSNorm's weight w is folded into the rows of the matrix that reads the normed vector
       (``(w * n) @ W == n @ (w[:, None] * W)``), so a norm is ``x * rsqrt(mean(x^2) + eps)``.
 
