@@ -9,7 +9,10 @@ whatever the call holds (an engine's lock, GPU memory) stays held meanwhile.
 
 The thread helpers live here too, all on daemon threads: ``DaemonThreadPool`` (tools, environment
 steps), ``BoundedCalls`` (one reusable thread per caller), ``DaemonThreads`` (one thread per call) and
-``LoopThread`` (a cancellable coroutine on its own event loop).
+``LoopThread`` (a cancellable coroutine on its own event loop). Every thread agentrl starts comes from
+``start_thread``, which puts it on this process's CUDA device: the current device is per thread, a new
+thread starts on device 0, and Triton launches, ``torch.cuda.synchronize()`` and CUDA-graph streams
+follow the thread's device, not their tensors' (``tests/core/test_thread_devices.py``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,44 @@ from typing import Any, TypeVar
 import torch
 
 T = TypeVar("T")
+
+_process_device: int | None = None
+"""The CUDA device of this process's threads, once ``bind_cuda_device`` has named it."""
+
+
+def bind_cuda_device(index: int) -> None:
+    """Make ``index`` the CUDA device of every thread ``start_thread`` starts in this process
+    (``ranks.init_from_env``: the rank's ``LOCAL_RANK`` GPU)."""
+    global _process_device
+    _process_device = index
+
+
+def thread_cuda_device() -> int | None:
+    """The CUDA device a new thread takes: the process's (``bind_cuda_device``), else, once CUDA has
+    started, the creating thread's current one; None without CUDA."""
+    if _process_device is not None:
+        return _process_device
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return None
+
+
+def start_thread(
+    target: Callable[..., Any], name: str, args: tuple = (), start: bool = True
+) -> threading.Thread:
+    """A daemon thread running ``target(*args)`` on ``thread_cuda_device()`` (started unless
+    ``start`` is False): the one way agentrl starts a thread (``tests/test_layout.py``)."""
+    device = thread_cuda_device()
+
+    def run() -> None:
+        if device is not None:
+            torch.cuda.set_device(device)
+        target(*args)
+
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    if start:
+        thread.start()
+    return thread
 
 
 class WaitTimeout(TimeoutError):
@@ -55,23 +96,17 @@ def wait_for(
 
 
 def call_with_timeout(fn: Callable[[], T], timeout_s: float, what: str, setting: str | None = None) -> T:
-    """``fn()`` run in a daemon thread, waited for at most ``timeout_s`` (``WaitTimeout`` past it;
-    the stuck call is abandoned, see the module docstring). The thread runs on the caller's CUDA
-    device: the current device is per thread, and a new thread would start on device 0."""
+    """``fn()`` run in a daemon thread (``start_thread``), waited for at most ``timeout_s``
+    (``WaitTimeout`` past it; the stuck call is abandoned, see the module docstring)."""
     fut: concurrent.futures.Future = concurrent.futures.Future()
-    device = (
-        torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    )
 
     def run() -> None:
-        if device is not None:
-            torch.cuda.set_device(device)
         try:
             fut.set_result(fn())
         except BaseException as e:  # handed to the waiting caller
             fut.set_exception(e)
 
-    threading.Thread(target=run, name="agentrl-bounded-call", daemon=True).start()
+    start_thread(run, "agentrl-bounded-call")
     return wait_for(fut, timeout_s, what, setting, note="; the call is abandoned (its thread keeps running)")
 
 
@@ -99,11 +134,7 @@ class DaemonThreadPool(concurrent.futures.Executor):
             fut: concurrent.futures.Future[T] = concurrent.futures.Future()
             self._work.put((fut, fn, args, kwargs))
             if not self._idle.acquire(blocking=False) and len(self._threads) < self._max:
-                t = threading.Thread(
-                    target=self._serve, name=f"{self._name}_{len(self._threads)}", daemon=True
-                )
-                self._threads.append(t)
-                t.start()
+                self._threads.append(start_thread(self._serve, f"{self._name}_{len(self._threads)}"))
             return fut
 
     def _serve(self) -> None:
@@ -145,14 +176,9 @@ class _CallThread:
     def __init__(self) -> None:
         self.calls: queue.SimpleQueue = queue.SimpleQueue()
         self.abandoned = False
-        device = (
-            torch.cuda.current_device() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-        )
-        threading.Thread(target=self._serve, args=(device,), name="agentrl-bounded-call", daemon=True).start()
+        start_thread(self._serve, "agentrl-bounded-call")
 
-    def _serve(self, device: int | None) -> None:
-        if device is not None:
-            torch.cuda.set_device(device)
+    def _serve(self) -> None:
         while (item := self.calls.get()) is not None:
             fn, fut = item
             try:
@@ -217,7 +243,7 @@ class DaemonThreads(concurrent.futures.Executor):
                 except BaseException as e:
                     fut.set_exception(e)
 
-        threading.Thread(target=work, name="agentrl-agent", daemon=True).start()
+        start_thread(work, "agentrl-agent")
         return fut
 
 
@@ -232,7 +258,7 @@ class LoopThread:
         self.done: concurrent.futures.Future = concurrent.futures.Future()
         """The agents' outcomes, set when the task ends."""
         self.started = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = start_thread(self._run, name, start=False)
 
     def start(self) -> None:
         self.started = True

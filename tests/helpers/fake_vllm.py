@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import Any
 
 RECORD: dict[str, Any] = {"llm": None, "generate": [], "rpc": []}
+STEP_HOOKS: list[Any] = []
+"""Called with no arguments at every ``llm_engine.step()`` (a test records the calling thread's state)."""
 
 
 class SamplingParams:
@@ -43,12 +45,40 @@ class _Result:
         self.prompt_token_ids, self.outputs = prompt, [_Output(ids)]
 
 
+class _RequestOutput(_Result):
+    finished = True
+
+    def __init__(self, request_id: str, prompt: list[int], ids: list[int]) -> None:
+        super().__init__(prompt, ids)
+        self.request_id = request_id
+
+
+class _Engine:
+    """``LLM.llm_engine``: ``add_request`` queues, ``step`` finishes every queued request at once."""
+
+    def __init__(self, vocab: int) -> None:
+        self.vocab, self.pending = vocab, list[tuple[str, list[int], Any]]()
+
+    def add_request(self, request_id: str, prompt: Any, sp: Any) -> None:
+        self.pending.append((request_id, list(prompt["prompt_token_ids"]), sp))
+
+    def step(self) -> list[_RequestOutput]:
+        for hook in STEP_HOOKS:
+            hook()
+        done, self.pending = self.pending, []
+        return [
+            _RequestOutput(rid, ids, [random.Random(hash((sp.seed, *ids))).randrange(self.vocab)])
+            for rid, ids, sp in done
+        ]
+
+
 class LLM:
     def __init__(self, **kwargs: Any) -> None:
         env = {k: os.environ.get(k) for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
         RECORD["llm"] = {"kwargs": {k: v for k, v in kwargs.items() if _plain(v)}, "env": env}
         config = Path(kwargs["model"]) / "config.json"
         self.vocab = json.loads(config.read_text())["vocab_size"]
+        self.llm_engine = _Engine(self.vocab)
 
     def generate(
         self, prompts: list[Any], sampling_params: list[Any], use_tqdm: bool = False
