@@ -408,7 +408,9 @@ class TimeoutsConfig:
     sleep_wake_s: float = knob(300.0, gt=0)
     """Each of the colocated engine's own phases (sleep, wake the weights, wake the KV cache: ``rollout.colocate.sleep``); past it the run stops with an error naming the phase. The update between them is bounded by ``collective_s``, the sync by ``weight_sync_s``."""
     data_wait_s: float = knob(3600.0, gt=0)
-    """Async mode: the trainer waiting for a step's episodes."""
+    """A rank waiting for a step's episodes: for those of the ranks that run them (rank 0's Ray pool, a tensor-parallel engine's leader), for the slowest rank's share, and in async mode for the pipeline."""
+    warm_start_s: float = knob(86400.0, gt=0)
+    """Under torchrun, the other ranks waiting for rank 0's SFT warm start (``sft.enabled``): rank 0 trains it once while they wait, then every rank reads it. A warm start that fails on rank 0 stops every rank at once, naming its error."""
     agent_run_s: float = knob(3600.0, gt=0)
     """An ``AgentEnvironment``'s ``run(client, task)`` for one episode: past it the agent is cancelled and its episode fails at the ``agent`` boundary."""
 

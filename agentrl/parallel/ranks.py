@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from agentrl.timeouts import bind_cuda_device
+
 
 def backend_for() -> str:
     """gloo for CPU tensors and, when CUDA is present, NCCL for CUDA ones (one group serves both:
@@ -45,13 +47,14 @@ _timeout_s: float | None = None  # the process group's timeout, for the messages
 def init_from_env(backend: str | None = None, timeout_s: float | None = None) -> tuple[int, int]:
     """Join the process group torchrun describes in the environment; (rank, world size). Without
     torchrun's variables this is a single process: (0, 1). With CUDA each rank takes the GPU of its
-    ``LOCAL_RANK``. ``timeout_s`` (``timeouts.collective_s``; None = torch's default) bounds every
+    ``LOCAL_RANK``, and so does every thread agentrl starts (``timeouts.start_thread``). ``timeout_s`` (``timeouts.collective_s``; None = torch's default) bounds every
     collective of the group: gloo raises on the ranks that wait; NCCL's watchdog aborts them."""
     global _timeout_s
     if "RANK" not in os.environ:
         return 0, 1
     if torch.cuda.is_available():
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        bind_cuda_device(int(os.environ.get("LOCAL_RANK", "0")))  # every helper thread's device too
     if not dist.is_initialized():
         limit = {} if timeout_s is None else {"timeout": timedelta(seconds=timeout_s)}
         dist.init_process_group(backend or backend_for(), **limit)  # type: ignore[arg-type]
@@ -66,10 +69,11 @@ class CollectiveError(RuntimeError):
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _collective(op: str) -> Callable[[F], F]:
+def _collective(op: str, setting: Callable[[], str | None] = lambda: None) -> Callable[[F], F]:
     """Re-raise a failing collective's RuntimeError (gloo: \"Timed out waiting 600000ms for recv
     operation to complete\", \"Application timeout caused pair closure\") as a ``CollectiveError``
-    naming ``op``, the helper, this rank and the wait."""
+    naming ``op``, the helper, this rank and the wait (``setting()``: the setting that bounds it, when
+    it is not the process group's ``timeouts.collective_s``)."""
 
     def wrap(fn: F) -> F:
         @functools.wraps(fn)
@@ -84,7 +88,7 @@ def _collective(op: str) -> Callable[[F], F]:
                     raise
                 waited = time.monotonic() - t0
                 where = f"collective {op} (ranks.{fn.__name__}) on rank {dist.get_rank()} of {dist.get_world_size()}"
-                limit = (
+                limit = setting() or (
                     "the process group's timeout"
                     if _timeout_s is None
                     else f"timeouts.collective_s={_timeout_s:g}s"
@@ -160,21 +164,72 @@ class _Rollouts:
     runners: tuple[int, ...] | None = None
     """The ranks that run episodes (``placement.episode_ranks``); None: every rank."""
     group: Any = None
-    """A gloo group of every rank whose timeout is the wait for a step's episodes (None: the default
-    group's): a rank that runs none waits there for those that do."""
+    """A gloo group of every rank whose timeout is the wait for a step's episodes (None: one process):
+    a rank that runs none waits there for those that do, a fast rank for the slowest."""
+    wait_s: float | None = None
+    """That group's timeout (``timeouts.data_wait_s``), for the error that names it."""
 
 
 _rollouts = _Rollouts()
 
 
 def configure_rollouts(runners: Sequence[int], wait_s: float) -> None:
-    """Only ``runners`` run episodes (a colocated tensor-parallel engine's leaders, or rank 0 with
-    its Ray pool); the other ranks receive them, waiting at most ``wait_s`` (``timeouts.data_wait_s``,
-    not the collectives' timeout: a step's rollouts can take longer). Collective: every rank calls it."""
+    """Only ``runners`` run episodes (every rank of colocated engines, a tensor-parallel engine's
+    leaders, or rank 0 with its Ray pool); the step's episodes are gathered over a group whose
+    timeout is ``wait_s`` (``timeouts.data_wait_s``, not the collectives' timeout: a step's rollouts
+    can take longer, and a rank that finished its share waits there for the slowest one, or for
+    the ranks that run them). Collective: every rank calls it."""
     world = dist.get_world_size() if dist.is_initialized() else 1
     _rollouts.runners = None if tuple(runners) == tuple(range(world)) else tuple(runners)
-    if world > 1 and _rollouts.runners is not None:
+    _rollouts.wait_s = wait_s
+    if world > 1:
         _rollouts.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=wait_s))
+
+
+def rank_and_world() -> tuple[int, int]:
+    """(rank, world size) of this process; (0, 1) outside torch.distributed."""
+    return (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
+
+
+T = TypeVar("T")
+
+
+def builders_first(build: bool, work: Callable[[], T], timeout_s: float, what: str, setting: str) -> T | None:
+    """``work()`` on the ranks where ``build`` holds while every other rank waits for them, at most
+    ``timeout_s`` (named by ``setting``) instead of the collectives' timeout: rank 0 starting a Ray
+    pool or training the SFT warm start may rightly take longer than any collective. Then every rank
+    learns whether the builders succeeded: a builder that failed re-raises its error, and every
+    other rank raises one naming that rank and its error, at once. Returns ``work()``'s result on a
+    builder, None elsewhere. Collective: every rank calls it at the same point."""
+    rank, world = rank_and_world()
+    if world == 1:
+        return work()
+    group = dist.new_group(backend="gloo", timeout=timedelta(seconds=timeout_s))
+    result, error = None, None
+    if build:
+        try:
+            result = work()
+        except BaseException as e:  # every rank hears of it below
+            error = e
+    said: list[Any] = [None] * world
+    t0 = time.monotonic()
+    try:
+        dist.all_gather_object(
+            said, None if error is None else f"{type(error).__name__}: {error}", group=group
+        )
+    except RuntimeError as e:
+        raise CollectiveError(
+            f"rank {rank} of {world} waited for {what} on another rank: no answer within {setting} "
+            f"(waited {time.monotonic() - t0:.1f}s; a rank is stuck or gone). {type(e).__name__}: {e}"
+        ) from e
+    finally:
+        dist.destroy_process_group(group)
+    if error is not None:
+        raise error
+    failed = [f"rank {r}: {message}" for r, message in enumerate(said) if message is not None]
+    if failed:
+        raise RuntimeError(f"{what} failed on another rank, so this rank stops too: {'; '.join(failed)}")
+    return result
 
 
 def subgroup(members: Sequence[Sequence[int]], timeout_s: float) -> Any:
@@ -208,7 +263,11 @@ def local_share(requests: Sequence[Any]) -> list:
     return [requests[i] for i in shard_rows(len(requests), k, len(runners)).tolist()]
 
 
-@_collective("all_gather_object")
+def _episode_wait() -> str | None:
+    return None if _rollouts.wait_s is None else f"timeouts.data_wait_s={_rollouts.wait_s:g}s"
+
+
+@_collective("all_gather_object", _episode_wait)
 def gather_episode_parts(mine: list) -> list:
     """Every rank's episodes concatenated in rank order, over the group ``configure_rollouts`` made
     (collective; ``mine`` in one process)."""

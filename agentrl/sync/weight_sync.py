@@ -30,6 +30,11 @@ layers) into the engine (``engines/base.py``: ``WeightReceiver``)::
   trainer gets a ``WaitTimeout`` naming the engine, the step and the wait. The stuck call cannot be
   stopped: it is abandoned, and the engine's weights are then undefined. What runs in the trainer's
   own thread (gathering a bucket, the probe forward) is checked against the limit when it returns.
+- **Ranks stop together.** Under torchrun the ranks agree before each bucket (``_agree``: one small
+  all-gather), because gathering a bucket is a collective: a rank that failed (its engine call, a dead
+  Ray worker, the clock) would otherwise leave the others blocked in the next bucket's gather until
+  ``timeouts.collective_s`` aborts them. Every rank then raises at once, the others naming the rank
+  that failed and its error.
 
 What a sample catches: a tensor not synced, replaced, corrupted as a whole, cast or laid out wrongly.
 A change to a fraction f of a big tensor's elements is caught with probability about 1 - (1 - f)^512;
@@ -41,7 +46,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import queue
-import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -55,7 +59,7 @@ from agentrl.engines.base import Engine, Fingerprint, WeightReceiver
 from agentrl.engines.fingerprint import checksum, probe_ids, probe_logprobs, sampled_many
 from agentrl.parallel import ranks
 from agentrl.parallel.buckets import bucket_size, pack_buckets
-from agentrl.timeouts import WaitTimeout, wait_for
+from agentrl.timeouts import WaitTimeout, start_thread, wait_for
 
 MiB = 1 << 20
 
@@ -165,14 +169,9 @@ class _Clock:
         self.start = time.monotonic()
         self.setting = f"timeouts.weight_sync_s={limit_s:g}s for the whole sync"
         self._calls: queue.SimpleQueue = queue.SimpleQueue()
-        # the current CUDA device is per thread: the engine calls run on the caller's
-        cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        device = torch.cuda.current_device() if cuda else None
-        threading.Thread(target=self._serve, args=(device,), name="agentrl-weight-sync", daemon=True).start()
+        start_thread(self._serve, "agentrl-weight-sync")  # on this process's CUDA device
 
-    def _serve(self, device: int | None) -> None:
-        if device is not None:
-            torch.cuda.set_device(device)
+    def _serve(self) -> None:
         while (item := self._calls.get()) is not None:
             fn, future = item
             try:
@@ -265,31 +264,29 @@ def _sync(
 ) -> SyncReport:
     samples: dict[str, tuple[tuple[int, ...], Tensor]] = {}
     sizes: list[int] = []
+    failed: Exception | None = None  # this rank's, agreed with the others before the next gather
     # an engine shared with running rollouts (the async trainer's EngineGate) is held for the whole sync
     hold = engine.hold() if hasattr(engine, "hold") else contextlib.nullcontext()
     with hold:
-        clock.call("starting the update", engine.begin_weight_update)
+        try:
+            clock.call("starting the update", engine.begin_weight_update)
+        except Exception as e:
+            failed = e
         # not enumerate(): it keeps the last item it yielded, so the previous bucket would stay alive
-        buckets = (
+        buckets = iter(
             stream.buckets if isinstance(stream, Bucketed) else pack_buckets(stream, settings.bucket_mb * MiB)
         )
-        for bucket in buckets:
-            i = len(sizes) + 1
-            clock.check(f"gathering bucket {i}")
-            if verify:  # sampled on the tensors' device, read back once per bucket
-                values = sampled_many(bucket)
-                samples.update((n, (tuple(t.shape), v)) for (n, t), v in zip(bucket, values))
-                del values
-            sizes.append(bucket_size(bucket))
-            names = (
-                bucket[0][0]
-                if len(bucket) == 1
-                else f"{len(bucket)} tensors, {bucket[0][0]} .. {bucket[-1][0]}"
-            )
-            step = f"loading bucket {i} ({sizes[-1] / MiB:.1f} MiB: {names})"
-            clock.call(step, engine.load_weight_bucket, bucket)
+        while _agree(failed, "a weight bucket") and (bucket := next(buckets, None)) is not None:
+            try:
+                _load_bucket(engine, bucket, sizes, samples if verify else None, clock)
+            except Exception as e:
+                failed = e
             del bucket  # the next bucket is gathered without this one alive
-        version = clock.call("finishing the update", engine.finish_weight_update)
+        try:
+            version = clock.call("finishing the update", engine.finish_weight_update)
+        except Exception as e:
+            failed = e
+        _agree(failed, "finishing the update")
     report = SyncReport(
         seconds=0.0,
         bytes=sum(sizes),
@@ -305,6 +302,39 @@ def _sync(
         report.probe_max_abs_diff = _verify(engine, samples, settings, probe, clock)
     report.seconds = clock.elapsed()
     return report
+
+
+def _load_bucket(
+    engine: Any,
+    bucket: list[tuple[str, Tensor]],
+    sizes: list[int],
+    samples: dict[str, tuple[tuple[int, ...], Tensor]] | None,
+    clock: _Clock,
+) -> None:
+    """One bucket into the engine; its size into ``sizes`` and, when verifying, its samples into
+    ``samples`` (taken on the tensors' device, read back once per bucket)."""
+    i = len(sizes) + 1
+    clock.check(f"gathering bucket {i}")
+    if samples is not None:
+        values = sampled_many(bucket)
+        samples.update((n, (tuple(t.shape), v)) for (n, t), v in zip(bucket, values))
+        del values
+    sizes.append(bucket_size(bucket))
+    names = bucket[0][0] if len(bucket) == 1 else f"{len(bucket)} tensors, {bucket[0][0]} .. {bucket[-1][0]}"
+    clock.call(f"loading bucket {i} ({sizes[-1] / MiB:.1f} MiB: {names})", engine.load_weight_bucket, bucket)
+
+
+def _agree(failed: Exception | None, before: str) -> bool:
+    """True when no rank has failed; else raise on every rank (collective under torchrun): this
+    rank's own error, or one naming the ranks that failed and their errors."""
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        said = ranks.gather_parts([None if failed is None else f"{type(failed).__name__}: {failed}"])
+        if failed is None and any(said):
+            others = "; ".join(f"rank {r}: {m}" for r, m in enumerate(said) if m)
+            raise WeightSyncError(f"weight sync stopped before {before}: another rank failed ({others})")
+    if failed is not None:
+        raise failed
+    return True
 
 
 def _verify(

@@ -9,6 +9,7 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -78,28 +79,82 @@ def policy_path(cfg: Config, log: Callable[[str], None] = print) -> str:
     """The model directory to start RL from: the configured model, warm-started by SFT first when
     ``sft.enabled``. With ``sft.cache`` the warm start is kept in the cache (``$AGENTRL_CACHE``) and
     reused by any run with the same key; without it, it goes into the run directory
-    (``run.output_dir/warm_start``) and nothing is written to the cache."""
+    (``run.output_dir/warm_start``) and nothing is written to the cache.
+
+    Under torchrun this is collective (every rank calls it at the same point): rank 0 trains the warm
+    start while the others wait for it (``timeouts.warm_start_s``), then every rank reads it. A node
+    that cannot see rank 0's directory (a cache on a disk of its own) has its first rank train it
+    again there while that node's other ranks wait; one that fails stops every rank, named."""
     base = resolve_model_path(cfg.model.path)
     if not cfg.sft.enabled:
         return base
     key = warm_start_key(cfg, base)
     out = Path(warm_start_dir(cfg, base))
-    stored = _read(out / KEY_FILE)  # a cache directory is named by its key (older ones have no key file)
-    if (out / "config.json").exists() and (stored == key or (cfg.sft.cache and stored is None)):
+    rank, world = ranks.rank_and_world()
+    if world == 1:
+        return str(_warm_start(cfg, base, key, out, log))
+    wait = (
+        cfg.timeouts.warm_start_s,
+        "the SFT warm start",
+        f"timeouts.warm_start_s={cfg.timeouts.warm_start_s:g}s",
+    )
+    ranks.builders_first(rank == 0, lambda: _warm_start(cfg, base, key, out, log), *wait)
+    views = ranks.gather_parts([(socket.gethostname(), _found(cfg, out, key))])
+    blind = [(r, host) for r, (host, seen) in enumerate(views) if not seen]
+    builders = {min(r for r, h in blind if h == host) for _, host in blind}
+    if builders:
+        if rank in builders:
+            log(
+                f"warm start: rank 0's {out} is not visible on this node ({socket.gethostname()}): training it here"
+            )
+        ranks.builders_first(rank in builders, lambda: _warm_start(cfg, base, key, out, log), *wait)
+    if not _found(cfg, out, key):
+        raise RuntimeError(f"warm start: {out} is missing on rank {rank} after it was trained on this node")
+    return str(out)
+
+
+def _found(cfg: Config, out: Path, key: str) -> bool:
+    """Is the warm start of ``key`` in ``out``? A cache directory is named by its key (older ones
+    have no key file)."""
+    stored = _read(out / KEY_FILE)
+    return (out / "config.json").exists() and (stored == key or (cfg.sft.cache and stored is None))
+
+
+def _warm_start(cfg: Config, base: str, key: str, out: Path, log: Callable[[str], None]) -> Path:
+    """The warm start of ``key`` in ``out``: found there, or trained in a directory of this process
+    and published by one rename (``_publish``)."""
+    if _found(cfg, out, key):
         log(f"warm start: using {'cached ' if cfg.sft.cache else ''}SFT model {out}")
-        return str(out)
-    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+        return out
+    tmp = out.with_name(f"{out.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     run_sft(cfg, base, tmp, log=log)
     (tmp / "agentrl_config.yaml").write_text(config_to_yaml(cfg))
     (tmp / KEY_FILE).write_text(key)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return str(out)
+    _publish(tmp, out, key)
+    return out
 
 
 def _read(path: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
+
+
+def _publish(tmp: Path, out: Path, key: str) -> None:
+    """Move the finished ``tmp`` to ``out`` by one rename, never deleting what another process may
+    be reading: when ``out`` already holds this key's warm start (another run published it first),
+    ``tmp`` is dropped; anything else there (another key's, a half-written one) is renamed aside
+    first. Atomic on one filesystem, a shared one included (a rename is atomic on NFS and Lustre)."""
+    try:
+        os.rename(tmp, out)  # refused when out is a directory with files in it
+        return
+    except OSError:
+        if _read(out / KEY_FILE) == key and (out / "config.json").exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+            return
+    aside = out.with_name(f"{out.name}.stale-{socket.gethostname()}-{os.getpid()}")
+    os.rename(out, aside)
+    os.rename(tmp, out)
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def join_run(cfg: Config, log: Callable[[str], None] = print) -> tuple[torch.device, int, int, Placement]:
@@ -141,15 +196,25 @@ def build_engine(
     """Trainer ``rank``'s generation engine, where the placement (``parallel/placement.py``; by default
     this process's) puts it: in this process (``components.local_engine``); with ``rollout.workers``
     > 0 a pool of Ray workers, each holding such an engine, on rank 0 and none on the other ranks
-    (``AbsentEngine``: rank 0 runs their episodes); a colocated vLLM engine that spans several ranks
+    (``AbsentEngine``: rank 0 runs their episodes), which wait for the pool to start at a barrier
+    bounded by the pool's own limits (not ``timeouts.collective_s``: starting N engines can take
+    longer than any collective); a colocated vLLM engine that spans several ranks
     (tensor parallelism) led by its first rank and followed by the others (``engine_group.py``).
     Under torchrun every rank calls this at the same point: the engines' process groups are made
     collectively."""
     where = where or components.placement(cfg)
-    if cfg.rollout.workers > 0:
-        if rank in where.episode_ranks:
-            return RolloutPool.from_config(cfg, path, where)
-        return AbsentEngine()
+    if cfg.rollout.workers > 0:  # every rank waits for the pool, bounded by the pool's own limits
+        runs = rank in where.episode_ranks
+        limit = RolloutPool.start_limit_s(cfg)
+        setting = f"2 × timeouts.ray_call_s={cfg.timeouts.ray_call_s:g}s (the workers' reservation, then their start)"
+        pool = ranks.builders_first(
+            runs,
+            lambda: RolloutPool.from_config(cfg, path, where),
+            limit,
+            "starting the Ray rollout workers",
+            setting,
+        )
+        return pool if runs else AbsentEngine()  # type: ignore[return-value]
     engine = components.local_engine(cfg, model, tokenizer, path)
     spans = [site.ranks for site in where.engines if len(site.ranks) > 1]
     if not spans:

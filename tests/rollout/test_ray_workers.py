@@ -127,3 +127,33 @@ def test_agent_environments_run_on_ray_workers(ray_local, tmp_path, tiny_model_d
         assert {e.metrics["worker_retries"] for e in eps_remote} == {0}
     finally:
         pool.shutdown()
+
+
+@pytest.mark.slow  # one torchrun launch with a Ray pool: ~40 s
+def test_under_torchrun_the_other_ranks_wait_for_rank_0s_slow_pool(tmp_path, tiny_model_dir):
+    """Rank 0 starts the Ray pool (engines that load for minutes at 7-32 B) while rank 1 waits for it
+    at a barrier bounded by the pool's own limits, not in the learner's first collective (bounded by
+    timeouts.collective_s, which a slow pool outlasted: rank 1 died with a CollectiveError). Here the
+    pool takes longer than collective_s to start, and the run trains."""
+    import subprocess
+
+    import ray
+
+    from tests.helpers.configs import TORCHRUN_ENV, cli_args, torchrun_prefix
+
+    if ray.is_initialized():  # rank 0 starts a local Ray of its own
+        ray.shutdown()
+    run = tmp_path / "run"
+    overrides = cli_args(
+        run, tiny_model_dir, "rollout.workers=1", "timeouts.collective_s=8", "trainer.total_steps=1"
+    )
+    proc = subprocess.run(
+        [*torchrun_prefix(2), str(HELPERS / "slow_pool.py"), "12", *overrides],
+        env=TORCHRUN_ENV,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    for metrics in (run / "metrics.jsonl", run / "ranks" / "1" / "metrics.jsonl"):
+        assert len(metrics.read_text().splitlines()) == 1  # both ranks trained the step
