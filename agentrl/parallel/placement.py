@@ -264,6 +264,26 @@ def _workers(p: Placement) -> None:
     p.groups.append(Group("weight sync: trainer rank 0 to the workers", members, backend))
 
 
+def start_waves(p: Placement) -> list[list[int]]:
+    """The Ray workers in the order they start: waves in which no two workers share a GPU, each
+    wave started once the one before has loaded. Two vLLM engines that profile one GPU's memory at
+    the same moment each count the other's allocations as their own, and one ends with a smaller
+    KV cache or none. Workers on GPUs of their own (or none) start together; a cluster's workers
+    with a fraction of a GPU each (which may share one; the cluster decides) one at a time."""
+    waves: list[list[int]] = []
+    gpus: list[set[int] | None] = []  # each wave's GPUs; None: a wave that must stay alone
+    for i, slot in enumerate(p.workers):
+        unknown = slot.node is None and p.launch.cuda and 0 < p.rollouts.worker_gpus < 1
+        fits = [k for k, g in enumerate(gpus) if g is not None and not g & set(slot.gpus)]
+        if unknown or not fits:
+            waves.append([i])
+            gpus.append(None if unknown else set(slot.gpus))
+        else:
+            waves[fits[0]].append(i)
+            gpus[fits[0]] |= set(slot.gpus)  # type: ignore[operator]
+    return waves
+
+
 def _worker_gpu_problems(launch: Launch, ro: Rollouts) -> list[Problem]:
     w, out = ro.worker_gpus, []
     if launch.cuda and w == 0:

@@ -258,12 +258,16 @@ def load_model(
     extra = {"attn_implementation": cfg.model.attn_implementation} if cfg.model.attn_implementation else {}
     dtype = dtype or cfg.model.dtype
     if str(device) == "meta":
-        return meta_model(path, dtype, **extra), load_tokenizer(
-            resolve_model_path(cfg.model.tokenizer or path)
-        )
+        return meta_model(path, dtype, **extra), load_run_tokenizer(cfg, path)
     return load_policy(
         path, dtype=dtype, device=str(device or device_of(cfg)), tokenizer=cfg.model.tokenizer, **extra
     )
+
+
+def load_run_tokenizer(cfg: Config, path: str) -> Any:
+    """The tokenizer ``load_model`` loads with the policy at ``path`` (``model.tokenizer``, else the
+    checkpoint's own), without reading any weights."""
+    return load_tokenizer(resolve_model_path(cfg.model.tokenizer or path))
 
 
 def meta_model(path: str, dtype: str, **kwargs: Any) -> torch.nn.Module:

@@ -43,7 +43,7 @@ from agentrl.engines.hf import HFEngine
 from agentrl.engines.vllm import safetensors_blob
 from agentrl.episode import Episode
 from agentrl.errors import Failure
-from agentrl.parallel.placement import Placement
+from agentrl.parallel.placement import Placement, start_waves
 from agentrl.rollout import components
 from agentrl.rollout.ray_placement import Reservation, init_ray, report, scrub_launcher_env
 from agentrl.rollout.runner import EpisodeRequest
@@ -70,9 +70,10 @@ class RolloutWorker:
         # started from the environment of the process that started Ray (torchrun's rank 0): not a rank
         self.scrubbed = scrub_launcher_env()
         self.cfg = worker_config(cfg)
-        model, self.tokenizer = components.load_model(self.cfg, model_path)
-        self.engine = components.local_engine(self.cfg, model, self.tokenizer, model_path)
-        del model  # the engine holds its own copy
+        self.tokenizer = components.load_run_tokenizer(self.cfg, model_path)
+        # the engine reads the checkpoint itself: vLLM from the path, the HF engine straight into its
+        # dtype on its device (no copy of the policy in model.dtype, which vLLM would never use)
+        self.engine = components.local_engine(self.cfg, None, self.tokenizer, model_path)
         self._group: Any = None
         """This worker's member of the weight-sync group (``rollout.sync.transport: broadcast``)."""
         self._group_device, self._group_timeout_s = torch.device("cpu"), 0.0
@@ -251,19 +252,35 @@ class RolloutPool:
             events=self.events,
             dtype=components.engine_dtype(worker_config(cfg)),
         )
-        self.workers = [self._spawn(i) for i in range(workers)]
-        late, _ = ping(
-            self.workers, list(range(workers)), self.call_timeout_s
-        )  # wait until all have loaded the policy
-        if late:
-            self.shutdown()
-            raise WaitTimeout(
-                f"rollout workers {late} loading the policy {model_path}",
-                self.call_timeout_s,
-                self._setting(),
-                note="; stopped the pool",
-            )
-        ray.get([w.pid.remote() for w in self.workers])  # raises a worker's start error, if one failed
+        self.workers = []
+        self._start(start_waves(where), model_path)
+
+    def _start(self, waves: list[list[int]], model_path: str) -> None:
+        """Start the workers wave by wave (``placement.start_waves``: workers that share a GPU one after
+        another, so that each engine measures that GPU's memory alone), all within ``call_timeout_s``."""
+        import ray
+
+        self.workers = [None] * sum(len(w) for w in waves)
+        deadline = time.monotonic() + self.call_timeout_s
+        for wave in waves:
+            for i in wave:
+                self.workers[i] = self._spawn(i)
+            late, _ = ping(self.workers, wave, max(deadline - time.monotonic(), 0.0))  # until they load
+            if late:
+                self.shutdown()
+                raise WaitTimeout(
+                    f"rollout workers {late} loading the policy {model_path}",
+                    self.call_timeout_s,
+                    self._setting(),
+                    note="; stopped the pool",
+                )
+            ray.get([self.workers[i].pid.remote() for i in wave])  # raises a worker's start error
+
+    @staticmethod
+    def start_limit_s(cfg: Config) -> float:
+        """The longest a pool may take to start: Ray's reservation of the workers' bundles, then the
+        workers loading their engines, each bounded by ``timeouts.ray_call_s``."""
+        return 2 * cfg.timeouts.ray_call_s
 
     @classmethod
     def from_config(cls, cfg: Config, path: str, where: Placement | None = None) -> RolloutPool:
@@ -349,7 +366,8 @@ class RolloutPool:
 
         self.weights.broadcast.leave()
         for w in self.workers:
-            ray.kill(w)
+            if w is not None:  # a worker of a wave that never started
+                ray.kill(w)
         self.workers = []
         self.reservation.release()
 

@@ -16,6 +16,10 @@ never two at once:
 - wake KV cache: the engine takes its cache memory back; generation may start again.
 
 Waking the weights before the cache keeps the sync's peak at the weights plus its own buffers.
+Before each wake the blocks torch's caching allocator holds but does not use are handed back to the
+driver (``release_cached_memory``): vLLM's wake maps physical memory directly (``cuMemCreate``), so
+the memory the update grew torch's cache into is free for it only once torch lets go of it (TRL's
+colocate mode empties the cache before every wake for the same reason).
 
 Bounds. The engine's phases (sleep and the two wakes) each run under ``timeouts.sleep_wake_s`` and
 raise ``WaitTimeout`` naming the phase and the wait; the stuck call is abandoned (``agentrl.timeouts``).
@@ -29,11 +33,14 @@ later phase raises, naming the phase that failed.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol, TypeVar
+
+import torch
 
 from agentrl.timeouts import call_with_timeout
 
@@ -90,13 +97,17 @@ class SleepWakeCycle:
         return self._phase("update", fn, bounded=False)
 
     def wake_weights(self) -> None:
-        self._phase("wake_weights", lambda: self.engine.wake_up(["weights"]), bounded=True)
+        self._phase("wake_weights", lambda: self._wake("weights"), bounded=True)
 
     def sync(self, fn: Callable[[], T]) -> T:
         return self._phase("sync", fn, bounded=False)
 
     def wake_kv_cache(self) -> None:
-        self._phase("wake_kv_cache", lambda: self.engine.wake_up(["kv_cache"]), bounded=True)
+        self._phase("wake_kv_cache", lambda: self._wake("kv_cache"), bounded=True)
+
+    def _wake(self, tag: str) -> Any:
+        release_cached_memory()
+        return self.engine.wake_up([tag])
 
     def _phase(self, name: str, fn: Callable[[], T], bounded: bool) -> T:
         self._enter(name)
@@ -140,6 +151,14 @@ class SleepWakeCycle:
                     f"'{expected}' (order: {' -> '.join(CYCLE)})"
                 )
             self.phase, self._running = name, True
+
+
+def release_cached_memory() -> None:
+    """Hand the CUDA memory torch's caching allocator keeps but no tensor uses back to the driver
+    (garbage first: a tensor kept alive only by a reference cycle still holds its block)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        gc.collect()
+        torch.cuda.empty_cache()
 
 
 _CYCLES: weakref.WeakKeyDictionary[Any, SleepWakeCycle] = weakref.WeakKeyDictionary()

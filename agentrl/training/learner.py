@@ -308,14 +308,15 @@ class Learner:
         return self.strategy.full_parameters(self.model)
 
     def engine_buckets(
-        self, bucket_bytes: float, dtype: torch.dtype | None = None
+        self, bucket_bytes: float, dtype: torch.dtype | None = None, full: bool = False
     ) -> Iterator[list[tuple[str, torch.Tensor]]]:
         """``engine_weights`` in buckets of at most ``bucket_bytes``, for a weight sync into an engine
         computing in ``dtype``: under FSDP2 each bucket's shards are cast to ``dtype`` and gathered
         by one collective (``parallel/buckets.py``; consume it to its end on every rank); unsharded
-        weights travel as they are (the engine casts as it copies)."""
+        weights travel as they are (the engine casts as it copies). With LoRA only the adapted layers
+        change, so only they travel, unless ``full`` (an engine that discarded its weights)."""
         if lora.enabled(self.cfg):
-            return lora.merged_buckets(self.model, bucket_bytes, dtype, self.device)
+            return lora.merged_buckets(self.model, bucket_bytes, dtype, self.device, full=full)
         return self.strategy.engine_buckets(self.model, bucket_bytes, dtype)
 
     def state_dict(self) -> dict[str, Any]:

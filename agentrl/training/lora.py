@@ -6,7 +6,8 @@ the start (so step 0's policy is the base model). W stays frozen; only A and B t
 optimizer, so gradients and AdamW states cost r·(in + out) per layer instead of in·out.
 
 The engine samples with the merged weights W + (α/r)·B A (``merged_weights``): only the adapted layers
-change, so only they are synced. Checkpoints hold the adapter in peft's format (``adapter/``) and the
+change, so only they are synced, except into an engine that discarded its weights while it slept
+(vLLM's level-2 sleep, ``rollout.colocate.sleep_level: 2``), which gets every weight. Checkpoints hold the adapter in peft's format (``adapter/``) and the
 base model's identity (``identity``: its path and a fingerprint of its files); a resume or an
 export with another base is refused. With no ``model.ref_path`` the KL reference is the base model
 itself: the policy's forward with the adapters disabled, with no second copy of the weights.
@@ -19,7 +20,7 @@ import struct
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -103,50 +104,81 @@ def merged_weights(model: nn.Module) -> Iterator[tuple[str, Tensor]]:
         yield f"{name}.weight", (w.float() + scale * (b @ a)).to(w.dtype)
 
 
+class _Weight(NamedTuple):
+    name: str
+    """The engine's name for it (the base model's)."""
+    tensor: Tensor
+    """The weight (an adapted layer's: its frozen W)."""
+    layer: Any = None
+    """The LoRA layer whose W + (α/r)·B A it becomes; None: sent as it is."""
+
+
 def merged_buckets(
-    model: nn.Module, bucket_bytes: float, dtype: torch.dtype | None, device: torch.device
+    model: nn.Module,
+    bucket_bytes: float,
+    dtype: torch.dtype | None,
+    device: torch.device,
+    full: bool = False,
 ) -> Iterator[list[tuple[str, Tensor]]]:
-    """``merged_weights`` in buckets of at most ``bucket_bytes`` (merged tensors sized in ``dtype``),
-    each bucket's W, A and B gathered together (``parallel/buckets.py``: one collective per dtype, in
-    their own dtypes: the merge needs them as they are), merged as ``merged_weights`` merges, then cast
-    to ``dtype`` (None: W's). Collective under FSDP2: every rank consumes it in step."""
+    """``merged_weights`` in buckets of at most ``bucket_bytes`` (tensors sized in ``dtype``), each
+    bucket's tensors gathered together (``parallel/buckets.py``: one collective per dtype, in their
+    own dtypes: the merge needs W, A and B as they are), merged as ``merged_weights`` merges, then
+    cast to ``dtype`` (None: their own). ``full``: every weight of the base model, the adapted layers
+    merged and the rest as they are, for an engine that kept none of its weights (vLLM's level-2
+    sleep). Collective under FSDP2: every rank consumes it in step."""
     from agentrl.parallel.buckets import gather_bucket
 
-    def travel(w: Tensor) -> torch.dtype:
-        return dtype or w.dtype
+    adapted = dict(adapted_layers(model))
+    weights = (
+        _base_weights(model, adapted)
+        if full
+        else [_Weight(f"{n}.weight", lay.base_layer.weight, lay) for n, lay in adapted.items()]
+    )
 
-    def flush(layers: list[tuple[str, Any]]) -> list[tuple[str, Tensor]]:
+    def flush(items: list[_Weight]) -> list[tuple[str, Tensor]]:
         parts = []
-        for name, lay in layers:
-            parts += [
-                (f"{name}.weight", lay.base_layer.weight),
-                (f"{name}.lora_A", lay.lora_A[ADAPTER].weight),
-                (f"{name}.lora_B", lay.lora_B[ADAPTER].weight),
-            ]
+        for w in items:
+            parts.append((w.name, w.tensor))
+            if w.layer is not None:
+                parts += [
+                    (f"{w.name}.lora_A", w.layer.lora_A[ADAPTER].weight),
+                    (f"{w.name}.lora_B", w.layer.lora_B[ADAPTER].weight),
+                ]
         whole = dict(gather_bucket(parts, None, device))
         out = []
-        for name, lay in layers:
-            w, a, b = (
-                whole[f"{name}.weight"],
-                whole[f"{name}.lora_A"].float(),
-                whole[f"{name}.lora_B"].float(),
-            )
-            merged = (w.float() + float(lay.scaling[ADAPTER]) * (b @ a)).to(w.dtype)
-            out.append((f"{name}.weight", merged.to(travel(w))))
+        for w in items:
+            t = whole[w.name]
+            if w.layer is not None:
+                a, b = whole[f"{w.name}.lora_A"].float(), whole[f"{w.name}.lora_B"].float()
+                t = (t.float() + float(w.layer.scaling[ADAPTER]) * (b @ a)).to(t.dtype)
+            out.append((w.name, t.to(dtype or t.dtype)))
         return out
 
-    layers: list[tuple[str, Any]] = []
+    bucket: list[_Weight] = []
     size = 0
-    for name, layer in adapted_layers(model):
-        w = layer.base_layer.weight
-        n = w.numel() * torch.empty((), dtype=travel(w)).element_size()
-        if layers and size + n > bucket_bytes:
-            yield flush(layers)
-            layers, size = [], 0
-        layers.append((name, layer))
+    for w in weights:
+        n = w.tensor.numel() * torch.empty((), dtype=dtype or w.tensor.dtype).element_size()
+        if bucket and size + n > bucket_bytes:
+            yield flush(bucket)
+            bucket, size = [], 0
+        bucket.append(w)
         size += n
-    if layers:
-        yield flush(layers)
+    if bucket:
+        yield flush(bucket)
+
+
+def _base_weights(model: nn.Module, adapted: dict[str, Any]) -> list[_Weight]:
+    """Every weight of the base model under the engine's name: peft's ``q_proj.base_layer.weight``
+    is ``q_proj.weight``, merged with its adapter; the adapters themselves are not sent."""
+    out = []
+    for pname, p in base_model(model).named_parameters():
+        if ".lora_" in pname:
+            continue
+        owner, _, leaf = pname.rpartition(".")
+        layer = owner.removesuffix(".base_layer")
+        merged = owner.endswith(".base_layer") and leaf == "weight" and layer in adapted
+        out.append(_Weight(pname.replace(".base_layer.", "."), p, adapted[layer] if merged else None))
+    return out
 
 
 def base_model(model: nn.Module) -> nn.Module:

@@ -42,10 +42,11 @@ def reference_model(
     """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL started
     from (the warm start; on a resume too, never the checkpoint). It costs one more copy of the
     weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state) and one
-    forward per step."""
+    forward per step. Sharded, it loads as the policy does: rank 0 reads it into host memory, the
+    other ranks build it on the meta device, and each rank's GPU receives only its shards."""
     path = cfg.model.ref_path or build.policy_path(cfg, log=log)
-    meta = strategy.equal_forwards and strategy.rank > 0
-    ref, _ = components.load_model(cfg, path, device="meta" if meta else device)
+    where = ("meta" if strategy.rank > 0 else "cpu") if strategy.equal_forwards else device
+    ref, _ = components.load_model(cfg, path, device=where)
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)

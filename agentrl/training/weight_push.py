@@ -1,7 +1,9 @@
 """After each update, the learner's weights go to the engine in buckets and, as ``rollout.sync.verify``
 says, the engine proves it serves them (``sync/weight_sync.py``; every rank, in step). With
 ``rollout.colocate.sleep`` the engine sleeps through the update, wakes its weights for the push, then
-its KV cache, and the proof runs last (its probe generates): ``sync/colocate.py``."""
+its KV cache, and the proof runs last (its probe generates): ``sync/colocate.py``. After a level-2
+sleep the engine holds no weights at all, so a LoRA run then sends every weight, not only the
+adapted layers."""
 
 from __future__ import annotations
 
@@ -60,7 +62,9 @@ class WeightPush:
         engine's dtype, ``parallel/buckets.py``) into the engine, then its proof."""
         settings, probe = self.settings()
         dtype = components.engine_dtype(self.cfg)
-        buckets = self.learner.engine_buckets(settings.bucket_mb * weight_sync.MiB, dtype)
+        c = self.cfg.rollout.colocate
+        full = c.sleep and c.sleep_level == 2  # the engine woke with no weights at all
+        buckets = self.learner.engine_buckets(settings.bucket_mb * weight_sync.MiB, dtype, full=full)
         return weight_sync.sync_weights(
             self.engine, weight_sync.Bucketed(buckets), settings, probe, defer_verify=defer_verify
         )

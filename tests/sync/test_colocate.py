@@ -121,6 +121,39 @@ def test_two_steps_run_the_phases_in_order_without_overlap(monkeypatch):
     assert cycle.phase == "generate" and len(cycle.history) == 10  # the same cycle carried both steps
 
 
+def test_torchs_cached_memory_goes_back_before_each_wake(monkeypatch):
+    """vLLM's wake maps physical memory itself, so the blocks the update left in torch's caching
+    allocator must be handed back first, or the wake runs out of memory on a GPU (TRL empties the
+    cache before every wake for this reason). No GPU here: torch.cuda's calls are recorded."""
+    engine = RecordingEngine()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: None)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: engine._record("empty_cache"))
+    cycle = SleepWakeCycle(engine, level=1, timeout_s=10.0)
+
+    def update() -> dict[str, float]:
+        engine._record("update")
+        return {}
+
+    def sync() -> dict[str, float]:
+        engine._record("sync")
+        return {}
+
+    cycle.around_update(update, sync)
+    names = [name for name, _, _ in engine.calls]
+    assert names == [
+        "sleep(1)",
+        "update",
+        "empty_cache",
+        "wake_up(weights)",
+        "sync",
+        "empty_cache",
+        "wake_up(kv_cache)",
+    ]
+
+
 @pytest.mark.parametrize(
     ("hang", "phase"),
     [("sleep(1)", "sleep"), ("wake_up(weights)", "wake_weights"), ("wake_up(kv_cache)", "wake_kv_cache")],

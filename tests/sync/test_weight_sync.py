@@ -143,6 +143,64 @@ def lora_policy(model_dir: Path) -> torch.nn.Module:
 
 
 @pytest.mark.parametrize("bucket_mb", [SMALL, 1e6])
+def test_after_a_level_2_sleep_lora_sends_every_weight(tiny_model_dir, bucket_mb):
+    """vLLM's level-2 sleep discards every engine weight (it backs up buffers only), so the adapted
+    layers alone would leave embeddings, norms, the head and the other projections as garbage: here
+    the engine's weights are all overwritten, as a level-2 wake leaves them. The full stream gives
+    the engine exactly the merged policy; the adapted layers alone leave it serving garbage, which
+    the proof names."""
+    peft = lora_policy(tiny_model_dir)
+    want = engine_for(tiny_model_dir)
+    want.load_weights(lora.merged_weights(peft))
+
+    def woken() -> HFEngine:
+        engine = engine_for(tiny_model_dir)
+        with torch.no_grad():
+            for p in engine.model.parameters():
+                p.fill_(3.0)
+        return engine
+
+    full = lora.merged_buckets(peft, bucket_mb * MiB, None, torch.device("cpu"), full=True)
+    names = [
+        n
+        for b in lora.merged_buckets(peft, bucket_mb * MiB, None, torch.device("cpu"), full=True)
+        for n, _ in b
+    ]
+    assert names == [n for n, _ in engine_for(tiny_model_dir).model.named_parameters()]  # each weight once
+    engine = woken()
+    report = sync_weights(
+        engine, (t for b in full for t in b), SyncSettings(bucket_mb=bucket_mb), probe_of(peft)
+    )
+    assert_same_state(want, engine) and report.probe_max_abs_diff < 1e-4
+    adapted_only = (
+        t for b in lora.merged_buckets(peft, bucket_mb * MiB, None, torch.device("cpu")) for t in b
+    )
+    with pytest.raises(WeightSyncError, match="does not serve the trainer's weights"):
+        sync_weights(woken(), adapted_only, SyncSettings(bucket_mb=bucket_mb), probe_of(peft))
+
+
+def test_the_weight_push_asks_for_every_weight_after_a_level_2_sleep():
+    from agentrl.config import Config
+    from agentrl.training.weight_push import WeightPush
+
+    asked: list[bool] = []
+
+    class Learner:
+        def engine_buckets(self, bucket_bytes, dtype, full=False):
+            asked.append(full)
+            return iter([])
+
+    for level in (1, 2):
+        cfg = Config()
+        cfg.rollout.colocate.sleep, cfg.rollout.colocate.sleep_level = True, level
+        push = WeightPush(cfg, Learner(), engine=None)
+        push.settings = lambda: (SyncSettings(), None)  # type: ignore[method-assign]
+        with pytest.raises(TypeError):  # no engine: the buckets were asked for first
+            push.sync()
+    assert asked == [False, True]
+
+
+@pytest.mark.parametrize("bucket_mb", [SMALL, 1e6])
 def test_lora_merged_weights_bucketed_equals_whole(tiny_model_dir, bucket_mb):
     peft = lora_policy(tiny_model_dir)
     whole, bucketed = engine_for(tiny_model_dir), engine_for(tiny_model_dir)

@@ -61,6 +61,44 @@ def test_no_reference_model_without_a_penalty(tmp_path, tiny_model_dir, monkeypa
     assert not any(p.requires_grad for p in with_kl.learner.ref_model.parameters())
 
 
+@pytest.mark.parametrize("rank", [0, 1])
+def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
+    tmp_path, tiny_model_dir, monkeypatch, rank
+):
+    """Under FSDP2 rank 0 reads the reference into host memory and the other ranks build it on the
+    meta device; each rank's GPU then holds only its shards (``materialize``), as ``agentrl plan``
+    counts it (N·b/S). Loading it onto rank 0's GPU whole would put 131 GB there for a 32 B model.
+    The GPU here is only named: the loads and the materialisation are recorded."""
+    from agentrl.parallel import sharding
+    from agentrl.training.policy_setup import reference_model
+
+    loads, filled = [], []
+    real = components.load_model
+    monkeypatch.setattr(
+        components,
+        "load_model",
+        lambda cfg, path, device=None, **kw: (
+            loads.append(str(device)) or real(cfg, path, device=device, **kw)
+        ),
+    )
+    monkeypatch.setattr(
+        sharding, "materialize", lambda m, device, full: filled.append((str(device), full is not None))
+    )
+
+    class Sharded:  # what the learner's FSDP2 strategy is to reference_model
+        equal_forwards, world = True, 2
+
+        def prepare_frozen(self, model):
+            return model
+
+    strategy = Sharded()
+    strategy.rank = rank
+    cfg = small_config(tmp_path, tiny_model_dir, "algorithm.kl_coef=0.1")
+    reference_model(cfg, strategy, torch.device("cuda", rank), log=lambda *_: None)
+    assert loads == ["cpu" if rank == 0 else "meta"]
+    assert filled == [(f"cuda:{rank}", rank == 0)]  # the shards on the rank's GPU, from rank 0's copy
+
+
 @pytest.fixture
 def shifted_ref(tmp_path, tiny_model_dir):
     """A reference policy that differs from the start policy (its output head scaled)."""
