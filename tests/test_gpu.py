@@ -285,3 +285,98 @@ def test_deterministic_mode_repeats_a_run_bit_for_bit(tmp_path, tiny_model_dir):
     assert weights[0] == weights[1]
     step_s = {n: sum(r["time/step_s"] for r in rows[n][1:]) / 2 for n in runs}
     print(f"step time after the first, deterministic vs not: {step_s['a']:.3f} s vs {step_s['plain']:.3f} s")
+
+
+# -- the multi-GPU path's parts one GPU can show (docs/scaling.md; the rest: scripts/gpu_check_multi.sh)
+def test_the_nccl_weight_group_broadcasts_on_one_rank():
+    """``rollout.sync.transport=broadcast``'s NCCL branch (sync/weight_group.py), a group of one
+    rank, which is all one GPU allows (NCCL refuses two ranks on one device): the constructor with
+    its Options' timeout, the eager connect on the device, a bucket of two dtypes broadcast as flat
+    buffers, and the abort that ends it."""
+    from agentrl.sync import weight_group
+
+    device = torch.device("cuda", 0)
+    store = weight_group.host_store("127.0.0.1", 1, 60.0)
+    group = weight_group.make_group(store, 0, 1, device, 60.0)
+    bucket = [
+        ("a", torch.arange(12, dtype=torch.float32, device=device).view(3, 4)),
+        ("b", torch.ones(5, dtype=torch.bfloat16, device=device)),
+        ("c", torch.full((2, 2), 7.0, device=device)),
+    ]
+    want = [t.clone() for _, t in bucket]
+    weight_group.send_bucket(group, bucket, device, 60.0)
+    torch.cuda.synchronize()
+    assert all(torch.equal(t, w) for (_, t), w in zip(bucket, want))
+    weight_group.leave(group)
+
+
+def test_fsdp2_with_pinned_cpu_offload_trains_checkpoints_and_resumes(tmp_path, tiny_model_dir):
+    """The 32 B config's layout on one GPU: FSDP2 with ``cpu_offload`` (pinned host shards, the
+    optimizer on the host), two steps with a DCP checkpoint after each, then a resume for a third.
+    On the CPU the offload runs unpinned (tests/parallel/test_ddp.py); only here is it pinned."""
+    from agentrl.training.trainer import Trainer
+
+    extra = ("trainer.strategy=fsdp2", "trainer.fsdp.cpu_offload=true", "trainer.bf16=true")
+    run = tmp_path / "run"
+    cfg = load_config(
+        None, overrides(tiny_model_dir, run, *extra, "trainer.total_steps=2", "trainer.checkpoint_every=1")
+    )
+    trainer = Trainer(cfg, log=print)
+    local = [p.to_local() for p in trainer.model.parameters()]
+    assert all(t.device.type == "cpu" and t.is_pinned() for t in local)
+    rows = trainer.train()
+    assert len(rows) == 2 and all(math.isfinite(r["grad/norm"]) for r in rows)
+    resumed = Trainer(
+        load_config(
+            None, [*overrides(tiny_model_dir, run, *extra), "trainer.total_steps=3", "run.resume=true"]
+        ),
+        log=print,
+    )
+    assert resumed.start_step == 2
+    assert len(resumed.train()) == 1
+
+
+def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
+    """The reference loads on the host and its shards go to the GPU (training/policy_setup.py): on
+    one rank its GPU bytes are the plan's "KL reference weights" term, and building it raises the
+    GPU's peak by no more than that (a whole extra copy on the GPU first would double it)."""
+    from agentrl.models import build_tiny_model, train_tokenizer
+    from agentrl.parallel import sharding
+    from agentrl.training.plan import plan
+    from agentrl.training.policy_setup import reference_model
+
+    model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
+    cfg = load_config(
+        None, overrides(model_dir, tmp_path / "run", "trainer.strategy=fsdp2", "algorithm.kl_coef=0.01")
+    )
+    term = next(t.bytes for t in plan(cfg, gpus=1).terms if t.name == "KL reference weights")
+    strategy = sharding.make_strategy(cfg.trainer, 0, 1, torch.device("cuda", 0))
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    torch.cuda.reset_peak_memory_stats()
+    ref = reference_model(cfg, strategy, torch.device("cuda", 0), log=print)
+    torch.cuda.synchronize()
+    held = sum(p.to_local().numel() * p.to_local().element_size() for p in ref.parameters())
+    rise = torch.cuda.max_memory_allocated() - before
+    print(
+        f"KL reference: plan {term / 2**20:.1f} MiB, held {held / 2**20:.1f} MiB, peak rise {rise / 2**20:.1f} MiB"
+    )
+    assert held == pytest.approx(term, rel=0.01)
+    assert rise <= 1.25 * term  # the shards, and one layer whole while it is sharded
+
+
+def test_async_runner_and_async_trainer_threads_on_cuda(tmp_path, tiny_model_dir):
+    """Every helper thread (the request batcher, the pipeline's batch threads, the weight sync's)
+    starts on the process's device (timeouts.start_thread): on one GPU that is device 0 either way,
+    so this shows the threads' real CUDA calls work; which device on rank r > 0 is
+    tests/core/test_thread_devices.py's (a fake) and gpu_check_multi.sh's (two GPUs)."""
+    _, before, after, rows = train(
+        tiny_model_dir,
+        tmp_path / "run",
+        "rollout.runner=async",
+        "trainer.mode=async",
+        "rollout.max_staleness=1",
+        "algorithm.is_correction=tis",
+        "trainer.total_steps=2",
+    )
+    assert len(rows) == 2 and changed(before, after)

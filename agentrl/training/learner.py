@@ -22,7 +22,7 @@ import torch
 from agentrl import algorithms as alg
 from agentrl.config import Config, weighting_name, weighting_settings
 from agentrl.episode import Episode
-from agentrl.parallel import ranks, sharding
+from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.seeds import mix_seed
 from agentrl.training import lora
 from agentrl.training import offpolicy as off
@@ -49,7 +49,9 @@ class Learner:
     """The policy's side of training. ``model`` is the policy as loaded (on this rank's device, or
     on the meta device for a rank that receives its shards from rank 0); the learner adds LoRA
     (``model.lora``), wraps or shards it for ``strategy`` (``agentrl.parallel.sharding``) and trains it in
-    place: ``self.model`` is the result (a peft model with LoRA, FSDP2-sharded with ``fsdp2``)."""
+    place: ``self.model`` is the result (a peft model with LoRA, FSDP2-sharded with ``fsdp2``).
+    ``shards_from``: the checkpoint every rank reads its own shards from (``parallel/shard_reads.py``;
+    each rank then passes ``model`` on the meta device)."""
 
     def __init__(
         self,
@@ -59,6 +61,7 @@ class Learner:
         strategy: sharding.Strategy | None = None,
         log: Callable[[str], None] = print,
         reference: torch.nn.Module | None = None,
+        shards_from: str | None = None,
     ) -> None:
         self.cfg, self.pad_id = cfg, pad_id
         self.strategy = strategy or sharding.Replicated(0, 1, next(model.parameters()).device)
@@ -72,6 +75,8 @@ class Learner:
         if broadcast or sharding.on_meta(self.model):
             sharding.materialize(self.model, self.device, rank0_state, broadcast=broadcast)
         del rank0_state
+        if shards_from is not None:  # every rank built the policy on meta and reads its own shards
+            shard_reads.read_own_shards(self.model, shards_from)
         sharded = self.strategy.equal_forwards
         # shared-prompt forward (agentrl.training.forward): a data-dependent number of forwards, so not where
         # every forward is a collective (FSDP2); in the gradient pass, one process only (DDP expects

@@ -13,7 +13,7 @@ import torch
 
 from agentrl.config import Config
 from agentrl.models.checkpointing import checkpointing
-from agentrl.parallel import ranks, sharding
+from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.rollout import components
 from agentrl.seeds import mix_seed
 from agentrl.training import build, lora
@@ -42,18 +42,23 @@ def reference_model(
     """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL started
     from (the warm start; on a resume too, never the checkpoint). It costs one more copy of the
     weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state) and one
-    forward per step. Sharded, it loads as the policy does: rank 0 reads it into host memory, the
-    other ranks build it on the meta device, and each rank's GPU receives only its shards."""
+    forward per step. Sharded, it loads as the policy does: each rank reads its own shards when every
+    rank sees the checkpoint's files (``parallel/shard_reads.py``), else rank 0 reads it into host
+    memory and the others build it on the meta device; each rank's GPU receives only its shards."""
     path = cfg.model.ref_path or build.policy_path(cfg, log=log)
-    where = ("meta" if strategy.rank > 0 else "cpu") if strategy.equal_forwards else device
+    sharded = strategy.equal_forwards and strategy.world > 1
+    reads = sharded and shard_reads.every_rank_reads(path)  # each rank its own shards
+    where = ("meta" if strategy.rank > 0 or reads else "cpu") if strategy.equal_forwards else device
     ref, _ = components.load_model(cfg, path, device=where)
     ref.eval()
     for p in ref.parameters():
         p.requires_grad_(False)
-    full = ref.state_dict() if strategy.equal_forwards and strategy.rank == 0 else None
+    full = ref.state_dict() if strategy.equal_forwards and strategy.rank == 0 and not reads else None
     ref = strategy.prepare_frozen(ref)
-    if strategy.equal_forwards and strategy.world > 1:
-        sharding.materialize(ref, device, full)
+    if sharded:
+        sharding.materialize(ref, device, full, broadcast=not reads)
+    if reads:
+        shard_reads.read_own_shards(ref, path)
     log(f"KL reference policy: {path}")
     return ref
 

@@ -37,7 +37,7 @@ from agentrl.engines.base import Engine
 from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.models import resolve_model_path
-from agentrl.parallel import ranks, sharding
+from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.rollout import components
 from agentrl.rollout.pipeline import EngineGate, RolloutPipeline
 from agentrl.seeds import seed_everything
@@ -156,7 +156,9 @@ class Trainer:
         self.state = RunState(cfg, self.root_dir, self.run_dir, self.rank, self.world, log)
         ckpt, state = self.state.resume_point() if cfg.run.resume else (None, None)
         model, engine = self._policy_and_engine(ckpt, state)
-        self.learner = Learner(cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log)
+        self.learner = Learner(
+            cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log, shards_from=self.shards_from
+        )
         self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
         assert checked.train_tasks is not None
         self.train_tasks, self.test_tasks = checked.train_tasks, checked.test_tasks
@@ -195,10 +197,27 @@ class Trainer:
         # full HF weights load from the checkpoint; LoRA and DCP checkpoints fill a model built from the base
         path = str(ckpt) if record and record["format"] == "hf" and not record["lora"] else self.base_path
         sharded = self.strategy.equal_forwards
-        # sharded: rank 0 reads the weights into host memory and the other ranks get their shards
-        # from it; when a full DCP checkpoint will fill every shard, no rank reads them
+        # sharded: each rank reads its own shards when every rank sees the checkpoint's files
+        # (parallel/shard_reads.py; not with LoRA, whose adapters rank 0 draws), else rank 0 reads the
+        # weights into host memory and the others get their shards from it; when a full DCP
+        # checkpoint will fill every shard, no rank reads them
         dcp_full = record is not None and record["format"] == "dcp" and not record["lora"]
-        device = ("meta" if self.rank > 0 or dcp_full else "cpu") if sharded else None
+        self.shards_from = None if dcp_full or not sharded or lora.enabled(cfg) else path
+        if self.shards_from and not shard_reads.every_rank_reads(self.shards_from):
+            self.shards_from = None
+        if sharded and self.world > 1 and self.rank == 0 and not dcp_full:
+            log(
+                f"FSDP2: every rank reads its own shards of {path}"
+                if self.shards_from
+                else f"FSDP2: rank 0 reads {path} and broadcasts every tensor to the other ranks ("
+                + (
+                    "LoRA: rank 0 draws the adapters)"
+                    if lora.enabled(cfg)
+                    else "not every rank sees its safetensors files)"
+                )
+            )
+        on_meta = self.rank > 0 or dcp_full or self.shards_from is not None
+        device = ("meta" if on_meta else "cpu") if sharded else None
         model, self.tokenizer = components.load_model(cfg, path, device=device)
         model.train()
         # the engine's copy of the weights, before LoRA and sharding change the model

@@ -128,6 +128,8 @@ def equal_updates(tmp_path_factory, tiny_model_dir) -> dict[str, dict]:
     ranked = update_variants(tmp_path_factory.mktemp("ranked"), tiny_model_dir, 2, {
         "fsdp2_grpo": ["trainer.strategy=fsdp2"],
         "fsdp2_stare_kl": ["trainer.strategy=fsdp2", *STARE_KL],
+        # the 32 B config's layout: shards and AdamW on the host (unpinned here: no accelerator)
+        "fsdp2_offload_stare_kl": ["trainer.strategy=fsdp2", "trainer.fsdp.cpu_offload=true", *STARE_KL],
         "ddp_stare": STARE,
         "lora_fsdp2": ["trainer.strategy=fsdp2", *LORA, *STARE_KL],
         "lora_ddp": [*LORA, *STARE_KL],
@@ -157,6 +159,48 @@ def test_fsdp2_update_equals_single_process(equal_updates, initial, alg):
         )
     # the engine receives the full, gathered weights
     assert max_diff(got["engine"], got["params"]) == 0.0
+
+
+@SHARES_UPDATES
+@pytest.mark.slow
+def test_fsdp2_with_cpu_offload_equals_single_process(equal_updates, initial):
+    """``trainer.fsdp.cpu_offload`` (the 32 B config's): FSDP2's offload policy keeps the shards and
+    AdamW's states on the host, fused AdamW and the gradient clipping run on host DTensors, the KL
+    reference is sharded the same way; the two updates equal one process's."""
+    got = equal_updates["fsdp2_offload_stare_kl"]
+    assert got["world"] == 2 and got["sharded"]
+    assert_same_update(got, equal_updates["single_stare_kl"], initial)
+    assert max_diff(got["engine"], got["params"]) == 0.0
+
+
+@pytest.mark.slow
+def test_cpu_offload_checkpoints_and_resumes_on_another_world_size(tmp_path, tiny_model_dir, capsys):
+    """Two FSDP2 ranks with CPU offload train two steps and write a DCP checkpoint after each; the
+    run resumes in one process (DCP reshards the offloaded model and optimizer) and trains a third."""
+    from agentrl.cli import main
+
+    run = tmp_path / "run"
+    args = [
+        *_base(tiny_model_dir, run),
+        "env.name=test_crashy",
+        f"env.module={HELPERS / 'distributed_envs.py'}",
+    ]
+    args += ["trainer.strategy=fsdp2", "trainer.fsdp.cpu_offload=true", "algorithm.kl_coef=0.01"]
+    args += [
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8",
+        "sft.enabled=false",
+    ]
+    proc = _train(tmp_path, tiny_model_dir, 2, *args, "trainer.total_steps=2", "trainer.checkpoint_every=1")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f"FSDP2: every rank reads its own shards of {tiny_model_dir}" in proc.stdout + proc.stderr
+    capsys.readouterr()
+    assert main(["train", "--resume", str(run), "trainer.total_steps=3"]) == 0
+    said = capsys.readouterr()
+    assert "written by 2 rank(s), resumed on 1" in said.out + said.err
+    rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1, 2] and all(r["grad/norm"] > 0 for r in rows)
 
 
 @SHARES_UPDATES

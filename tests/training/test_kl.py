@@ -82,7 +82,9 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
         ),
     )
     monkeypatch.setattr(
-        sharding, "materialize", lambda m, device, full: filled.append((str(device), full is not None))
+        sharding,
+        "materialize",
+        lambda m, device, full, broadcast=True: filled.append((str(device), full is not None)),
     )
 
     class Sharded:  # what the learner's FSDP2 strategy is to reference_model
