@@ -4,7 +4,7 @@ The broadcast (``sharding.materialize``: torch's ``set_model_state_dict(broadcas
 sends every tensor whole from rank 0 to each other rank, one tensor at a time, and under CPU offload
 over gloo: rank 0 sends W - 1 copies of the model (docs/scaling.md: measured, and what it costs a
 32 B model on 32 ranks). When every rank can read the checkpoint's safetensors files (one
-filesystem, or a copy on each node), each rank instead builds the model on the meta device and reads
+filesystem, a copy on each node, or a hub name each node fetches into its own cache), each rank instead builds the model on the meta device and reads
 only the rows of each tensor its shard holds (FSDP2 splits dim 0 into ``ceil(rows / S)``-row
 chunks), cast to the parameter's dtype: a node reads the model once in all, nothing crosses the
 network, and no rank holds a full copy in host memory. The values are those the broadcast gives, bit
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -41,11 +42,56 @@ def checkpoint_files(path: str) -> dict[str, Path] | None:
     return None
 
 
-def every_rank_reads(path: str) -> bool:
-    """Whether every rank sees ``path``'s safetensors files (collective; False in one process, where
-    there is nothing to broadcast)."""
+def local_checkpoint(path: str) -> str | None:
+    """A local directory of ``path``'s safetensors files: ``path`` itself, or for a hub name its
+    snapshot in this node's hub cache (``huggingface_hub.snapshot_download`` fetches the weights
+    there when they are missing, once per node: its file lock serialises the node's ranks). None
+    when there is none (no hub here, a ``.bin`` checkpoint)."""
+    if Path(path).is_dir():
+        return path if checkpoint_files(path) is not None else None
+    if Path(path).exists() or path.count("/") != 1:
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        local = snapshot_download(path, allow_patterns=["*.safetensors", "*.json"])
+    except Exception:  # offline without it cached, no such repository: rank 0 broadcasts instead
+        return None
+    return local if checkpoint_files(local) is not None else None
+
+
+def shard_source(path: str) -> str | None:
+    """The directory this rank reads its shards of ``path`` from, when every rank has one
+    (``local_checkpoint``; collective); None in one process (nothing to broadcast) or when a rank
+    has none."""
     _, world = ranks.rank_and_world()
-    return world > 1 and ranks.all_ranks(checkpoint_files(path) is not None)
+    if world == 1:
+        return None
+    local = local_checkpoint(path)
+    return local if ranks.all_ranks(local is not None) else None
+
+
+def first_load(path: str, fills: bool, adapters: bool, log: Callable[[str], None]) -> str | None:
+    """Where every rank reads its own shards of ``path`` from (``shard_source``) when a sharded
+    model is to be filled from it (``fills``) on several ranks; None when rank 0 reads it and sends
+    every tensor to the others instead (``adapters``: LoRA, whose adapters rank 0 draws; or a rank
+    without the checkpoint's files). Collective; rank 0 logs which."""
+    rank, world = ranks.rank_and_world()
+    if not fills or world == 1:
+        return None
+    source = None if adapters else shard_source(path)
+    if rank == 0:
+        why = (
+            "LoRA: rank 0 draws the adapters"
+            if adapters
+            else "not every rank has its files, locally or from the hub"
+        )
+        log(
+            f"FSDP2: every rank reads its own shards of {source}"
+            if source
+            else f"FSDP2: rank 0 reads {path} and sends every tensor to the other ranks ({why})"
+        )
+    return source
 
 
 def read_own_shards(model: nn.Module, path: str) -> None:

@@ -512,8 +512,27 @@ def _trainer_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
         terms.append(Term("KL reference weights", s.N * s.b / s.S, f"N·b/S = {s.N:,}·{s.b}/{s.S}"))
     if cfg.rollout.engine == "hf" and cfg.rollout.workers == 0:
         terms += _hf_engine_terms(cfg, a, s)
+    per_token = BATCH_BYTES_PER_TOKEN + (4 if cfg.algorithm.kl_coef > 0 else 0)
+    terms.append(
+        Term(
+            "the step's batch (every rank holds all of it)",
+            s.episodes * s.ctx * per_token,
+            f"B·ctx·{per_token} = {s.episodes:,}·{s.ctx:,}·{per_token} (ids, masks, log-probs, statistics, "
+            "token weights; whole-batch statistics need every row)",
+        )
+    )
     terms.append(Term("CUDA context, NCCL, allocator slack", OVERHEAD_GIB * GIB, "fixed"))
     return terms
+
+
+BATCH_BYTES_PER_TOKEN = 31
+"""Bytes of the step's [B, T] tensors per token on every rank's device: the batch's ids (8), loss mask
+(4), engine log-probs (4) and three flags (3), and the whole batch's π_old log-probs and entropies (8)
+and token weights (4); the KL reference's log-probs add 4 (``training/batch.py``, ``learner.py``)."""
+
+EPISODE_BYTES_PER_TOKEN = 72
+"""Host bytes per token of a step's episodes as every rank holds them after the gather (Python ints and
+floats in lists): ``bench/episode_memory.py`` measured 70.5-71.7."""
 
 
 def sft_budget(cfg: Config, a: Architecture, gpu: float) -> Budget:
@@ -553,15 +572,27 @@ def sft_budget(cfg: Config, a: Architecture, gpu: float) -> Budget:
 
 
 def _host_terms(cfg: Config, s: Sizes, gpus: int) -> list[Term]:
-    """Host memory per node: offloaded states of the node's ranks, and rank 0's read of the weights."""
+    """Host memory per node: offloaded states of the node's ranks, and rank 0's read of the weights
+    (one process, or FSDP2 with LoRA, whose rank 0 broadcasts; otherwise every rank reads only its
+    own shards, ``parallel/shard_reads.py``)."""
     host = []
     if s.offload:
         host += [
             Term(t.name + " [offloaded]", t.bytes * gpus, f"({t.how})·{gpus} ranks")
             for t in _state_terms(cfg, s)
         ]
-    if s.fsdp or s.world == 1:
+    from agentrl.training import lora
+
+    if s.world == 1 or (s.fsdp and lora.enabled(cfg)):  # else each rank reads only its own shards
         host.append(Term("rank 0 reads the weights once", s.N * s.b, f"N·b = {s.N:,}·{s.b} (node 0 only)"))
+    host.append(
+        Term(
+            "the step's episodes on every rank (at most)",
+            gpus * s.episodes * s.ctx * EPISODE_BYTES_PER_TOKEN,
+            f"ranks·B·ctx·{EPISODE_BYTES_PER_TOKEN} = {gpus}·{s.episodes:,}·{s.ctx:,}·{EPISODE_BYTES_PER_TOKEN} "
+            "(every rank gathers every episode; episodes shorter than ctx hold less)",
+        )
+    )
     return host
 
 

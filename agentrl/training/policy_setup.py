@@ -47,7 +47,8 @@ def reference_model(
     memory and the others build it on the meta device; each rank's GPU receives only its shards."""
     path = cfg.model.ref_path or build.policy_path(cfg, log=log)
     sharded = strategy.equal_forwards and strategy.world > 1
-    reads = sharded and shard_reads.every_rank_reads(path)  # each rank its own shards
+    local = shard_reads.shard_source(path) if sharded else None  # each rank reads its own shards
+    reads = local is not None
     where = ("meta" if strategy.rank > 0 or reads else "cpu") if strategy.equal_forwards else device
     ref, _ = components.load_model(cfg, path, device=where)
     ref.eval()
@@ -57,8 +58,8 @@ def reference_model(
     ref = strategy.prepare_frozen(ref)
     if sharded:
         sharding.materialize(ref, device, full, broadcast=not reads)
-    if reads:
-        shard_reads.read_own_shards(ref, path)
+    if local is not None:
+        shard_reads.read_own_shards(ref, local)
     log(f"KL reference policy: {path}")
     return ref
 

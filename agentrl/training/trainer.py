@@ -202,20 +202,8 @@ class Trainer:
         # weights into host memory and the others get their shards from it; when a full DCP
         # checkpoint will fill every shard, no rank reads them
         dcp_full = record is not None and record["format"] == "dcp" and not record["lora"]
-        self.shards_from = None if dcp_full or not sharded or lora.enabled(cfg) else path
-        if self.shards_from and not shard_reads.every_rank_reads(self.shards_from):
-            self.shards_from = None
-        if sharded and self.world > 1 and self.rank == 0 and not dcp_full:
-            log(
-                f"FSDP2: every rank reads its own shards of {path}"
-                if self.shards_from
-                else f"FSDP2: rank 0 reads {path} and broadcasts every tensor to the other ranks ("
-                + (
-                    "LoRA: rank 0 draws the adapters)"
-                    if lora.enabled(cfg)
-                    else "not every rank sees its safetensors files)"
-                )
-            )
+        fills = sharded and not dcp_full
+        self.shards_from = shard_reads.first_load(path, fills, lora.enabled(cfg), log)
         on_meta = self.rank > 0 or dcp_full or self.shards_from is not None
         device = ("meta" if on_meta else "cpu") if sharded else None
         model, self.tokenizer = components.load_model(cfg, path, device=device)

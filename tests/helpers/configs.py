@@ -187,3 +187,16 @@ def hanging_config(tmp_path: Path, model_dir: Path, hang: str, **sections: dict)
     path = tmp_path / "hang.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return str(path)
+
+
+def header_plans(path: Path) -> list[list[str]]:
+    """The ``agentrl plan`` commands a config's header names, as argument lists (``plan CONFIG ...``);
+    a command goes on over the header's next lines when they are indented further and set keys."""
+    lines = [line.removeprefix("#") for line in path.read_text().splitlines() if line.startswith("#")]
+    commands: list[list[str]] = []
+    for line in lines:
+        if line.strip().startswith("agentrl plan "):
+            commands.append(line.split()[1:])
+        elif commands and line.startswith("     ") and "=" in line:
+            commands[-1] += line.split()
+    return commands

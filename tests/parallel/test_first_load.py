@@ -14,9 +14,8 @@ import pytest
 from tests.helpers import ROOT
 from tests.helpers.configs import TORCHRUN_ENV, torchrun_prefix
 
-pytestmark = pytest.mark.slow  # one torchrun launch of 3 ranks
 
-
+@pytest.mark.slow  # one torchrun launch of 3 ranks
 def test_per_rank_shards_equal_the_broadcasts_bit_for_bit(tmp_path):
     out = tmp_path / "out.json"
     args = ["--preset", "h128-L8", "--layers", "2", "--checkpoint-dtype", "bfloat16", "--out", str(out)]
@@ -31,3 +30,27 @@ def test_per_rank_shards_equal_the_broadcasts_bit_for_bit(tmp_path):
     result = json.loads(out.read_text())
     assert result["world"] == 3 and result["same_shards"]
     assert result["broadcast_sent_bytes"] == 2 * result["model_bytes"]  # rank 0 sends W - 1 copies
+
+
+def test_the_checkpoint_a_rank_reads_is_local_or_fetched_into_its_nodes_hub_cache(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    import huggingface_hub
+
+    from agentrl.parallel import shard_reads
+
+    assert shard_reads.local_checkpoint(str(tiny_model_dir)) == str(tiny_model_dir)
+    assert shard_reads.local_checkpoint(str(tmp_path)) is None  # a directory without safetensors files
+    fetched: list[str] = []
+
+    def snapshot(repo, allow_patterns):
+        fetched.append(repo)
+        if repo == "org/missing":
+            raise huggingface_hub.errors.LocalEntryNotFoundError("offline and not cached")
+        return str(tiny_model_dir)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+    assert shard_reads.local_checkpoint("Qwen/Qwen2.5-7B") == str(tiny_model_dir)
+    assert shard_reads.local_checkpoint("org/missing") is None  # rank 0 then broadcasts
+    assert fetched == ["Qwen/Qwen2.5-7B", "org/missing"]
+    assert shard_reads.shard_source(str(tiny_model_dir)) is None  # one process: nothing to share

@@ -12,6 +12,7 @@ from agentrl.parallel.placement import Launch, Rollouts, place, render
 from agentrl.rollout import components
 from agentrl.training.plan import plan
 from tests.helpers import ROOT
+from tests.helpers.configs import header_plans
 
 GPU = ROOT / "configs" / "gpu"
 
@@ -58,10 +59,9 @@ def test_32b_with_its_engines_on_ray_workers_of_their_own():
     """The 80 GB alternative the 32 B config's header names: workers with GPUs of their own. On one
     node of 8, four trainer ranks and four workers: Ray gets GPUs 4-7, worker i GPU 4 + i; rank 0 runs
     the episodes; NCCL broadcast is fine (every member on its own GPU)."""
-    cfg = load_config(
-        str(GPU / "short_cot_qwen2.5-32b.yaml"),
-        ["rollout.workers=4", "rollout.sync.transport=broadcast", "trainer.fsdp.replicas=1"],
-    )
+    (alternative,) = [c for c in header_plans(GPU / "short_cot_qwen2.5-32b.yaml") if "rollout.workers=4" in c]
+    cfg = load_config(str(GPU / "short_cot_qwen2.5-32b.yaml"), [a for a in alternative if "=" in a])
+    assert plan(cfg, gpus=8, gpu_memory_gib=78).fits
     p = plan(cfg, gpus=8, gpu_memory_gib=78).placement
     assert p.ok, p.problems
     assert p.launch.ranks_per_node == 4 and p.ray_gpus == (4, 5, 6, 7)

@@ -58,7 +58,13 @@ def test_the_nccl_calls_are_those_torch_declares():
     assert "def _timeout(self, val: timedelta) -> None" in backend  # Options._timeout's setter
     assert "def eager_connect_single_device(self, device: torch.device | None)" in backend
     assert "def abort(self) -> None" in pg
-    assert list(inspect.signature(weight_group.make_group).parameters) == ["store", "rank", "size", "device", "timeout_s"]
+    assert list(inspect.signature(weight_group.make_group).parameters) == [
+        "store",
+        "rank",
+        "size",
+        "device",
+        "timeout_s",
+    ]
 
 
 def test_a_cuda_member_is_an_nccl_group_connected_eagerly_on_its_device(nccl):

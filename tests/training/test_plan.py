@@ -6,7 +6,6 @@ comments name."""
 from __future__ import annotations
 
 import re
-import shlex
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ from agentrl.config import ConfigError, load_config
 from agentrl.models.checkpointing import checkpointing as enable_checkpointing
 from agentrl.training.plan import CHUNK_COPIES, GIB, architecture, plan, render, sizes
 from tests.helpers import ROOT
+from tests.helpers.configs import header_plans
 
 # tiny:h128-L8: hidden 128, 8 layers, 4 heads (head_dim 32), 2 KV heads (kv width 64), MLP 448, vocab 1024
 H, L, MLP, HEADS, KV, V = 128, 8, 448, 4, 64, 1024
@@ -85,6 +85,9 @@ def test_single_gpu_full_fine_tune_term_by_term():
         "HF engine KV cache (CUDA graph arenas)": 1.5 * 8 * 256 * L * 2 * KV * 4,
         "HF engine sampling state (CUDA graph arenas)": sampling_state(8, 256, 4),
         "weight sync (streamed)": V * H * 4,
+        # 16 episodes of up to 256 tokens, 31 bytes each: ids 8, mask 4, engine log-prob 4, 3 flags,
+        # π_old's log-prob and entropy 8, token weight 4
+        "the step's batch (every rank holds all of it)": 16 * 256 * 31,
         "CUDA context, NCCL, allocator slack": 2 * GIB,
     }
     assert terms(p) == pytest.approx(want)
@@ -162,6 +165,7 @@ def test_hsdp_lora_bf16_checkpointed_term_by_term():
         "HF engine KV cache (CUDA graph arenas)": 1.5 * 4 * 128 * L * 2 * KV * 2,  # 4 episodes per rank
         "HF engine sampling state (CUDA graph arenas)": sampling_state(4, 128, 2),
         "weight sync (streamed)": V * H * 2,
+        "the step's batch (every rank holds all of it)": 32 * 128 * (31 + 4),  # + the reference's log-probs
         "CUDA context, NCCL, allocator slack": 2 * GIB,
     }
     assert terms(p) == pytest.approx(want)
@@ -199,8 +203,9 @@ def test_32b_on_80gb_gpus_does_not_fit_the_vllm_engines_share(capsys):
     Trainer (HSDP 4 × 8, offloaded states, bf16, checkpointing): gathered (2·487,605,248 +
     1,557,140,480)·2 = 5,064,701,952; activations 8192·(64·2·5120 + 348,320) = 8,222,146,560
     (348,320 = 16·5120 + 2·(4·5120 + 2·1024 + 4·27648) + 4·40); logits 8192·152,064·4 =
-    4,982,833,152; overhead 2 GiB; 20,417,165,312 B = 19.0150 GiB <= 0.4·78 = 31.2 GiB: fits.
-    The old single total, 46.8 + 19.01 = 65.81 of 78 GiB, said it fit."""
+    4,982,833,152; the step's batch 2048·8192·31 = 520,093,696; overhead 2 GiB; 20,937,259,008 B =
+    19.4994 GiB <= 0.4·78 = 31.2 GiB: fits. The old single total, 46.8 + 19.50 = 66.30 of 78 GiB,
+    said it fit."""
     p = plan(load_config(str(QWEN_32B), []), gpus=8, nodes=4, gpu_memory_gib=78)
     assert not p.fits
     engine, trainer = p.budget("vLLM engine"), p.budget("trainer")
@@ -209,15 +214,15 @@ def test_32b_on_80gb_gpus_does_not_fit_the_vllm_engines_share(capsys):
     )
     assert engine.total_gib == pytest.approx(63.0275, abs=1e-4)
     assert engine.capacity_gib == pytest.approx(46.8) and not engine.fits
-    assert trainer.total_gib == pytest.approx(20_417_165_312 / GIB) == pytest.approx(19.0150, abs=1e-4)
+    assert trainer.total_gib == pytest.approx(20_937_259_008 / GIB) == pytest.approx(19.4994, abs=1e-4)
     assert trainer.capacity_gib == pytest.approx(31.2) and trainer.fits
     cmd = ["plan", str(QWEN_32B), "--nodes", "4", "--gpus", "8", "--gpu-memory", "78"]
     assert main(cmd) == 1
     out = capsys.readouterr().out
     assert "the vLLM engine's budget is exceeded: 63.03 GiB > 46.80 GiB" in out
-    assert "the trainer's fits (19.01 of 31.20 GiB)" in out
+    assert "the trainer's fits (19.50 of 31.20 GiB)" in out
     assert "largest terms, and what shrinks them (vLLM engine's budget)" in out
-    # no utilization holds both: the engine needs 63.03/78 = 0.808, the trainer leaves 1 - 19.01/78 = 0.756
+    # no utilization holds both: the engine needs 63.03/78 = 0.808, the trainer leaves 1 - 19.50/78 = 0.750
     assert "no rollout.vllm.gpu_memory_utilization holds both budgets" in out
     # tp = 2: 61.03/2 + 2/2 (4 of the 8 KV heads per GPU) = 30.51 + 1 = 31.51 GiB <= 46.8
     assert "rollout.vllm.tensor_parallel_size=2: the engine's terms then take 31.51 GiB" in out
@@ -225,14 +230,14 @@ def test_32b_on_80gb_gpus_does_not_fit_the_vllm_engines_share(capsys):
 
 def test_32b_fits_the_h200s_its_header_names():
     """4 × 8 GPUs of 139 GiB: the same terms as above against 0.6·139 = 83.4 GiB (engine, 63.0275:
-    fits) and 0.4·139 = 55.6 GiB (trainer, 19.0150: fits); the GPU holds the engine's whole share
-    plus the trainer's terms, 83.4 + 19.0150 = 102.4150 GiB."""
+    fits) and 0.4·139 = 55.6 GiB (trainer, 19.4994: fits); the GPU holds the engine's whole share
+    plus the trainer's terms, 83.4 + 19.4994 = 102.8994 GiB."""
     p = plan(load_config(str(QWEN_32B), []), gpus=8, nodes=4, gpu_memory_gib=139)
     engine, trainer = p.budget("vLLM engine"), p.budget("trainer")
     assert (engine.capacity_gib, trainer.capacity_gib) == pytest.approx((83.4, 55.6))
-    assert (engine.total_gib, trainer.total_gib) == pytest.approx((63.0275, 19.0150), abs=1e-4)
+    assert (engine.total_gib, trainer.total_gib) == pytest.approx((63.0275, 19.4994), abs=1e-4)
     assert engine.fits and trainer.fits and p.fits
-    assert p.total_gib == pytest.approx(102.4150, abs=1e-4)
+    assert p.total_gib == pytest.approx(102.8994, abs=1e-4)
 
 
 TINY_VLLM = [
@@ -287,14 +292,14 @@ def test_the_trainers_budget_exceeded_while_the_engine_fits():
     """A 4 GiB GPU with gpu_memory_utilization 0.9: the engine's 3.6 GiB holds its 8,143,360 +
     1,048,576 = 9,191,936 B = 0.00856 GiB; the trainer's 0.4 GiB does not hold its fp32 terms
     (weights 4N, gradients 4N, AdamW 8N = 32,573,440; activations 512·8·11,792 = 48,300,032 with
-    11,792 = 16·128 + 4·(4·128 + 2·64 + 4·448) + 4·4; logits 512·1024·8 = 4,194,304) plus 2 GiB
-    of overhead: 85,067,776 B + 2 GiB = 2.07923 GiB. Utilizations from ⌈0.00856/4⌉ = 0.01 up to
-    ⌊1 - 2.07923/4⌋ = ⌊0.48019⌋ = 0.48 hold both."""
+    11,792 = 16·128 + 4·(4·128 + 2·64 + 4·448) + 4·4; logits 512·1024·8 = 4,194,304; the step's
+    batch 16·256·31 = 126,976) plus 2 GiB of overhead: 85,194,752 B + 2 GiB = 2.07934 GiB.
+    Utilizations from ⌈0.00856/4⌉ = 0.01 up to ⌊1 - 2.07934/4⌋ = ⌊0.48016⌋ = 0.48 hold both."""
     cfg = load_config(None, [*TINY_VLLM, "rollout.vllm.gpu_memory_utilization=0.9"])
     p = plan(cfg, gpus=1, gpu_memory_gib=4.0)
     engine, trainer = p.budget("vLLM engine"), p.budget("trainer")
     assert engine.total_gib == pytest.approx(9_191_936 / GIB) and engine.fits
-    assert trainer.total_gib == pytest.approx(85_067_776 / GIB + 2) == pytest.approx(2.07923, abs=1e-5)
+    assert trainer.total_gib == pytest.approx(85_194_752 / GIB + 2) == pytest.approx(2.07934, abs=1e-5)
     assert trainer.capacity_gib == pytest.approx(0.4) and not trainer.fits and not p.fits
     out = render(p)
     assert "the trainer's budget is exceeded: 2.08 GiB > 0.40 GiB" in out
@@ -388,14 +393,17 @@ GPU_CONFIGS = sorted((ROOT / "configs" / "gpu").glob("*.yaml"))
 
 @pytest.mark.parametrize("path", GPU_CONFIGS, ids=lambda p: p.stem)
 def test_each_gpu_config_fits_the_hardware_it_names(path, capsys):
-    """Each config's header names its hardware with the ``agentrl plan`` command that checks it."""
+    """Each config's header names its hardware with the ``agentrl plan`` commands that check it (the
+    32 B config two: 4 × 8 H200s, and one node of 80 GB GPUs with its engines in Ray workers): every
+    one places every process and fits every budget, so what a header promises the plan holds."""
     text = path.read_text()
     assert re.search(r"^# Hardware: .+", text, re.M), f"{path.name} names no hardware"
-    found = re.search(r"^#\s+agentrl plan (\S+)(.*)$", text, re.M)
-    assert found, f"{path.name} has no '# agentrl plan ...' line"
-    assert (ROOT / found.group(1)).resolve() == path.resolve()
-    assert main(["plan", str(path), *shlex.split(found.group(2))]) == 0, capsys.readouterr().out
-    assert "fits" in capsys.readouterr().out
+    commands = header_plans(path)
+    assert commands, f"{path.name} has no '# agentrl plan ...' line"
+    for args in commands:
+        assert (ROOT / args[1]).resolve() == path.resolve()
+        assert main([args[0], str(ROOT / args[1]), *args[2:]]) == 0, capsys.readouterr().out
+        assert "verdict: fits" in capsys.readouterr().out
 
 
 R1_DISTILL = ROOT / "configs" / "gpu" / "long_cot_r1-distill-qwen-1.5b.yaml"
