@@ -171,6 +171,10 @@ class VLLMEngine:
             if device == "cpu":
                 kwargs["tensor_parallel_size"] = tensor_parallel_size
         self.in_process = distributed_executor_backend == "external_launcher"  # buckets go as tensors
+        self.tensor_parallel_size = tensor_parallel_size
+        if device == "cuda" and distributed_executor_backend == "mp":
+            for d in range(tensor_parallel_size):  # this process's context on every GPU, before vLLM
+                torch.zeros(1, device=f"cuda:{d}")  # measures their memory (``_per_gpu``)
         self.llm = vllm.LLM(**kwargs, **llm_kwargs)
         self.device, self.dtype = device, dtype
         self._asleep: set[str] = set()  # the parts of the engine's memory that are released
@@ -221,11 +225,24 @@ class VLLMEngine:
         elif self.device == "cuda" and items and all(t.is_cuda for _, t in items):
             from agentrl.engines.vllm_worker import cuda_ipc_blob
 
-            alive = [(n, t.contiguous()) for n, t in items]  # kept until the worker has copied them
-            self.llm.collective_rpc("agentrl_load_bucket_ipc", args=(cuda_ipc_blob(alive),))
+            alive = self._per_gpu([(n, t.contiguous()) for n, t in items])  # kept until the workers copied
+            self.llm.collective_rpc("agentrl_load_bucket_ipc", args=(cuda_ipc_blob(*alive),))
             del alive
         else:
             self.llm.collective_rpc("agentrl_load_bucket", args=(safetensors_blob(dict(items)),))
+
+    def _per_gpu(self, items: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
+        """The bucket once per GPU of a tensor-parallel engine in this process (vLLM's ``mp``
+        executor: worker i on ``cuda:i``), so each worker opens the copy on its own GPU: opening
+        another GPU's memory would make it a CUDA context there, one per worker on the bucket's GPU,
+        after vLLM measured that GPU's memory. This process made its own context on every GPU before
+        vLLM started (``__init__``). One GPU: the bucket as it is."""
+        if self.tensor_parallel_size <= 1 or self.in_process:
+            return [items]
+        return [
+            [(n, t.to(f"cuda:{d}")) for n, t in items]
+            for d in range(self.tensor_parallel_size)
+        ]
 
     def finish_weight_update(self) -> int:
         try:

@@ -155,15 +155,21 @@ def _retie_head(model: Any, model_config: Any) -> None:
 
 def open_cuda_ipc_blob(blob: bytes) -> dict[str, torch.Tensor]:
     """The tensors of a ``cuda_ipc_blob``, opened in this process (views of the sender's GPU memory:
-    copy from them before answering the sender). The handles name the sender's device by its index
-    there; it is replaced by the index of the same GPU (by UUID) here. Not yet run on a GPU."""
-    uuid, handles = pickle.loads(blob)
+    copy from them before answering the sender). A blob may hold a copy per GPU (``cuda_ipc_blob``
+    of several lists, for an engine's tensor-parallel workers): this process opens the copy on its
+    own current GPU, else the first it can see, so no worker opens memory on another worker's GPU
+    (which would make a CUDA context of its own there). The handles name the sender's device by its
+    index there; it is replaced by the index of the same GPU (by UUID) here. Not yet run on a GPU."""
+    copies = pickle.loads(blob)
     local = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
-    if uuid not in local:
+    mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
+    seen = [(uuid, handles) for uuid, handles in copies if uuid in local]
+    if not seen:
         raise RuntimeError(
-            f"the trainer's GPU {uuid} is not visible to this process (it sees {sorted(local)}): CUDA IPC "
-            "needs the sender and the receiver on one node with that GPU visible to both"
+            f"the trainer's GPU {copies[0][0]} is not visible to this process (it sees {sorted(local)}): CUDA "
+            "IPC needs the sender and the receiver on one node with that GPU visible to both"
         )
+    uuid, handles = next(((u, h) for u, h in seen if u == mine), seen[0])
     state = {}
     for name, (rebuild, args) in handles:
         args = list(args)
@@ -172,18 +178,21 @@ def open_cuda_ipc_blob(blob: bytes) -> dict[str, torch.Tensor]:
     return state
 
 
-def cuda_ipc_blob(tensors: list[tuple[str, torch.Tensor]]) -> bytes:
-    """The CUDA tensors as pickled CUDA IPC handles (``torch.multiprocessing.reductions.reduce_tensor``)
-    with their GPU's UUID. The caller keeps the tensors alive (and unchanged) until the receiver has
-    copied them. Not yet run on a GPU."""
+def cuda_ipc_blob(*copies: list[tuple[str, torch.Tensor]]) -> bytes:
+    """Each list of CUDA tensors (one list per GPU: the same tensors' copies) as pickled CUDA IPC
+    handles (``torch.multiprocessing.reductions.reduce_tensor``) with its GPU's UUID. The caller keeps
+    the tensors alive (and unchanged) until every receiver has copied them. Not yet run on a GPU."""
     from torch.multiprocessing.reductions import reduce_tensor
 
-    device = tensors[0][1].device
-    if any(t.device != device or not t.is_contiguous() for _, t in tensors):
-        raise ValueError("cuda_ipc_blob: the tensors must be contiguous and on one CUDA device")
-    torch.cuda.current_stream(device).synchronize()  # written before another process reads them
-    uuid = str(torch.cuda.get_device_properties(device).uuid)
-    return pickle.dumps((uuid, [(name, reduce_tensor(t)) for name, t in tensors]))
+    out = []
+    for tensors in copies:
+        device = tensors[0][1].device
+        if any(t.device != device or not t.is_contiguous() for _, t in tensors):
+            raise ValueError("cuda_ipc_blob: each list's tensors must be contiguous and on one CUDA device")
+        torch.cuda.current_stream(device).synchronize()  # written before another process reads them
+        uuid = str(torch.cuda.get_device_properties(device).uuid)
+        out.append((uuid, [(name, reduce_tensor(t)) for name, t in tensors]))
+    return pickle.dumps(out)
 
 
 def _packed(model: Any) -> dict[str, list[str]]:
