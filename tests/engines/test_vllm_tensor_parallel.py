@@ -28,3 +28,39 @@ def test_a_tensor_parallel_engine_over_two_torchrun_ranks(tmp_path, tiny_model_d
     assert leader["episodes"] == follower["episodes"] == 4 and leader["trained"] and follower["trained"]
     assert leader["version"] == follower["version"] == 1
     assert leader["greedy"] == leader["hf_greedy"], (leader["greedy"], leader["hf_greedy"])
+
+
+def test_an_engine_on_every_rank_under_fsdp2(tmp_path, tiny_model_dir):
+    """The 7 B configs' layout on vLLM's CPU build: two torchrun ranks under FSDP2, each with a vLLM
+    engine of its own through external_launcher (tensor_parallel_size 1). Each rank runs its share
+    of the episodes, the update's bucketed FSDP2 gather reaches both engines, both prove it (the
+    sync's checksums and probe, rollout.sync.verify=every), and each engine's greedy tokens after the
+    push are an HF engine's with the trainer's gathered weights."""
+    from tests.helpers.configs import ENVS, torchrun_record
+
+    overrides = [
+        f"model.path={tiny_model_dir}",
+        "env.name=test_crashy",
+        f"env.module={ENVS}",
+        f"run.output_dir={tmp_path / 'run'}",
+        "run.device=cpu",
+        "rollout.engine=vllm",
+        "rollout.sync.verify=every",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=8",
+        "rollout.max_episode_tokens=128",
+        "trainer.strategy=fsdp2",
+        "trainer.micro_batch_size=2",
+        "trainer.lr=1e-2",
+        "logging.tensorboard=false",
+        "logging.plots=false",
+    ]
+    ranks = torchrun_record(
+        "colocated_vllm.py", tmp_path / "record.json", overrides, VLLM_CPU_KVCACHE_SPACE="1"
+    )
+    assert [r["engine"] for r in ranks] == ["VLLMEngine", "VLLMEngine"]
+    for r in ranks:
+        assert r["episodes"] == 4 and r["trained"] and r["version"] == 1
+        assert r["verified"] == 1.0 and r["probe"] < 1e-4, r
+        assert r["greedy"] == r["hf_greedy"], (r["rank"], r["greedy"], r["hf_greedy"])
