@@ -4,9 +4,10 @@
 # machine's own torch and transformers; its wheels for the rest: docs/scaling.md). The scale path's
 # one-GPU part (a Ray worker sharing the GPU, weights over CUDA IPC) needs ray: without it that test
 # skips saying so. Extra arguments go to pytest. Not part of .ci/run: CI machines have no GPU.
-# On an H200 (2026-11-30) 7 of 8 passed in 93 s and the fixed determinism test alone in 63 s; later
-# that day 9 of 9 in 105 s, the kept CUDA graphs' test among them. What the GPU machine lacks (Ray, omegaconf):
-# scripts/gpu_bundle.sh check.
+# It also runs the parts of the multi-GPU path one GPU can show (an NCCL group of one rank, pinned CPU
+# offload, the KL reference under FSDP2, the helper threads on CUDA); what needs vLLM or more GPUs is
+# scripts/gpu_check_multi.sh. What it gave on the GPUs it ran on: docs/scaling.md. What the GPU
+# machine lacks (Ray, omegaconf): scripts/gpu_bundle.sh check.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=python3
