@@ -108,13 +108,13 @@ def read_own_shards(model: nn.Module, path: str) -> None:
     if missing:
         raise KeyError(f"{path} lacks {len(missing)} of the model's parameters ({', '.join(missing[:5])})")
     by_file: dict[Path, list[tuple[str, torch.Tensor]]] = {}
-    for name, p in model.named_parameters():
-        by_file.setdefault(files[name], []).append((name, p))
+    for name, param in model.named_parameters():
+        by_file.setdefault(files[name], []).append((name, param))
     with torch.no_grad():
         for file, params in by_file.items():
             with safe_open(str(file), framework="pt") as f:
-                for name, p in params:
-                    _read_rows(f, name, p)
+                for name, t in params:
+                    _read_rows(f, name, t)
 
 
 def _read_rows(f: object, name: str, p: torch.Tensor) -> None:

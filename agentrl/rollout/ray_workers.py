@@ -252,7 +252,7 @@ class RolloutPool:
             events=self.events,
             dtype=components.engine_dtype(worker_config(cfg)),
         )
-        self.workers = []
+        self.workers: list[Any] = []
         self._start(start_waves(where), model_path)
 
     def _start(self, waves: list[list[int]], model_path: str) -> None:
@@ -260,7 +260,7 @@ class RolloutPool:
         another, so that each engine measures that GPU's memory alone), all within ``call_timeout_s``."""
         import ray
 
-        self.workers = [None] * sum(len(w) for w in waves)
+        self.workers = [None] * sum(len(w) for w in waves)  # filled wave by wave
         deadline = time.monotonic() + self.call_timeout_s
         for wave in waves:
             for i in wave:
