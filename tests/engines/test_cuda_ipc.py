@@ -1,6 +1,6 @@
 """CUDA IPC blobs between processes of one node (``engines/vllm_worker.py``), without a GPU: torch's
 device queries are stood in for, and a handle's rebuild records what it opened. A blob may carry a
-copy of a bucket per GPU (a tensor-parallel vLLM engine in a Ray worker, ``VLLMEngine._per_gpu``):
+copy of a bucket per GPU (a tensor-parallel vLLM engine in a Ray worker, ``BucketRoute.per_gpu``):
 each vLLM worker opens the copy on its own GPU, never memory on another worker's GPU (which would
 make it a CUDA context there after vLLM had measured that GPU's memory)."""
 
@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from agentrl.engines import vllm_worker
-from agentrl.engines.vllm import VLLMEngine
+from agentrl.engines.vllm import BucketRoute
 
 
 def opened(*args):
@@ -59,8 +59,8 @@ def test_a_tensor_parallel_engine_copies_the_bucket_to_each_of_its_gpus():
             return Tensor(device)
 
     items = [("a", Tensor("cuda:0")), ("b", Tensor("cuda:0"))]
-    tp2 = types.SimpleNamespace(tensor_parallel_size=2, in_process=False)
-    copies = VLLMEngine._per_gpu(tp2, items)  # type: ignore[arg-type]
+    tp2 = BucketRoute("cpu", 2, in_process=False)  # "cpu": no CUDA context made here
+    copies = tp2.per_gpu(items)  # type: ignore[arg-type]
     assert [[t.where for _, t in c] for c in copies] == [["cuda:0", "cuda:0"], ["cuda:1", "cuda:1"]]
-    one = types.SimpleNamespace(tensor_parallel_size=1, in_process=False)
-    assert VLLMEngine._per_gpu(one, items) == [items]  # type: ignore[arg-type]
+    assert BucketRoute("cpu", 1, in_process=False).per_gpu(items) == [items]  # type: ignore[arg-type]
+    assert BucketRoute("cpu", 2, in_process=True).per_gpu(items) == [items]  # type: ignore[arg-type]
