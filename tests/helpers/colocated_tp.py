@@ -49,8 +49,8 @@ def main() -> None:
 
     dist.barrier()
     dist.destroy_process_group()
+    exit_driver()  # with main's objects still alive (configs.exit_driver)
 
 
 if __name__ == "__main__":
     main()
-    exit_driver()  # the record is written; the exit is not under test (configs.exit_driver)

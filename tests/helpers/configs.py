@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -136,31 +137,65 @@ def exit_driver() -> None:
     rank intermittently aborted there after a correct run ("terminate called without an active
     exception", SIGABRT, seen 5 times in 3 runs on 2026-11-24, never reproduced alone); the drivers
     test what they wrote, not the exit (the CLI's exit under torchrun is tested by
-    tests/parallel/test_ddp.py)."""
+    tests/parallel/test_ddp.py). Call it at the end of the driver's ``main``, before its objects are
+    freed: rank 1 of colocated_tp.py hung freeing them once its process group was destroyed (2 of
+    about 30 launches on 2 loaded cores, 2026-12-02; its stack: ``main()``'s call line, in no Python
+    frame)."""
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
 
 
-def torchrun_record(driver: str, out: Path, args: list[str], **env: str) -> object:
+def torchrun_record(driver: str, out: Path, args: list[str], timeout_s: float = 300, **env: str) -> object:
     """Run ``tests/helpers/<driver>`` on two torchrun ranks with ``out`` and ``args`` (its overrides),
-    and return the JSON its rank 0 wrote to ``out``; a failed launch fails with the ranks' stderr."""
+    and return the JSON its rank 0 wrote to ``out``; a failed launch fails with the ranks' stderr. A
+    launch that has not finished in ``timeout_s`` (the drivers take 15-30 s) fails with every rank's
+    Python stacks: each rank gets SIGABRT, which faulthandler answers with all its threads'
+    tracebacks (the TP engine-group test has hung in CI twice, without a trace)."""
     import json
+    import signal
     import subprocess
 
+    proc = subprocess.Popen(
+        [*torchrun_prefix(2), str(HELPERS / driver), str(out), *args],
+        env={**TORCHRUN_ENV, "PYTHONFAULTHANDLER": "1", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        proc = subprocess.run(
-            [*torchrun_prefix(2), str(HELPERS / driver), str(out), *args],
-            env={**TORCHRUN_ENV, **env},
-            capture_output=True,
-            text=True,
-            timeout=300,  # the drivers take 15-30 s; a hang shows the ranks' output, not only its length
-        )
-    except subprocess.TimeoutExpired as e:
-        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else e.stderr or ""
-        raise AssertionError(f"torchrun {driver} did not finish in 300 s; its stderr:\n{err[-6000:]}") from e
-    assert proc.returncode == 0, proc.stderr[-4000:]
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        for pid in _descendants(proc.pid):  # the ranks (torchrun's agent is proc itself)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGABRT)
+        try:
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+        raise AssertionError(
+            f"torchrun {driver} did not finish in {timeout_s:g} s; the ranks' stacks:\n{err[-12000:]}"
+        ) from None
+    assert proc.returncode == 0, err[-4000:]
     return json.loads(out.read_text())
+
+
+def _descendants(pid: int) -> list[int]:
+    """Every process under ``pid`` (from /proc), children first."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
 
 
 def hanging_config(tmp_path: Path, model_dir: Path, hang: str, **sections: dict) -> str:
