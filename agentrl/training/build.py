@@ -29,13 +29,18 @@ from agentrl.rollout.runner import EpisodeRunner
 from agentrl.seeds import deterministic_kernels
 from agentrl.training import lora
 from agentrl.training.sft import run_sft, sft_seed, trains_adapters
+from agentrl.training.warm_start_inputs import describe as describe_inputs
+from agentrl.training.warm_start_inputs import warm_start_inputs
 
 
 def warm_start_key(cfg: Config, base: str) -> str:
-    """Cache key of a warm-started model: everything that changes what SFT produces."""
+    """Cache key of a warm-started model: everything that changes what SFT produces, the contents of
+    its inputs included (``warm_start_inputs``: the model, the environment's code, the data and
+    demonstrations files)."""
     s = cfg.sft
     payload = {
         "base": base,
+        "inputs": warm_start_inputs(cfg, base),
         "env": cfg.env.name,
         "env_options": cfg.env.options,
         "data": [cfg.data.source, cfg.data.path, cfg.data.options],
@@ -48,7 +53,7 @@ def warm_start_key(cfg: Config, base: str) -> str:
             "batch_size": s.batch_size,
         },
         "seed": sft_seed(cfg),
-        "version": 1,
+        "version": 2,
     }
     if s.exclude_train_seeds:  # only when set, so existing keys (and caches) stay valid
         payload["exclude_train_seeds"] = sorted(s.exclude_train_seeds)
@@ -124,7 +129,10 @@ def _warm_start(cfg: Config, base: str, key: str, out: Path, log: Callable[[str]
     """The warm start of ``key`` in ``out``: found there, or trained in a directory of this process
     and published by one rename (``_publish``)."""
     if _found(cfg, out, key):
-        log(f"warm start: using {'cached ' if cfg.sft.cache else ''}SFT model {out}")
+        matched = describe_inputs(warm_start_inputs(cfg, base))
+        log(
+            f"warm start: using {'cached ' if cfg.sft.cache else ''}SFT model {out} (the same {matched}, and settings)"
+        )
         return out
     tmp = out.with_name(f"{out.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
