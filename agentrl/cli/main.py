@@ -116,6 +116,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.cli.policy import chosen_policy, policy_engine
     from agentrl.training.checkpoint import latest_checkpoint
     from agentrl.training.evaluation import evaluate
     from agentrl.training.metrics import failure_summary
@@ -132,8 +133,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
             f"note: eval.split={cfg.eval.split!r}: these are training tasks, not held-out ones",
             file=sys.stderr,
         )
-    path, label = _eval_policy(args, cfg, run_dir, newest)
-    engine, tokenizer = _eval_engine(cfg, path)
+    policy = chosen_policy(args.config, args.checkpoint, cfg, "evaluating")
+    path, label = policy.path, policy.label
+    print(f"evaluating {path}", file=sys.stderr)
+    engine, tokenizer = policy_engine(cfg, policy)
     tasks = (checked.test_tasks if held_out else checked.train_tasks) or []
     if cfg.eval.num_tasks:
         tasks = tasks[: cfg.eval.num_tasks]
@@ -153,43 +156,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
         )
         return 3
     return 0
-
-
-def _eval_policy(
-    args: argparse.Namespace, cfg: Any, run_dir: Path | None, newest: Path | None
-) -> tuple[str, str]:
-    """What ``agentrl eval`` evaluates, and its label: ``--checkpoint``, a run's newest checkpoint, or
-    the policy the config starts from."""
-    from agentrl.config import ConfigError
-    from agentrl.training import build
-
-    if args.checkpoint and not (Path(args.checkpoint) / "config.json").is_file():
-        raise ConfigError(
-            f"--checkpoint {args.checkpoint}: not a model directory (no config.json); a run's checkpoints "
-            "are RUN/checkpoints/step_N"
-        )
-    if args.checkpoint or newest:
-        return str(args.checkpoint or newest), Path(args.checkpoint or newest).name  # type: ignore[arg-type]
-    if run_dir:
-        print(f"{run_dir} has no checkpoint yet: evaluating the policy it starts from", file=sys.stderr)
-    return build.policy_path(cfg), "start"
-
-
-def _eval_engine(cfg: Any, path: str) -> tuple[Any, Any]:
-    """The engine and tokenizer for the policy at ``path`` (a checkpoint of any format: adapters
-    merged, shards joined)."""
-    from agentrl.rollout import components
-    from agentrl.training import build
-    from agentrl.training.checkpoint import STATE_FILE
-    from agentrl.training.export import checkpoint_model
-
-    print(f"evaluating {path}", file=sys.stderr)
-    if (Path(path) / STATE_FILE).exists():
-        model, tokenizer = checkpoint_model(Path(path), cfg.model.dtype)
-        model = model.to(components.device_of(cfg))
-    else:
-        model, tokenizer = components.load_model(cfg, path)
-    return build.build_engine(cfg, model, tokenizer, path), tokenizer
 
 
 def _write_eval(
@@ -314,17 +280,26 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.cli.policy import chosen_policy
     from agentrl.config import ConfigError
     from agentrl.training.preflight import bind_problem
 
-    _checked(cfg)
+    run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
+    _checked(cfg, sft=cfg.sft.enabled and not (args.checkpoint or (run_dir and _has_checkpoint(run_dir))))
     port = cfg.proxy.port if args.port is None else args.port
     problem = bind_problem("--host/--port", args.host or cfg.proxy.host, port)
     if problem:
         raise ConfigError(problem)
     from agentrl.cli.serve import serve_command
 
-    return serve_command(cfg, host=args.host, port=args.port)
+    policy = chosen_policy(args.config, args.checkpoint, cfg, "serving")
+    return serve_command(cfg, policy, host=args.host, port=args.port)
+
+
+def _has_checkpoint(run_dir: Path) -> bool:
+    from agentrl.training.checkpoint import latest_checkpoint
+
+    return latest_checkpoint(run_dir) is not None
 
 
 def cmd_models(args: argparse.Namespace) -> int:
@@ -532,7 +507,10 @@ def _policy_commands(sub: Any) -> None:
         "mean@k / pass@k on the held-out split. Given a run directory, evaluates its newest checkpoint "
         "(the trained policy); given a config file, the policy the config starts from (warm-started)",
     )
-    sp.add_argument("--checkpoint", help="model directory to evaluate instead (e.g. RUN/checkpoints/step_20)")
+    sp.add_argument(
+        "--checkpoint",
+        help="the checkpoint to evaluate instead: step_N of the run, or a checkpoint directory",
+    )
     sp.add_argument(
         "-o",
         "--output",
@@ -553,10 +531,16 @@ def _policy_commands(sub: Any) -> None:
     sp = _with_config(
         sub,
         "serve",
-        "serve the config's policy behind an OpenAI-compatible endpoint that records every episode token by token",
+        "serve a policy behind an OpenAI-compatible endpoint that records every episode token by token: given "
+        "a run directory, its newest checkpoint (the trained policy); given a config file, the policy it starts from",
     )
     sp.add_argument("--host", help="address to bind (default proxy.host, 127.0.0.1)")
     sp.add_argument("--port", type=int, help="port (default proxy.port; 0 = a free one, printed)")
+    sp.add_argument(
+        "--checkpoint",
+        help="given a run directory, the checkpoint to serve (step_N, or a checkpoint directory; default: "
+        "the newest)",
+    )
     sp.set_defaults(fn=cmd_serve)
     sp = sub.add_parser(
         "export",

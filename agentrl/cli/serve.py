@@ -21,6 +21,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.agents import AgentEnvironment
+from agentrl.cli.policy import Policy, policy_engine
 from agentrl.config import Config, output_dir
 from agentrl.env import Task
 from agentrl.episode import Episode
@@ -112,15 +113,15 @@ class ServedRunner(AgentRunner):
         return out
 
 
-def serve_command(cfg: Config, host: str | None = None, port: int | None = None) -> int:
+def serve_command(cfg: Config, policy: Policy, host: str | None = None, port: int | None = None) -> int:
+    """Serve ``policy`` (``cli/policy.py``: a run's newest checkpoint or ``--checkpoint``, or the
+    policy a config starts from) until SIGINT or SIGTERM; every episode is written when it ends."""
     from agentrl.config import config_to_yaml
     from agentrl.rollout import components
-    from agentrl.training import build
     from agentrl.transcripts import CONFIG_FILE, TRANSCRIPTS_FILE, TranscriptWriter
 
-    path = build.policy_path(cfg)
-    model, tokenizer = components.load_model(cfg, path)
-    engine = build.build_engine(cfg, model, tokenizer, path)
+    path = policy.path
+    engine, tokenizer = policy_engine(cfg, policy)
     out = output_dir(cfg) / "serve" / TRANSCRIPTS_FILE
     writer = TranscriptWriter(out)
     # the served policy's config next to the transcript: inspect, replay and doctor find the tokenizer
@@ -143,7 +144,12 @@ def serve_command(cfg: Config, host: str | None = None, port: int | None = None)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    print(f"agentrl serve: {cfg.model.path} at {runner.url} (episodes -> {out}); Ctrl-C stops", flush=True)
+    what = f"{policy.label} of {policy.run_dir}" if policy.run_dir and policy.label != "start" else path
+    print(
+        f"agentrl serve: {what} (weights version {engine.version}) at {runner.url} (episodes -> {out}); "
+        "Ctrl-C stops",
+        flush=True,
+    )
     try:
         while not stop.wait(0.5):
             pass
