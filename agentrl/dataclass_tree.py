@@ -21,6 +21,7 @@ import ast
 import difflib
 import inspect
 import itertools
+import math
 import textwrap
 import types
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -220,7 +221,11 @@ def _coerce(value: Any, tp: Any, path: str) -> Any:
     if tp is bool or tp is int:
         return value if type(value) is tp else _BAD  # exact: True is not an int here
     if tp is float:
-        return float(value) if type(value) in (int, float) else _BAD
+        if type(value) not in (int, float):
+            return _BAD
+        if not math.isfinite(value):  # .inf, .nan: nothing a setting can mean by them
+            raise SchemaError(f"{path}={value!r} is not a finite number: give a finite value")
+        return float(value)
     if tp is str:
         if type(value) in (int, float):
             return str(value)

@@ -528,6 +528,22 @@ def _policy_commands(sub: Any) -> None:
     sp.add_argument("--split", default="train", choices=["train", "test"])
     sp.add_argument("-o", "--output", help="JSONL file (default: RUN_DIR/rollouts.jsonl)")
     sp.set_defaults(fn=cmd_rollout)
+    _serve_parser(sub)
+    sp = sub.add_parser(
+        "export",
+        help="write a checkpoint (any format: HF, LoRA adapter, FSDP2 shards) as a plain HF model directory",
+    )
+    sp.add_argument(
+        "run", help="a run directory (its newest checkpoint, or --step) or a checkpoint directory"
+    )
+    sp.add_argument("out", help="where to write the model (config.json, model.safetensors, tokenizer)")
+    sp.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest)")
+    sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    sp.set_defaults(fn=cmd_export)
+
+
+def _serve_parser(sub: Any) -> None:
+    """``agentrl serve``'s arguments."""
     sp = _with_config(
         sub,
         "serve",
@@ -542,17 +558,6 @@ def _policy_commands(sub: Any) -> None:
         "the newest)",
     )
     sp.set_defaults(fn=cmd_serve)
-    sp = sub.add_parser(
-        "export",
-        help="write a checkpoint (any format: HF, LoRA adapter, FSDP2 shards) as a plain HF model directory",
-    )
-    sp.add_argument(
-        "run", help="a run directory (its newest checkpoint, or --step) or a checkpoint directory"
-    )
-    sp.add_argument("out", help="where to write the model (config.json, model.safetensors, tokenizer)")
-    sp.add_argument("--step", type=int, help="the checkpoint of this step (default: the newest)")
-    sp.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    sp.set_defaults(fn=cmd_export)
 
 
 def _tool_commands(sub: Any) -> None:

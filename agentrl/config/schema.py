@@ -269,7 +269,7 @@ class FSDPConfig:
 class TrainerConfig:
     total_steps: int = knob(200, ge=1)
     """Training steps (one step = one batch of rollouts and its updates)."""
-    lr: float = knob(1e-6, gt=0)
+    lr: float = knob(1e-6, gt=0, le=1)
     """AdamW learning rate (1e-6 is the GPU-scale value; tiny CPU models need ~1e-5)."""
     weight_decay: float = knob(0.01, ge=0)
     """AdamW weight decay."""
@@ -325,7 +325,7 @@ class SFTConfig:
     """Optimizer steps; None = ``epochs`` passes over the demonstrations."""
     epochs: int = knob(1, ge=1)
     """Passes over the demonstrations when ``steps`` is None."""
-    lr: float = knob(1e-5, gt=0)
+    lr: float = knob(1e-5, gt=0, le=1)
     """Learning rate (tiny models trained from scratch need ~1e-3)."""
     batch_size: int = knob(16, ge=1)
     """Demonstrations per step."""

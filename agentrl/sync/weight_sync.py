@@ -68,6 +68,11 @@ class WeightSyncError(RuntimeError):
     """A weight sync failed, or the engine does not serve the trainer's weights after it."""
 
 
+class PolicyNotFinite(RuntimeError):
+    """The trainer's own weights hold NaN or infinite values (its update diverged): no engine can
+    serve them, and the sync is not what failed."""
+
+
 @dataclass(frozen=True)
 class Bucketed:
     """An update already cut into buckets by the sender (``Learner.engine_buckets``: FSDP2's shards
@@ -348,6 +353,16 @@ def _verify(
     ids = probe_ids(probe.vocab_size, settings.probe_tokens)
     want = torch.tensor(probe.logprobs(ids), dtype=torch.float64)
     clock.check("the trainer's probe forward")
+    broken = [n for n, (_, values) in samples.items() if not bool(torch.isfinite(values.float()).all())]
+    if broken or not bool(torch.isfinite(want).all()):
+        shown = ", ".join(broken[:8]) + (f" and {len(broken) - 8} more" if len(broken) > 8 else "")
+        raise PolicyNotFinite(
+            f"the policy's own weights are not finite after its update ({len(broken)} of {len(samples)} tensors "
+            f"hold NaN or infinite values{': ' + shown if broken else ''}; its probe log-probs are "
+            f"{'not finite' if not bool(torch.isfinite(want).all()) else 'finite'}): the optimizer step "
+            "diverged, which no weight sync can fix. Lower trainer.lr, keep trainer.grad_clip on, or check the "
+            "method's settings (algorithm.*)"
+        )
     prints = clock.call(
         f"fingerprinting {len(samples)} tensors and the probe", engine.fingerprint, list(samples), ids
     )

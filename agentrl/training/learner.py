@@ -121,7 +121,7 @@ class Learner:
         bad = nonfinite({"advantages": batch.advantages, f"{self.weighting} token weights": tw.weights})
         if bad:  # nothing non-finite reaches the update: the step's weights stay as they are
             self.log(f"warning (step {step}): {bad} hold non-finite values: the update is skipped")
-            return {**out, "update/nonfinite": 1.0}
+            return {**out, "update/nonfinite": 1.0, "update/steps": 0.0}
         losses, clip_status = self.optimise(batch, stats, ref, tw, plan)
         out.update(losses)
         out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
@@ -238,14 +238,7 @@ class Learner:
             if stats.pending:  # one mini-batch of all rows: each rank filled its own shard
                 stats.logp, stats.entropy = self.passes.gather_own(stats.logp, stats.entropy)
         out = loss_metrics(parts, pg_losses, grad_norms, tis, batch, a.is_cap)
-        if skipped:
-            out["update/nonfinite"] = float(skipped)
-            self.log(
-                f"warning (step {self.step}): the gradient of {skipped} of {sum(map(len, plan))} mini-batch(es) "
-                "was not finite (the loss, or a token's log-prob, was NaN or infinite): those optimizer steps "
-                "were skipped"
-            )
-        return out, clip_status
+        return {**out, **steps_taken(sum(map(len, plan)), skipped, self.step, self.log)}, clip_status
 
     def apply_gradients(self) -> float | None:
         """Clip the accumulated gradients (by ``trainer.grad_clip``, if set) and take the optimizer
@@ -344,6 +337,18 @@ class Learner:
         saved = state.get("weighting_state")
         if saved is not None and record.state is not None and state.get("weighting") == self.weighting:
             self.weighting_state = record.state.from_dict(saved)  # type: ignore[attr-defined]
+
+
+def steps_taken(total: int, skipped: int, step: int, log: Callable[[str], None]) -> dict[str, float]:
+    """``update/steps``, the optimizer steps taken of ``total``; with some ``skipped`` because their
+    gradient was not finite, ``update/nonfinite`` too, and a warning in ``log``."""
+    if not skipped:
+        return {"update/steps": float(total)}
+    log(
+        f"warning (step {step}): the gradient of {skipped} of {total} mini-batch(es) was not finite (the "
+        "loss, or a token's log-prob, was NaN or infinite): those optimizer steps were skipped"
+    )
+    return {"update/steps": float(total - skipped), "update/nonfinite": float(skipped)}
 
 
 def training_batch(cfg: Config, episodes: list[Episode], pad_id: int) -> Batch:

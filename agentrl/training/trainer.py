@@ -41,6 +41,7 @@ from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.rollout import components
 from agentrl.rollout.pipeline import EngineGate, RolloutPipeline
 from agentrl.seeds import seed_everything
+from agentrl.sync.weight_sync import PolicyNotFinite
 from agentrl.training import build, lora, preflight
 from agentrl.training import offpolicy as off
 from agentrl.training.checkpoint import (
@@ -99,7 +100,19 @@ def _breaker_message(
     )
 
 
+def _trained(metrics: dict[str, float]) -> bool:
+    """Did this step change the weights? Some advantage was nonzero and an optimizer step ran."""
+    return metrics.get("advantages/nonzero_frac", 0.0) > 0 and metrics.get("update/steps", 1.0) > 0
+
+
 def _nothing_trained_message(cfg: Config, run_dir: Path, history: list[dict[str, float]]) -> str:
+    informative = [m for m in history if m.get("advantages/nonzero_frac", 0.0) > 0]
+    if informative and all(m.get("update/nonfinite") for m in informative):
+        return (
+            f"no step trained: in all {len(history)} steps every update was skipped because its advantages, "
+            "token weights, loss or gradients were not finite (update/nonfinite in metrics.jsonl; the warnings "
+            "above name which): check the method's settings (algorithm.*) and trainer.lr"
+        )
     failed = max(m.get("episodes/failed_frac", 0.0) for m in history)
     if all(_prompt_too_long(m) for m in history):
         return (
@@ -295,7 +308,7 @@ class Trainer:
         if cfg.logging.plots:
             with self.state.after_the_run("the plots", f"free space, then run agentrl plot {self.run_dir}"):
                 plot_run(self.run_dir)
-        if history and not any(m.get("advantages/nonzero_frac", 0.0) > 0 for m in history):
+        if history and not any(_trained(m) for m in history):
             raise TrainingFailed(_nothing_trained_message(self.cfg, self.run_dir, history))
         return history
 
@@ -382,7 +395,10 @@ class Trainer:
     def _update(self, batch: Any, step: int) -> dict[str, float]:
         """The learner's update (π_old, advantages, weights, optimizer steps), then the new weights
         pushed to the engine (``weight_push.py``)."""
-        return self.weights.around(lambda: self.learner.update(batch, step))
+        try:
+            return self.weights.around(lambda: self.learner.update(batch, step))
+        except PolicyNotFinite as e:  # the update diverged: the run cannot go on, and says why
+            raise TrainingFailed(f"step {step}: {e}") from e
 
     # -- rollouts and filters ----------------------------------------------------------------
     def collect(self, step: int) -> tuple[list[Episode], list[Episode], dict[str, float]]:

@@ -38,6 +38,8 @@ class WeightPush:
             metrics.update(report.metrics())
             return metrics
         metrics = update()
+        if metrics.get("update/steps", 1.0) == 0:  # no optimizer step: the engine's weights are current
+            return metrics
         metrics.update(self.push())
         return metrics
 

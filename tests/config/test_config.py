@@ -380,3 +380,22 @@ def test_cpu_gemm_onednn_outside_a_float32_hf_engine_is_refused_before_work():
     )
     wrong = _error(overrides=["rollout.cpu_gemm=blas"])
     assert "rollout.cpu_gemm" in wrong and all(c in wrong for c in ("mkl", "onednn", "auto")), wrong
+
+
+@pytest.mark.parametrize(
+    ("override", "said"),
+    [
+        ("trainer.lr=.inf", "trainer.lr=inf is not a finite number"),
+        ("trainer.lr=.nan", "trainer.lr=nan is not a finite number"),
+        ("algorithm.stare.W=.inf", "algorithm.stare.W=inf is not a finite number"),
+        ("rollout.temperature=-.inf", "rollout.temperature=-inf is not a finite number"),
+        ("trainer.lr=1e30", "trainer.lr must be in (0, 1], got 1e+30"),
+        ("sft.lr=3", "sft.lr must be in (0, 1], got 3.0"),
+    ],
+)
+def test_a_non_finite_or_absurd_number_is_refused_naming_the_key(override, said):
+    """Issue 66, item 3: `trainer.lr=.inf` and `1e30` passed the `> 0` check and crashed at step 0
+    blaming the weight sync; `algorithm.stare.W=.inf` skipped every update and exited 0."""
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert said in str(e.value)

@@ -67,3 +67,58 @@ def test_non_finite_advantages_or_gradients_skip_the_update(tmp_path, tiny_model
     assert any("the gradient of 1 of 1 mini-batch(es) was not finite" in m for m in logged)
     assert all(torch.equal(p, before[n]) for n, p in learner.model.named_parameters())
     assert all(torch.isfinite(p).all() for p in trainer.engine.model.parameters())
+
+
+def test_a_run_whose_every_update_was_skipped_fails_and_names_why(tmp_path, tiny_model_dir, monkeypatch):
+    """Issue 66, item 3: with every update skipped for non-finite values (algorithm.stare.W=.inf did
+    it, before such a setting was refused) the run exited 0 as a success while weights/version
+    counted up on unchanged weights. It now fails (exit 3 from the command), naming why, and pushes
+    no weights for a step that took no optimizer step."""
+    import pytest
+
+    from agentrl.training.learner import Learner
+    from agentrl.training.trainer import TrainingFailed
+
+    real = Learner.advantages
+
+    def nan_advantages(self, *a, **k):
+        adv, out = real(self, *a, **k)
+        return adv * float("nan"), out
+
+    monkeypatch.setattr(Learner, "advantages", nan_advantages)
+    trainer = Trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2"), log=lambda *_: None)
+    with pytest.raises(
+        TrainingFailed, match="every update was skipped because its advantages, token weights"
+    ):
+        trainer.train()
+    rows = [json.loads(x) for x in lines(tmp_path / "run" / "metrics.jsonl")]
+    assert [r["update/steps"] for r in rows] == [0.0, 0.0]
+    assert [r["weights/version"] for r in rows] == [0.0, 0.0]  # nothing pushed: nothing changed
+
+
+def test_weights_that_diverged_are_named_as_such_not_as_a_weight_sync_failure(
+    tmp_path, tiny_model_dir, monkeypatch
+):
+    """An optimizer step that leaves the policy's weights NaN: the run stops naming the diverged
+    weights (before: a WeightSyncError, the probe's log-probs "differ by up to nan")."""
+    import pytest
+
+    from agentrl.training.trainer import TrainingFailed
+
+    trainer = Trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=1"), log=lambda *_: None)
+    learner = trainer.learner
+    real = learner.apply_gradients
+
+    def diverge():
+        norm = real()
+        with torch.no_grad():
+            next(learner.model.parameters()).fill_(float("nan"))
+        return norm
+
+    monkeypatch.setattr(learner, "apply_gradients", diverge)
+    with pytest.raises(TrainingFailed) as e:
+        trainer.train()
+    msg = str(e.value)
+    assert "step 0: the policy's own weights are not finite after its update" in msg
+    assert "model.embed_tokens.weight" in msg and "Lower trainer.lr" in msg
+    assert "WeightSyncError" not in msg and "does not serve" not in msg
