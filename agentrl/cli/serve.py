@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import signal
 import threading
 import zlib
@@ -94,6 +95,8 @@ class ServedRunner(AgentRunner):
         reward = body.get("reward", 0.0)
         if reward is None or isinstance(reward, bool) or not isinstance(reward, (int, float)):
             raise APIError(400, f"reward must be a number, got {reward!r}", param="reward")
+        if not math.isfinite(reward):  # a bare NaN or Infinity, which Python's JSON reader accepts
+            raise APIError(400, f"reward must be a finite number, got {reward!r}", param="reward")
         with self._lock:
             lv = self._ledgers.pop(key, None)
         if lv is None:

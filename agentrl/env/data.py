@@ -450,7 +450,38 @@ def load_tasks_from_source(source: str, path: str, adapter: str = "auto", column
         index = test if held_out.side == "test" else train
     if n is not None and n < len(index):  # row numbers stay those of the file: ids do not depend on n
         index = random.Random(seed).sample(index, n)
-    return [task(i, label) for i in index]
+    tasks = [task(i, label) for i in index]
+    if log is not None:
+        for line in row_warnings(tasks, [where(i) for i in index]):
+            log(line)
+    return tasks
+
+
+def row_warnings(tasks: list[Task], where: list[str]) -> list[str]:
+    """What looks wrong in a file's tasks (``where[i]`` names task i's line), with counts and
+    examples: ids that repeat (each repeat trains as a task of its own, and transcripts, evaluation
+    and ``replay --episode`` cannot tell them apart) and empty answers (a reward that compares with
+    ``task.answer`` then pays for no answer)."""
+    out = []
+    seen: dict[str, list[int]] = {}
+    for i, t in enumerate(tasks):
+        seen.setdefault(t.id, []).append(i)
+    repeated = {k: v for k, v in seen.items() if len(v) > 1}
+    if repeated:
+        tid, rows = next(iter(repeated.items()))
+        out.append(
+            f"warning: data: {len(repeated)} task id(s) appear more than once (e.g. {tid!r} at "
+            f"{' and '.join(where[i] for i in rows[:2])}): each repeat trains as a task of its own and "
+            "transcripts cannot tell them apart; give every row its own id (or drop the id column)"
+        )
+    empty = [i for i, t in enumerate(tasks) if isinstance(t.answer, str) and not t.answer.strip()]
+    if empty:
+        shown = ", ".join(where[i] for i in empty[:3])
+        out.append(
+            f"warning: data: {len(empty)} of {len(tasks)} task(s) have an empty answer ({shown}): a reward "
+            "that compares with task.answer pays for no answer there; fill them in or drop those rows"
+        )
+    return out
 
 
 def _check_options(name: str, fn: Adapter, options: Mapping[str, Any]) -> None:

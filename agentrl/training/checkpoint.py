@@ -244,7 +244,32 @@ def load_state(ckpt: Path) -> dict[str, Any]:
         weights = [ckpt / ADAPTER_DIR]
     if not any(p.exists() for p in weights):
         raise _damaged(ckpt, f"its weights are missing (no {' or '.join(p.name for p in weights)})")
+    for f in sorted(ckpt.rglob("*.safetensors")):  # the model's files, or the adapter's
+        if problem := safetensors_problem(f):
+            raise _damaged(ckpt, f"{f.relative_to(ckpt)} {problem}")
     return state  # type: ignore[no-any-return]
+
+
+def safetensors_problem(path: Path) -> str | None:
+    """What is wrong with a safetensors file, from its header alone (cheap for any size): a header
+    that cannot be read, or fewer bytes than the header's tensors need (a save cut short); None
+    when it is whole."""
+    import json
+    import struct
+
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            (n,) = struct.unpack("<Q", f.read(8))
+            if n > size - 8:
+                return f"is cut short: its header says {n:,} bytes of header but the file has {size:,} in all"
+            header = json.loads(f.read(n))
+    except (struct.error, ValueError) as e:
+        return f"has no readable header ({type(e).__name__}: {e})"
+    end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    if 8 + n + end > size:
+        return f"is cut short: its tensors need {8 + n + end:,} bytes but the file has {size:,}"
+    return None
 
 
 def _damaged(ckpt: Path, why: str) -> ConfigError:

@@ -366,3 +366,29 @@ def test_the_preflight_notes_name_the_adapter_once_for_a_file_serving_both_split
     assert [n for n in checked.notes if " read as " in n] == [
         f"data: {path} read as verl (columns prompt, reward_model, extra_info; data_source openai/gsm8k)"
     ]
+
+
+def test_repeated_ids_and_empty_answers_are_warned_about_with_their_lines(tmp_path):
+    """Issue 66, item 10: both were accepted silently; an empty answer then paid a reward that
+    compares with task.answer for no answer at all."""
+    from agentrl.env.data import load_tasks_from_source
+
+    rows = [
+        {"id": "q1", "prompt": "1+1?", "answer": "2"},
+        {"id": "q2", "prompt": "2+2?", "answer": ""},
+        {"id": "q1", "prompt": "3+3?", "answer": "6"},
+        {"id": "q4", "prompt": "4+4?", "answer": "  "},
+    ]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    said: list[str] = []
+    tasks = load_tasks_from_source("file", str(path), log=said.append)
+    assert [t.id for t in tasks] == ["q1", "q2", "q1", "q4"]  # loaded as they are: a warning, not a refusal
+    (repeat,) = [s for s in said if "appear more than once" in s]
+    assert "1 task id(s)" in repeat and f"'q1' at {path}, line 1 and {path}, line 3" in repeat
+    (empty,) = [s for s in said if "empty answer" in s]
+    assert "2 of 4 task(s)" in empty and f"{path}, line 2, {path}, line 4" in empty
+    said.clear()
+    path.write_text("".join(json.dumps({**r, "id": f"r{i}", "answer": "x"}) + "\n" for i, r in enumerate(rows)))
+    load_tasks_from_source("file", str(path), log=said.append)
+    assert not [s for s in said if s.startswith("warning")]

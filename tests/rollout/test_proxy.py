@@ -367,6 +367,16 @@ def test_serve_mode_opens_episodes_by_key_and_writes_them_when_finished(tiny_tok
             assert r.status_code == 200 and r.json()["agentrl"]["episode"] == key
         shown = httpx.get(f"{base}/episodes/a").json()
         assert Episode.from_dict(shown).num_turns == 1
+        # a bare NaN or Infinity (not JSON, but what json.dumps writes and Python reads): refused with
+        # 400, the episode left open; before, 200 with "reward": 0.0 and a failed episode written
+        for bare in ("NaN", "Infinity", "-Infinity"):
+            r = httpx.post(
+                f"{base}/episodes/a/finish",
+                content=f'{{"reward": {bare}}}',
+                headers={"content-type": "application/json"},
+            )
+            assert r.status_code == 400 and "finite" in r.json()["error"]["message"], (bare, r.text)
+        assert done == []
         r = httpx.post(f"{base}/episodes/a/finish", json={"reward": 0.25})
         assert r.status_code == 200 and r.json()["reward"] == 0.25
         assert [e.id for e in done] == ["a"] and done[0].reward == 0.25

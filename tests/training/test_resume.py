@@ -102,7 +102,19 @@ def test_a_resume_the_checkpoint_refuses_leaves_the_config_alone(run, capsys):
 
 def test_a_damaged_checkpoint_is_named_with_the_one_to_fall_back_to(run, capsys):
     run_dir, _ = run
-    (run_dir / "checkpoints" / "step_2" / "model.safetensors").unlink()
+    weights = run_dir / "checkpoints" / "step_2" / "model.safetensors"
+    whole = weights.read_bytes()
+    for cut in (len(whole) // 2, 6):  # a save cut short, in the tensors or in the header's length
+        weights.write_bytes(whole[:cut])  # issue 66, item 8: before, a raw safetensors traceback
+        assert main(["train", "--resume", str(run_dir), "trainer.total_steps=3"]) == 2
+        err = capsys.readouterr().err
+        assert (
+            "step_2 is damaged: model.safetensors " in err
+            and "move it out of checkpoints/ to resume from step_1" in err
+        )
+        assert "Traceback" not in err
+    assert "is cut short: its tensors need" in err or "has no readable header" in err
+    weights.unlink()
     assert main(["train", "--resume", str(run_dir), "trainer.total_steps=3"]) == 2
     err = capsys.readouterr().err
     assert "checkpoint" in err and "step_2 is damaged: its weights are missing" in err
