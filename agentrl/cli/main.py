@@ -107,9 +107,16 @@ def _checked(cfg, **what):  # type: ignore[no-untyped-def]
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _config(args, ["sft.enabled=true"])
     from agentrl.training.build import policy_path
+    from agentrl.training.trainer import sigterm_as_interrupt
 
     _checked(cfg, train=True, sft=True)
-    path = policy_path(cfg)
+    try:
+        with sigterm_as_interrupt("the SFT warm start", lambda line: print(line, file=sys.stderr)):
+            path = policy_path(cfg)
+    except KeyboardInterrupt:
+        stopped = "interrupted: the warm start was not finished, nothing was kept; run the same command again"
+        print(stopped, file=sys.stderr)
+        return 130
     print(f"warm-started model: {path}")
     return 0
 

@@ -136,7 +136,11 @@ def _warm_start(cfg: Config, base: str, key: str, out: Path, log: Callable[[str]
         return out
     tmp = out.with_name(f"{out.name}.tmp-{socket.gethostname()}-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
-    run_sft(cfg, base, tmp, log=log)
+    try:
+        run_sft(cfg, base, tmp, log=log)
+    except BaseException:  # stopped or failed: no half-trained warm start is left behind
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     (tmp / "agentrl_config.yaml").write_text(config_to_yaml(cfg))
     (tmp / KEY_FILE).write_text(key)
     _publish(tmp, out, key)

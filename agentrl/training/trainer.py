@@ -445,13 +445,34 @@ def stop_after_step_on_signal(trainer: Trainer, log=print) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+@contextlib.contextmanager
+def sigterm_as_interrupt(what: str, log=print) -> Iterator[None]:
+    """While inside (the SFT warm start, the trainer's set-up): SIGTERM stops the work as Ctrl-C
+    does, by ``KeyboardInterrupt``, saying so, instead of killing the process without a word; there
+    is no step yet to finish. Only on the main thread, where handlers can be set."""
+
+    def _stop(signum, frame):
+        log(f"{signal.Signals(signum).name}: stopping {what}")
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def train(cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> list[dict[str, float]]:
     """Run training to ``trainer.total_steps`` (or resume to it).
 
     A first SIGTERM or SIGINT (Ctrl-C) lets the current step finish, writes a checkpoint at it and
     then raises ``KeyboardInterrupt`` (so the CLI exits with 130 and says how to resume); a second
     one raises ``KeyboardInterrupt`` at once, and the run resumes from its last checkpoint."""
-    trainer = Trainer(cfg, log=log, overwrite=overwrite, force=force)
+    with sigterm_as_interrupt("the run's set-up (the SFT warm start, the engine)", log):
+        trainer = Trainer(cfg, log=log, overwrite=overwrite, force=force)
     try:
         with stop_after_step_on_signal(trainer, log):
             history = trainer.train()

@@ -40,11 +40,13 @@ def warm_start_inputs(cfg: Config, base: str) -> dict[str, str]:
     out["environment"] = f"{env_cls.__module__}:{file_digest(source) if source else 'unknown'}"
     if env_cls.__module__.startswith(("environments.", "agentrl.")):  # built in: its helpers too
         out["environment"] += f"@agentrl {importlib.metadata.version('agentrl')}"
-    if cfg.env.module and cfg.env.module.endswith(".py"):
-        out["env.module"] = file_digest(cfg.env.module)
+    module: str = cfg.env.module or ""
+    if module.endswith(".py"):
+        out["env.module"] = file_digest(module)
     d = cfg.data
-    if d.source == "file" and d.path:
-        out["data"] = file_digest(d.path.replace("{split}", d.train_split))
+    path: str = d.path or ""
+    if d.source == "file" and path:
+        out["data"] = file_digest(path.replace("{split}", d.train_split))
     if cfg.sft.demos:
         out["demos"] = file_digest(cfg.sft.demos)
     return out

@@ -389,6 +389,8 @@ def test_repeated_ids_and_empty_answers_are_warned_about_with_their_lines(tmp_pa
     (empty,) = [s for s in said if "empty answer" in s]
     assert "2 of 4 task(s)" in empty and f"{path}, line 2, {path}, line 4" in empty
     said.clear()
-    path.write_text("".join(json.dumps({**r, "id": f"r{i}", "answer": "x"}) + "\n" for i, r in enumerate(rows)))
+    path.write_text(
+        "".join(json.dumps({**r, "id": f"r{i}", "answer": "x"}) + "\n" for i, r in enumerate(rows))
+    )
     load_tasks_from_source("file", str(path), log=said.append)
     assert not [s for s in said if s.startswith("warning")]

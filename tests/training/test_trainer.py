@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -195,3 +196,36 @@ def test_kill_minus_9_then_resume(tmp_path, tiny_model_dir):
     ids = [json.loads(x)["id"] for x in lines(run / "transcripts.jsonl")]
     assert len(ids) == len(set(ids)) == 6 * 2 * 2
     assert sorted({i.split("-")[0] for i in ids}) == [f"s{k}" for k in range(6)]
+
+
+@pytest.mark.slow
+def test_sigterm_during_the_warm_start_stops_the_run_saying_so(tmp_path, tiny_model_dir):
+    """Issue 66, item 9: SIGTERM during the SFT warm start killed the run without a word (SIGINT
+    was handled). It now stops as Ctrl-C does: exit 130, the signal named, nothing to resume said,
+    and no half-trained warm start left in the cache."""
+    run, cache = tmp_path / "run", tmp_path / "cache"
+    args = cli_args(run, tiny_model_dir, "sft.enabled=true", "sft.steps=100000", "env.name=calculator")
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "AGENTRL_CACHE": str(cache)}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "train", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    seen = []
+    killer = threading.Timer(300, proc.kill)  # a hung run fails the test instead of hanging it
+    killer.start()
+    for line in proc.stdout:  # until the warm start is under way (it logs every steps/10 steps)
+        seen.append(line)
+        if line.startswith("SFT warm start:"):
+            break
+    time.sleep(2)
+    killer.cancel()
+    assert proc.poll() is None, "".join(seen)[-2000:]
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, out[-2000:]
+    assert "SIGTERM: stopping the run's set-up" in out and "nothing to resume" in out
+    assert not list((cache / "warmstart").glob("*")), list((cache / "warmstart").glob("*"))
+    assert not run.exists()  # nothing was written before every input was checked and the set-up done
