@@ -36,6 +36,7 @@ from agentrl.engines.vllm import install_problem as vllm_install_problem
 from agentrl.env import Environment, Task, option_problem
 from agentrl.models import gguf
 from agentrl.rollout import components
+from agentrl.training.prompt_fit import over_long_prompts
 
 HUB_NAME = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 """``org/name``: what a hub model name looks like (a path that does not exist locally)."""
@@ -73,7 +74,8 @@ def check_inputs(
     """Check ``cfg``'s inputs; load the ``train`` and ``test`` tasks when asked. ``sft`` (default
     ``sft.enabled``): check that the warm start can make its demonstrations. ``force``: let a
     resume change keys it would refuse (recorded). Raises ``ConfigError`` listing every problem."""
-    out, problems = CheckedInputs(), [*setting_problems(cfg), *model_problems(cfg), *output_problems(cfg)]
+    model = list(model_problems(cfg))
+    out, problems = CheckedInputs(), [*setting_problems(cfg), *model, *output_problems(cfg)]
     env_cls = components.env_class(cfg)
     env_problems = list(environment_problems(cfg, env_cls))
     problems += env_problems
@@ -83,6 +85,8 @@ def check_inputs(
             out.train_tasks = _tasks(cfg, "train", problems, out.notes)
         if test and not (len(problems) > before and components.shared_rows(cfg)):  # one file: said once
             out.test_tasks = _tasks(cfg, "test", problems, out.notes)
+        if not model:  # prompts that fill an episode alone, counted by the run's tokenizer
+            problems += _over_long(cfg, {"train": out.train_tasks, "test": out.test_tasks})
         if (cfg.sft.enabled if sft is None else sft) and len(problems) == before:  # tasks that load
             problems += demonstration_problems(cfg, env_cls)
     if cfg.run.resume:
@@ -369,6 +373,21 @@ def _tasks(cfg: Config, split: str, problems: list[str], notes: list[str]) -> li
     elif not tasks:
         problems.append(f"{_task_source(cfg)} gave no {split} tasks")
     return tasks
+
+
+def _over_long(cfg: Config, splits: dict[str, list[Task] | None]) -> list[str]:
+    """The splits whose task prompts cannot fit an episode (``prompt_fit.over_long_prompts``)."""
+    tokenizer: list[Any] = []
+
+    def load() -> Any:  # once, and only when some prompt is long enough to count
+        tokenizer[:] = tokenizer or [components.load_run_tokenizer(cfg, cfg.model.path)]
+        return tokenizer[0]
+
+    found = []
+    for split, tasks in splits.items():
+        if tasks and all(isinstance(t, Task) for t in tasks):
+            found.append(over_long_prompts(cfg, tasks, split, load))
+    return [p for p in found if p]
 
 
 def _task_source(cfg: Config) -> str:

@@ -30,6 +30,7 @@ from agentrl.rollout import components
 from agentrl.timeouts import call_with_timeout
 from agentrl.training import lora
 from agentrl.training.forward import first_loss_column, prefix_plan, suffix_logits
+from agentrl.training.prompt_fit import fitting_examples, loaded_context
 
 Message = dict[str, Any]
 
@@ -264,10 +265,11 @@ def sft_seed(cfg: Config) -> int:
 
 
 def build_examples(
-    cfg: Config, tokenizer: Any, log: Callable[[str], None] = print
+    cfg: Config, tokenizer: Any, log: Callable[[str], None] = print, context: int | None = None
 ) -> list[tuple[list[int], list[int]]]:
     """SFT examples from ``sft.demos`` (JSONL) or from the environment's solver on training tasks.
-    When there are fewer tasks than ``sft.num_demos``, tasks repeat, and the log says so."""
+    When there are fewer tasks than ``sft.num_demos``, tasks repeat, and the log says so. Those
+    longer than the model's ``context`` are left out by name (``prompt_fit.fitting_examples``)."""
     env = components.env_factory(cfg)()
     try:
         renderer = ChatRenderer(
@@ -277,6 +279,7 @@ def build_examples(
         env.close()
     if cfg.sft.demos:
         demos = load_demonstrations(cfg.sft.demos)
+        names = [f"{cfg.sft.demos} demonstration {i + 1}" for i in range(len(demos))]
     else:
         tasks = demo_tasks(cfg)
         if len(tasks) < cfg.sft.num_demos:
@@ -292,7 +295,12 @@ def build_examples(
             for i in rng.sample(range(max(len(tasks), cfg.sft.num_demos)), cfg.sft.num_demos)
         ]
         demos = solver_demonstrations(cfg, type(env), tasks)
-    return [tokenize_conversation(renderer, d) for d in demos]
+        one_each = len(demos) == len(tasks)
+        names = [
+            f"the demonstration of task {tasks[i].id!r}" if one_each else f"demonstration {i + 1}"
+            for i in range(len(demos))
+        ]
+    return fitting_examples(cfg, [tokenize_conversation(renderer, d) for d in demos], names, context, log)
 
 
 def solver_demonstrations(cfg: Config, env_cls: Any, tasks: list[Any]) -> list[Any]:
@@ -336,13 +344,14 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
     """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
     torch.manual_seed(sft_seed(cfg))
     model, tokenizer = components.load_model(cfg, base_path)
+    context = loaded_context(model)
     adapters = trains_adapters(cfg)
     if cfg.model.gradient_checkpointing:  # as RL's update does (then no shared-prefix forward: no KV cache)
         checkpointing(model)
     if adapters:  # only the adapters train; merged into the base below, so the warm start is a plain model
         model = lora.apply(model, cfg.model.lora, seed=sft_seed(cfg))
         log(f"SFT warm start trains LoRA adapters (sft.weights={cfg.sft.weights}): {lora.describe(model)}")
-    examples = build_examples(cfg, tokenizer, log)
+    examples = build_examples(cfg, tokenizer, log, context)
     holdout, examples = _split_holdout(cfg, examples)
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
     n_tok = sum(sum(m) for _, m in examples)
