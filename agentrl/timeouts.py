@@ -190,8 +190,8 @@ class _CallThread:
 
 class BoundedCalls:
     """``call_with_timeout`` for calls made again and again (an engine request every turn, an
-    environment step every turn): each calling thread gets one long-lived helper thread that runs its
-    calls, instead of a fresh thread per call. A call that times out is abandoned with its helper
+    environment step every turn): each calling thread (or each key: an episode) gets one long-lived
+    helper thread that runs its calls, instead of a fresh thread per call. A call that times out is abandoned with its helper
     thread; the caller's next call gets a new one. ``close`` ends the helper threads (after their
     calls). Torch compute is better kept out of helper threads on a small CPU machine: once two
     threads have run torch ops, their OpenMP thread teams compete for the cores (measured with the
@@ -202,13 +202,27 @@ class BoundedCalls:
         self._local = threading.local()
         self._lock = threading.Lock()
         self._threads: list[_CallThread] = []
+        self._keyed: dict[int, _CallThread] = {}
 
-    def call(self, fn: Callable[[], T], timeout_s: float, what: str, setting: str | None = None) -> T:
-        worker: _CallThread | None = getattr(self._local, "worker", None)
-        if worker is None or worker.abandoned:
-            worker = self._local.worker = _CallThread()
-            with self._lock:
+    def call(
+        self,
+        fn: Callable[[], T],
+        timeout_s: float,
+        what: str,
+        setting: str | None = None,
+        key: int | None = None,
+    ) -> T:
+        """``fn()`` on the calling thread's helper, or with ``key`` on that key's own helper (one
+        episode's calls on one thread, whichever thread makes them; ``release(key)`` ends it)."""
+        with self._lock:
+            worker = self._keyed.get(key) if key is not None else getattr(self._local, "worker", None)
+            if worker is None or worker.abandoned:
+                worker = _CallThread()
                 self._threads.append(worker)
+                if key is not None:
+                    self._keyed[key] = worker
+                else:
+                    self._local.worker = worker
         fut: concurrent.futures.Future = concurrent.futures.Future()
         worker.calls.put((fn, fut))
         try:
@@ -220,9 +234,20 @@ class BoundedCalls:
             worker.calls.put(None)  # the stuck thread ends once its call returns, if ever
             raise
 
+    def release(self, key: int) -> None:
+        """End ``key``'s helper thread (after its calls)."""
+        with self._lock:
+            worker = self._keyed.pop(key, None)
+            if worker is not None:
+                self._threads.remove(worker)
+        if worker is not None and not worker.abandoned:
+            worker.abandoned = True
+            worker.calls.put(None)
+
     def close(self) -> None:
         with self._lock:
             threads, self._threads = self._threads, []
+            self._keyed.clear()
         for worker in threads:
             if not worker.abandoned:
                 worker.abandoned = True

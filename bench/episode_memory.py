@@ -41,7 +41,9 @@ def main() -> None:
     held, _ = tracemalloc.get_traced_memory()
     tracemalloc.stop()
     assert len(back) == len(eps)
-    print(f"{tokens:,} tokens: pickled {len(blob) / tokens:.1f} B/token, unpickled {held / tokens:.1f} B/token")
+    print(
+        f"{tokens:,} tokens: pickled {len(blob) / tokens:.1f} B/token, unpickled {held / tokens:.1f} B/token"
+    )
 
 
 if __name__ == "__main__":

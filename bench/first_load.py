@@ -35,10 +35,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agentrl.config import TrainerConfig  # noqa: E402
-from agentrl.models import build_tiny_model, load_policy, train_tokenizer  # noqa: E402
-from agentrl.parallel import ranks, shard_reads, sharding  # noqa: E402
-from agentrl.rollout.components import meta_model  # noqa: E402
+from agentrl.config import TrainerConfig
+from agentrl.models import build_tiny_model, load_policy, train_tokenizer
+from agentrl.parallel import ranks, shard_reads, sharding
+from agentrl.rollout.components import meta_model
 
 
 def load(method: str, path: str, strategy: sharding.Sharded) -> tuple[torch.nn.Module, float]:
@@ -74,7 +74,7 @@ def main() -> None:
             kwargs = {"num_layers": args.layers} if args.layers else {}
             build_tiny_model(path, args.preset, tokenizer=train_tokenizer(), seed=0, **kwargs)
             if args.checkpoint_dtype == "bfloat16":
-                model, tok = load_policy(path, dtype="bfloat16")
+                model, _ = load_policy(path, dtype="bfloat16")
                 model.save_pretrained(path)
         path = ranks.broadcast_from_rank0(path)
         dist.barrier()
@@ -86,7 +86,9 @@ def main() -> None:
                 model, seconds = load(method, path, strategy)
                 times[method].append(seconds)
                 shards[method] = {n: p.to_local().clone() for n, p in model.named_parameters()}
-            same = all(torch.equal(shards["broadcast"][n], shards["per_rank"][n]) for n in shards["broadcast"])
+            same = all(
+                torch.equal(shards["broadcast"][n], shards["per_rank"][n]) for n in shards["broadcast"]
+            )
             assert ranks.all_ranks(same), "the per-rank read and the broadcast gave different shards"
         n_bytes = sum(t.numel() * 4 for t in load_policy(path)[0].state_dict().values()) if rank == 0 else 0
     result = {

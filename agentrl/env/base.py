@@ -39,6 +39,12 @@ class Environment:
     """How the model calls tools: ``json`` (``<tool_call>{"name":..., "arguments":...}</tool_call>``)
     or ``python`` (a fenced ```python block, for code-interpreter environments)."""
     tool_timeout_s: ClassVar[float] = 10.0
+    tools_on_episode_thread: ClassVar[bool] = False
+    """Run the tools on the episode's own thread, the one that runs its ``reset``, ``step`` and
+    ``close``, so an object bound to the thread that made it (a ``sqlite3`` connection opened in
+    ``reset``) works in them. A tool can then not be abandoned: ``tool_timeout_s`` no longer
+    applies, and a tool that never returns fails its episode at ``timeouts.env_step_s``. Default:
+    tools run on threads of their own, and a tool past ``tool_timeout_s`` is feedback."""
     max_turns: ClassVar[int] = 8
     """Default turn limit; the runner's own limit wins if it is lower."""
     stop_strings: ClassVar[tuple[str, ...]] = ()
@@ -182,7 +188,10 @@ class Environment:
         if problem:
             return {"role": "tool", "name": call.name, "content": f"Error: {problem}"}
         try:
-            out = run_with_timeout(fn, call.arguments, self.tool_timeout_s)
+            if self.tools_on_episode_thread:  # bounded by the step's own limit (timeouts.env_step_s)
+                out = fn(**call.arguments)
+            else:
+                out = run_with_timeout(fn, call.arguments, self.tool_timeout_s)
         except ToolTimeout:
             return {
                 "role": "tool",

@@ -161,10 +161,10 @@ class EpisodeRunner:
         }
         lv = LiveEpisode(ep, None, None)
         try:
-            env = self._bounded(self.env_factory, None, "construction")
+            env = self._bounded(self.env_factory, None, "construction", lv)
             lv.env, ep.env = env, env.name
             lv.messages = checked_messages(
-                self._bounded(lambda: env.reset(req.task, req.seed), env, "reset"), "Environment.reset"
+                self._bounded(lambda: env.reset(req.task, req.seed), env, "reset", lv), "Environment.reset"
             )
             tools = env.tool_schemas() or None
             ep.metrics["tools"] = tools
@@ -238,19 +238,23 @@ class EpisodeRunner:
         assert lv.env is not None and lv.final_text is not None
         try:
             env, action = lv.env, lv.final_text
-            return checked_step(self._bounded(lambda: env.step(action), env, "step"))
+            return checked_step(self._bounded(lambda: env.step(action), env, "step", lv))
         except Exception as e:
             self._fail(lv, boundary_of(e, "env"), e)
             return None
 
-    def _bounded(self, call: Callable[[], Any], env: Environment | None, what: str) -> Any:
+    def _bounded(
+        self, call: Callable[[], Any], env: Environment | None, what: str, lv: LiveEpisode | None = None
+    ) -> Any:
         """An environment call (user code: construction, reset, step, rewards, close), waited for at
-        most ``env_timeout_s``."""
+        most ``env_timeout_s``; with ``lv``, on that episode's own thread (docs/environments.md,
+        "Which thread runs what")."""
         return self._bounded_calls.call(
             call,
             self.env_timeout_s,
             f"environment {env.name!r} {what}" if env is not None else f"environment {what}",
             f"timeouts.env_step_s={self.env_timeout_s:g}s",
+            key=None if lv is None else id(lv),
         )
 
     def _after_step(self, lv: LiveEpisode, result: StepResult) -> None:
@@ -315,7 +319,7 @@ class EpisodeRunner:
         if lv.env is not None:
             try:
                 lv.env_closed = True
-                self._bounded(lv.env.close, lv.env, "close")
+                self._bounded(lv.env.close, lv.env, "close", lv)
             except Exception as e:
                 ep.metrics["close_error"] = f"{type(e).__name__}: {e}"
                 if ep.failure is None:
@@ -326,6 +330,7 @@ class EpisodeRunner:
             total_tokens=lv.length,
             wall_s=round(time.perf_counter() - lv.t0, 4),
         )
+        self._bounded_calls.release(id(lv))  # the episode's thread ends with it
         return ep
 
     def _score(self, lv: LiveEpisode) -> None:
@@ -350,7 +355,7 @@ class EpisodeRunner:
 
         try:
             total = reward_value(repr(self.step_reward_name), lv.step_reward)  # steps' rewards, summed
-            total += self._bounded(compute, env, "rewards")
+            total += self._bounded(compute, env, "rewards", lv)
         except Exception as e:
             if isinstance(e, RewardValueError):
                 message = str(e)
