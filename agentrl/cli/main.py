@@ -361,17 +361,28 @@ def cmd_envs(args: argparse.Namespace) -> int:
         for name, why in sorted(entry_point_errors().items()):
             print(f"{name:20s} NOT LOADED: {why}")
         return 0
+    from agentrl.cli.env_tasks import given_tasks
+    from agentrl.config import ConfigError
     from agentrl.env.check import check_environment, format_report
 
-    names = args.names or (sorted(envs) if args.all else [])
+    config, *overrides = args.config or [None]  # --config FILE [key=value ...]
+    try:
+        given = given_tasks(config, overrides, args.data)
+    except (ConfigError, ValueError) as e:
+        print(e, file=sys.stderr)
+        return 2
+    envs = registered()  # --config may have imported env.module
+    names = args.names or given.names or (sorted(envs) if args.all else [])
     problem = _env_names_problem(args, names, envs) or _env_options_problem(args, names, envs)
     if problem:
         print(problem, file=sys.stderr)
         return 2
-    options = json.loads(args.options) if args.options else {}
+    options = json.loads(args.options) if args.options else given.options
     failed = 0
     for name in names:
-        report = check_environment(name, options, limit_s=args.timeout_s)
+        report = check_environment(
+            name, options, limit_s=args.timeout_s, tasks=given.tasks, source=given.source
+        )
         if args.all and report.missing:  # an adapter whose package is not installed
             print(f"environment {name!r}: SKIPPED: {report.missing}")
             continue
@@ -611,6 +622,15 @@ def _tool_commands(sub: Any) -> None:
     sp.add_argument("--all", action="store_true", help="check all (skips adapters not installed)")
     sp.add_argument("--options", help="JSON object of environment options")
     sp.add_argument("--module", help="your environment's module or .py file, imported first")
+    sp.add_argument(
+        "--config",
+        nargs="+",
+        metavar=("CONFIG", "KEY=VALUE"),
+        help="a run's config, then any dotted overrides: check its environment (env.*) on its training tasks (data.*)",
+    )
+    sp.add_argument(
+        "--data", help="a task file (JSONL, CSV, Parquet) to check with, read as data.source=file"
+    )
     sp.add_argument(
         "--timeout-s",
         type=float,

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -113,9 +113,16 @@ def _valid_step(result: Any) -> StepResult:
 
 
 def check_environment(
-    name: str, options: dict[str, Any] | None = None, seed: int = 0, limit_s: float = ENV_LIMIT_S
+    name: str,
+    options: dict[str, Any] | None = None,
+    seed: int = 0,
+    limit_s: float = ENV_LIMIT_S,
+    tasks: Sequence[Task] | None = None,
+    source: str | None = None,
 ) -> CheckReport:
-    """Check environment ``name``'s contract; each call of its code may take ``limit_s`` seconds."""
+    """Check environment ``name``'s contract; each call of its code may take ``limit_s`` seconds.
+    ``tasks`` (from ``source``, in words: a run's data, a task file) are checked with instead of
+    the built-in ones; without them an environment with no built-in tasks gets a placeholder."""
     options = options or {}
     report = CheckReport(name, limit_s=limit_s)
     try:
@@ -125,7 +132,16 @@ def check_environment(
         if isinstance(e, (ImportError, OptionsRequired)):
             report.missing = str(e)
         return report
-    tasks = _check_tasks(report, env_cls, seed, task_loading_options(env_cls, options, {}))
+    if tasks is not None:
+        if not tasks:
+            report.problems.append(f"{source}: no tasks")
+            return report
+        report.passed.append(
+            f"{len(tasks)} tasks from {source} load; checked with the first {min(len(tasks), DEMO_TASKS)}"
+        )
+        tasks = list(tasks[:DEMO_TASKS])
+    else:
+        tasks = _check_tasks(report, env_cls, seed, task_loading_options(env_cls, options, {}))
     task = tasks[0] if tasks else Task(id="check", prompt="What is 1 + 1?", answer=2)
     from agentrl.agents import AgentEnvironment
 
@@ -208,7 +224,9 @@ def _check_tasks(
         train = env_cls.load_tasks("train", n=None, seed=seed, **task_options)
         test = env_cls.load_tasks("test", n=None, seed=seed, **task_options)
     except NotImplementedError:
-        report.notes.append("no built-in tasks: checked with a placeholder task")
+        report.notes.append(
+            "no built-in tasks: checked with a placeholder task (give yours: --data FILE, or --config CONFIG)"
+        )
         return None
     except Exception as e:
         report.problems.append(f"load_tasks raised {type(e).__name__}: {e}")

@@ -231,3 +231,75 @@ def test_a_replay_that_does_not_return_stops_the_replays():
         "2 of 3 solver demonstrations replay and score > 0 (the last did not return: the other 29 were not replayed)"
         in text
     )
+
+
+LOOKUP_ENV = '''
+from agentrl.env import Environment, Reward, register, tool
+from agentrl.tools import format_tool_call
+
+@register
+class FileLookup(Environment):
+    """Answers come from each task's metadata, as a user's own tool task keeps them."""
+    name = "test_file_lookup"
+    system_prompt = "Look the value up, then answer as \\\\boxed{N}."
+
+    @tool
+    def lookup(self, key: str) -> int:
+        """The value stored under a key.
+
+        Args:
+            key: the key.
+        """
+        return int(self.task.metadata["table"][key])
+
+    def rewards(self):
+        return [Reward("correct", lambda task, state: float(state.info.get("answer") == str(task.answer)))]
+
+    @classmethod
+    def demonstrations(cls, tasks, seed=0):
+        out = []
+        for t in tasks:
+            key = t.metadata["key"]  # a placeholder task has no metadata: the solver fails on it
+            out.append([
+                {"role": "system", "content": cls.system_prompt},
+                {"role": "user", "content": t.prompt},
+                {"role": "assistant", "content": format_tool_call("lookup", {"key": key})},
+                {"role": "tool", "name": "lookup", "content": str(t.metadata["table"][key])},
+                {"role": "assistant", "content": f"\\\\boxed{{{t.answer}}}"},
+            ])
+        return out
+'''
+
+
+def test_an_environment_whose_tasks_come_from_a_file_is_checked_on_them(tmp_path, capsys):
+    """Issue 66, item 6: such an environment was checked on a placeholder task without metadata, so
+    its solver check always failed ("0 of 0 solver demonstrations replay"). --data and --config give
+    the check the run's own tasks."""
+    import json
+
+    module = tmp_path / "file_lookup.py"
+    module.write_text(LOOKUP_ENV)
+    data = tmp_path / "lookups.jsonl"
+    rows = [{"question": f"What is stored under k{i}?", "answer": str(10 + i), "key": f"k{i}",
+             "table": {f"k{i}": 10 + i, "other": 0}} for i in range(6)]  # fmt: skip
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert main(["envs", "check", "test_file_lookup", "--module", str(module)]) == 1
+    out = capsys.readouterr().out
+    assert "placeholder task (give yours: --data FILE, or --config CONFIG)" in out, out
+
+    assert main(["envs", "check", "test_file_lookup", "--module", str(module), "--data", str(data)]) == 0
+    out = capsys.readouterr().out
+    assert f"6 tasks from {data} load; checked with the first 6" in out, out
+    assert "6 of 6 solver demonstrations replay and score > 0" in out, out
+
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"env: {{name: test_file_lookup, module: {module}}}\ndata: {{source: file, path: {data}, test_fraction: 0.5}}\n"
+    )
+    assert main(["envs", "check", "--config", str(config)]) == 0  # the environment is the config's
+    out = capsys.readouterr().out
+    assert "3 tasks from" in out and "3 of 3 solver demonstrations replay and score > 0" in out, out
+    assert main(["envs", "check", "--config", str(config), "data.test_fraction=0.34"]) == 0  # an override
+    assert "4 of 4 solver demonstrations replay" in capsys.readouterr().out
+    assert main(["envs", "check", "test_file_lookup", "--data", str(tmp_path / "missing.jsonl")]) == 2
+    assert "--data" in capsys.readouterr().err
