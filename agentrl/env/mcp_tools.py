@@ -35,6 +35,35 @@ TAG_VAR = "AGENTRL_MCP_TAG"
 _STOP_WAIT_S = 10.0  # the mcp package's own shutdown takes at most ~5 s (stdin EOF, SIGTERM, SIGKILL)
 _CALL_GRACE_S = 5.0  # past the call's timeout, for the client's own timeout and its cancel to land
 _LOCAL_HOSTS = ("localhost", "127.0.0.1", "::1")
+CLIENT_NEEDS = {"mcp": "2.3", "mcp-types": "2.3"}
+"""The client packages agentrl's MCP code is written against (``Client``, ``mcp_types``), and their
+lowest versions; pyproject.toml requires the same."""
+RECIPE = (
+    "an MCP server from PyPI belongs in its own environment, pointed at by command=: "
+    "python -m venv .venv-srv && .venv-srv/bin/pip install SERVER, then command=['.venv-srv/bin/SERVER'] "
+    "(or command=['uvx', 'SERVER']); docs/environments.md, 'An MCP server from PyPI'"
+)
+
+
+def client_problem() -> str | None:
+    """Why this environment's ``mcp`` client cannot serve agentrl's MCP tools (missing, or older than
+    ``CLIENT_NEEDS``: ``pip install`` of a server built on mcp 1.x downgrades it), or None."""
+    import importlib.metadata
+
+    from packaging.version import Version
+
+    for package, lowest in CLIENT_NEEDS.items():
+        try:
+            found = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            return f"MCP tools need the `{package}` package (>={lowest}), which is not installed: pip install '{package}>={lowest}'"
+        if Version(found) < Version(lowest):
+            return (
+                f"MCP tools need {package}>={lowest}, and {package} {found} is installed here (installing an MCP "
+                f"server into this environment, e.g. pip install mcp-server-calculator, downgrades it): run pip "
+                f"install '{package}>={lowest}'; {RECIPE}"
+            )
+    return None
 
 
 class MCPServerError(ToolError):
@@ -206,12 +235,11 @@ class MCPPool:
             return self._conn
 
     def _start(self) -> _Connection:
-        try:
-            import mcp  # noqa: F401  (here, not on the loop: the import takes a second)
-        except ImportError as e:
-            raise ImportError(
-                f"MCP server {self.spec.name!r} needs the `mcp` package: pip install 'mcp>=2.3'"
-            ) from e
+        problem = client_problem()
+        if problem:
+            raise MCPServerError(f"MCP server {self.spec.name!r}: {problem}")
+        import mcp  # noqa: F401  (here, not on the loop: the import takes a second)
+
         conn = _Connection()
         ready: concurrent.futures.Future = concurrent.futures.Future()
         conn.task = asyncio.run_coroutine_threadsafe(self._serve(conn, ready), self._loop)

@@ -325,6 +325,12 @@ def environment_problems(cfg: Config, env_cls: type[Environment]) -> Iterator[st
     if problem:
         yield f"env.options: {problem}"
         return
+    if env_cls.mcp_servers:
+        from agentrl.env.mcp_tools import client_problem
+
+        if problem := client_problem():
+            yield f"env: {cfg.env.name!r} has MCP servers: {problem}"
+            return
     from agentrl.agents import AgentEnvironment
 
     if issubclass(env_cls, AgentEnvironment):  # its agents call an endpoint the run serves
