@@ -48,6 +48,7 @@ def prepare_family(
         cached = _cached_prep(study, family, key, build.warm_start_dir(cfg, base), log)
         if cached is not None:
             return {**cached, "tokenizer": base}
+    components.apply_threads(cfg, log)  # run.threads of the overrides: the warm start and the probe too
     path = build.policy_path(cfg, log=log)
     cached = _cached_prep(study, family, key, path, log)
     if cached is not None:

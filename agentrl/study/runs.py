@@ -4,6 +4,7 @@ archived as it finishes; a stopped study stops its runs at their step's checkpoi
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -20,7 +21,7 @@ from agentrl.rollout import components
 from agentrl.study import archive, sections
 from agentrl.study.prep import prepare_family, weights_digest
 from agentrl.study.report import write_report
-from agentrl.study.spec import RunSpec, StudyConfig, plan
+from agentrl.study.spec import RunSpec, StudyConfig, plan, run_threads, runs_at_once
 from agentrl.timeouts import start_thread
 from agentrl.training import build
 from agentrl.training.evaluation import evaluate, pass_at_k_curve
@@ -92,6 +93,8 @@ def run_study(
     ``prepare_only``: build and measure the warm starts (``OUTPUT/FAMILY/prep.json``), then stop."""
 
     t0 = time.perf_counter()
+    auto = " (parallel=0: the cores idle at the start)" if not study.parallel else ""
+    study = dataclasses.replace(study, parallel=runs_at_once(study))  # before its own work loads the cores
     for spec in plan(study, {f: 1.0 for f in study.families}):  # every run's config, before any work
         load_config(study.families[spec.family], spec.overrides)
     preps = {f: prepare_family(study, f, log, report_only=only_report) for f in study.families}
@@ -102,11 +105,14 @@ def run_study(
         archive.restore_runs(study.archive_dir, runs, log)
         _archive_finished(study, runs, log)
     todo = [r for r in runs if not Path(r.out, "result.json").exists()]
-    log(f"study: {len(runs)} runs, {len(runs) - len(todo)} already done"
-        + (" (report only)" if only_report else f", {study.parallel} at a time"))  # fmt: skip
+    threads = run_threads(study, study.parallel)
+    how = f", {study.parallel} at a time with {threads} torch thread(s) each{auto}"
+    log(
+        f"study: {len(runs)} runs, {len(runs) - len(todo)} already done"
+        + (" (report only)" if only_report else how)
+    )
     if only_report:
         todo = []
-    threads = max(1, (os.cpu_count() or 1) // max(1, study.parallel))
     active: list[tuple[RunSpec, subprocess.Popen, float]] = []
     try:
         _run_all(todo, active, study, threads, len(runs), log)

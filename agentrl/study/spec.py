@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from agentrl import dataclass_tree
+from agentrl.dataclass_tree import knob
 
 
 @dataclass
@@ -75,8 +78,11 @@ class StudyConfig:
     pass_k: int | None = None
     """The pass@j the tables show (≤ ``eval_k``); None = ``eval_k``."""
     eval_tasks: int = 32
-    parallel: int = 2
-    """Runs at once."""
+    parallel: int = knob(0, ge=0)
+    """Runs at once. 0 = the cores idle when the study starts: the cores less those other processes
+    keep busy over a second (``/proc/stat``), rounded, at least 1 (2 on an idle 2-core machine, 1
+    beside one busy process). Each run
+    gets ``run.threads`` torch threads when the overrides set it, else cores / parallel."""
     checkpoint_every: int = 0
     """RL steps between checkpoints of each run: a run the study was stopped in continues from its
     newest one. 0 = none: a stopped run starts over (the tiny-model runs take minutes; a real model's
@@ -106,9 +112,13 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), reduced: bool = 
     from omegaconf import OmegaConf
 
     raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True) or {}
-    if overrides:
-        dotted = OmegaConf.to_container(OmegaConf.from_dotlist(list(overrides)), resolve=True)
+    ours, every_run = split_overrides(overrides)
+    if ours:
+        dotted = OmegaConf.to_container(OmegaConf.from_dotlist(ours), resolve=True)
         raw = OmegaConf.to_container(OmegaConf.merge(raw, dotted), resolve=True)
+    if every_run:  # after the file's own: the command line wins
+        assert isinstance(raw, dict)
+        raw = {**raw, "overrides": [*(raw.get("overrides") or []), *every_run]}
     values, errors = dataclass_tree.check_tree(raw, StudyConfig, str(path))
     if errors:
         raise ValueError("\n".join(errors))
@@ -126,6 +136,64 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), reduced: bool = 
     if reduced:
         cfg = _reduce(cfg, path)
     return cfg
+
+
+def runs_at_once(study: StudyConfig, window_s: float = 1.0) -> int:
+    """``parallel``, with 0 resolved from the cores idle now (see ``StudyConfig.parallel``)."""
+    if study.parallel:
+        return study.parallel
+    cores = os.cpu_count() or 1
+    return max(1, min(cores, round(cores - busy_cores(window_s))))
+
+
+def busy_cores(window_s: float = 1.0) -> float:
+    """How many cores other processes keep busy: the non-idle share of ``/proc/stat`` over
+    ``window_s`` times the cores (the 1-minute load average where there is no ``/proc/stat``: it
+    also counts work that ended up to a minute ago, such as a test run or an install)."""
+    import time
+
+    def sample() -> tuple[int, int] | None:
+        try:
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+        return sum(fields), idle
+
+    first = sample()
+    if first is None:
+        return os.getloadavg()[0] if hasattr(os, "getloadavg") else 0.0
+    time.sleep(window_s)
+    second = sample()
+    assert second is not None
+    total, idle = second[0] - first[0], second[1] - first[1]
+    return (os.cpu_count() or 1) * (1 - idle / total) if total > 0 else 0.0
+
+
+def run_threads(study: StudyConfig, parallel: int) -> int:
+    """Torch threads per run: the last ``run.threads=N`` of the overrides, else cores / parallel."""
+    given = [o.split("=", 1)[1] for o in study.overrides if o.split("=", 1)[0] == "run.threads"]
+    if given and given[-1] not in ("null", "None", ""):
+        return int(given[-1])
+    return max(1, (os.cpu_count() or 1) // max(1, parallel))
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[list[str], list[str]]:
+    """The command line's dotted overrides: those of the study's own keys (``parallel=1``,
+    ``reduced.steps=20``), and those of a run's config (``run.threads=1``, ``trainer.lr=1e-5``: the
+    first part names a section of ``agentrl.config.Config`` that is not a study key), which join
+    ``overrides`` and so reach every run, warm start and probe."""
+    from agentrl.config import Config
+
+    study_keys = {f.name for f in dataclasses.fields(StudyConfig)}
+    run_sections = {f.name for f in dataclasses.fields(Config)} - study_keys
+    ours: list[str] = []
+    every_run: list[str] = []
+    for item in overrides:
+        head = item.split("=", 1)[0].split(".", 1)[0].lstrip("+~")
+        (every_run if head in run_sections else ours).append(item)
+    return ours, every_run
 
 
 def _complete(default: Any, given: dict[str, Any]) -> dict[str, Any]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import re
 import shutil
 import sys
@@ -489,3 +490,32 @@ def test_a_run_child_that_finds_the_disk_full_says_so_and_exits_4(monkeypatch, c
     payload = json.dumps({"spec": dataclasses.asdict(RunSpec("f", "m", 0, [], "R")), "config": "c.yaml"})
     assert runs.child_main(payload) == 4
     assert "agentrl: no space left on device while writing the records of step 3" in capsys.readouterr().out
+
+
+def test_run_overrides_on_the_study_command_reach_every_run_and_parallel_0_takes_the_idle_cores(
+    tmp_path, tiny_model_dir, varied_env, monkeypatch
+):
+    """Issue 66, item 12: `agentrl study ... run.threads=1` was refused ("unknown section 'run'"), and
+    two torch processes started by default even beside a busy process on 2 cores."""
+    from agentrl.study.spec import busy_cores, plan, run_threads, runs_at_once, split_overrides
+
+    path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
+    study = load_study(path, ["run.threads=1", "steps=3", "trainer.lr=1e-4", "parallel=0"])
+    assert study.steps == 3 and study.overrides[-2:] == ["run.threads=1", "trainer.lr=1e-4"]
+    assert run_threads(study, 2) == 1
+    spec = plan(study, {"calc": 1.0})[0]
+    cfg = load_config(study.families[spec.family], spec.overrides)
+    assert cfg.run.threads == 1 and cfg.trainer.lr == 1e-4
+    assert split_overrides(["reduced.steps=2", "rollout.group_size=2"]) == (
+        ["reduced.steps=2"],
+        ["rollout.group_size=2"],
+    )
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    for busy, parallel in ((0.1, 2), (1.0, 1), (1.6, 1), (5.0, 1)):
+        monkeypatch.setattr("agentrl.study.spec.busy_cores", lambda window_s, busy=busy: busy)
+        assert runs_at_once(study) == parallel, busy
+    monkeypatch.undo()
+    assert 0.0 <= busy_cores(0.2) <= (os.cpu_count() or 1)  # measured from /proc/stat
+    assert runs_at_once(dataclasses.replace(study, parallel=2)) == 2
+    assert run_threads(dataclasses.replace(study, overrides=[]), 2) == 1
+    assert run_threads(dataclasses.replace(study, overrides=[]), 1) == 2
