@@ -118,7 +118,7 @@
       weight: g("weight"), selected: g("selected"), clipped: g("clipped"),
       extra: Object.keys(ov).filter((k) => !KNOWN.has(k)).map((k) => [k, ov[k][i]]) };
   }
-  function openEpisode(id) {
+  function openEpisode(id, scroll = true) {
     const k = byId.get(id);
     if (k === undefined) return;
     const t = DATA.tokens[k], row = DATA.episodes[k];
@@ -150,7 +150,7 @@
     $("why").innerHTML = '<p class="muted">Click a token to pin its details: why it got its weight.</p>';
     applyOverlay();
     renderTable();
-    $("episode-section").scrollIntoView({ block: "start" });
+    if (scroll) $("episode-section").scrollIntoView({ block: "start" });
     if (location.hash !== "#episode=" + encodeURIComponent(id)) history.replaceState(null, "", "#episode=" + encodeURIComponent(id));
   }
 
@@ -292,12 +292,15 @@
     if (m && decodeURIComponent(m[1]) !== state.current) openEpisode(decodeURIComponent(m[1]));
   }
   addEventListener("hashchange", openFromHash);
-  openFromHash();
-  if (state.current) {
-    // a deep link opens at the episode, not at the top: the browser restores the scroll position of
-    // a reload and lays out the curves after this script ran, so scroll again once the page has loaded
+  const linked = location.hash.match(/^#episode=(.+)$/);
+  if (linked && byId.has(decodeURIComponent(linked[1]))) {
+    // a deep link opens with the episode first, under the title, and the page does not scroll: a
+    // reload keeps it there, and a headless `chromium --screenshot` (which draws a page that
+    // scrolls itself on load as a blank viewport) shows the episode. The curves and the table follow.
     history.scrollRestoration = "manual";
-    addEventListener("load", () => $("episode-section").scrollIntoView({ block: "start" }));
+    document.querySelector("header.top").after($("episode-section"));
+    openEpisode(decodeURIComponent(linked[1]), false);
   }
+  openFromHash();
   window.agentrlViewer = { openEpisode, setOverlay: (n) => { $("ov-" + n).checked = true; state.overlay = n; applyOverlay(); } };
 })();
