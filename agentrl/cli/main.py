@@ -383,6 +383,7 @@ def cmd_envs(args: argparse.Namespace) -> int:
         report = check_environment(
             name, options, limit_s=args.timeout_s, tasks=given.tasks, source=given.source
         )
+        report.calls.close()  # its helper thread
         if args.all and report.missing:  # an adapter whose package is not installed
             print(f"environment {name!r}: SKIPPED: {report.missing}")
             continue

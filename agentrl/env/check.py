@@ -29,7 +29,7 @@ from agentrl.env import (
 )
 from agentrl.env.values import reward_value
 from agentrl.errors import OptionsRequired
-from agentrl.timeouts import WaitTimeout, call_with_timeout
+from agentrl.timeouts import BoundedCalls, WaitTimeout
 
 ENV_LIMIT_S = 600.0
 """The default limit of each call, ``timeouts.env_step_s``'s default (what rollouts allow)."""
@@ -71,6 +71,10 @@ class CheckReport:
     the rewards, the solver's demonstrations): a call that has not returned by then is a FAIL line
     naming it, and is abandoned (its daemon thread cannot hold the process)."""
 
+    calls: BoundedCalls = field(default_factory=BoundedCalls, repr=False)
+    """Runs the checked calls: all on one helper thread, as a run keeps one episode's calls on
+    one thread (docs/environments.md, "Which thread runs what")."""
+
     @property
     def ok(self) -> bool:
         return not self.problems
@@ -93,7 +97,7 @@ def bounded(report: CheckReport, what: str, fn: Callable[[], Any]) -> Any:
     """``fn()`` under the check's time limit (``CheckReport.limit_s``), as rollouts bound the same code
     (``timeouts.env_step_s``): ``WaitTimeout`` naming the environment and the call past it."""
     setting = f"timeouts.env_step_s={report.limit_s:g}s; agentrl envs check --timeout-s"
-    return call_with_timeout(fn, report.limit_s, f"environment {report.env!r}: {what}", setting)
+    return report.calls.call(fn, report.limit_s, f"environment {report.env!r}: {what}", setting)
 
 
 def _valid_messages(msgs: Any) -> None:
@@ -132,27 +136,14 @@ def check_environment(
         if isinstance(e, (ImportError, OptionsRequired)):
             report.missing = str(e)
         return report
-    if tasks is not None:
-        if not tasks:
-            report.problems.append(f"{source}: no tasks")
-            return report
-        report.passed.append(
-            f"{len(tasks)} tasks from {source} load; checked with the first {min(len(tasks), DEMO_TASKS)}"
-        )
-        tasks = list(tasks[:DEMO_TASKS])
-    else:
-        tasks = _check_tasks(report, env_cls, seed, task_loading_options(env_cls, options, {}))
+    if tasks is not None and not tasks:
+        report.problems.append(f"{source}: no tasks")
+        return report
+    tasks = _given_tasks(report, tasks, source) or _check_tasks(
+        report, env_cls, seed, task_loading_options(env_cls, options, {})
+    )
     task = tasks[0] if tasks else Task(id="check", prompt="What is 1 + 1?", answer=2)
-    from agentrl.agents import AgentEnvironment
-
-    if issubclass(env_cls, AgentEnvironment):  # driven by run(client, task), not reset/step
-        if env_cls.run is AgentEnvironment.run:
-            report.problems.append("an AgentEnvironment must define run(client, task)")
-        else:
-            report.passed.append("run(client, task) is defined")
-        report.notes.append(
-            "an agent environment: reset/step are not checked (the agent drives its episodes)"
-        )
+    if _is_agent(report, env_cls):  # driven by run(client, task), not reset/step
         return report
 
     def fresh() -> Environment:
@@ -181,6 +172,29 @@ def check_environment(
     if env is not None:
         _check(report, "close() is idempotent", functools.partial(_close_twice, env))
     return report
+
+
+def _is_agent(report: CheckReport, env_cls: type[Environment]) -> bool:
+    """Whether ``env_cls`` is an ``AgentEnvironment``, whose ``run`` is then all that is checked."""
+    from agentrl.agents import AgentEnvironment
+
+    if not issubclass(env_cls, AgentEnvironment):
+        return False
+    if env_cls.run is AgentEnvironment.run:
+        report.problems.append("an AgentEnvironment must define run(client, task)")
+    else:
+        report.passed.append("run(client, task) is defined")
+    report.notes.append("an agent environment: reset/step are not checked (the agent drives its episodes)")
+    return True
+
+
+def _given_tasks(report: CheckReport, tasks: Sequence[Task] | None, source: str | None) -> list[Task] | None:
+    """The first ``DEMO_TASKS`` of the tasks given (``--data``, ``--config``), said in the report."""
+    if not tasks:
+        return None
+    shown = min(len(tasks), DEMO_TASKS)
+    report.passed.append(f"{len(tasks)} tasks from {source} load; checked with the first {shown}")
+    return list(tasks[:DEMO_TASKS])
 
 
 def _fresh_env(

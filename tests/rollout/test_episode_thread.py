@@ -13,13 +13,13 @@ from typing import ClassVar
 import pytest
 
 from agentrl.engines.scripted import ScriptedEngine
-from agentrl.env import Environment, Reward, register, tool
+from agentrl.env import Environment, Reward, Task, register, tool
 from agentrl.rollout.async_runner import AsyncEpisodeRunner
 from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner, RunnerSettings
 from agentrl.tools import format_tool_call
-from tests.rollout.test_runner import TASK
 
 CALLS = 3  # lookups per episode before the answer
+TASK = Task(id="t1", prompt="What is stored under x?", answer=17)
 
 
 @register

@@ -9,10 +9,22 @@ import re
 
 import pytest
 
+from agentrl.cli import main
 from agentrl.config import load_config
 from agentrl.training.prompt_fit import episode_limit, fitting_examples, model_context
 from agentrl.training.sft import build_examples
-from tests.training.test_preflight import OWN, refused
+from tests.helpers import ROOT
+
+OWN = "configs/examples/own_data_cpu.yaml"  # short_cot on a data file, SFT on
+
+
+def refused(tmp_path, capsys, *args: str, config: str = OWN) -> str:
+    """``agentrl train CONFIG ARGS``'s error: it must exit 2 without creating the run directory."""
+    run = tmp_path / "run"
+    code = main(["train", str(ROOT / config), f"run.output_dir={run}", *args])
+    err = capsys.readouterr().err
+    assert code == 2 and not run.exists(), err
+    return err
 
 
 def test_a_question_that_cannot_fit_an_episode_is_named_before_any_work(tmp_path, capsys, tiny_model_dir):
