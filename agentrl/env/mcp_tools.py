@@ -49,15 +49,17 @@ def client_problem() -> str | None:
     """Why this environment's ``mcp`` client cannot serve agentrl's MCP tools (missing, or older than
     ``CLIENT_NEEDS``: ``pip install`` of a server built on mcp 1.x downgrades it), or None."""
     import importlib.metadata
+    import re
 
-    from packaging.version import Version
+    def release(version: str) -> tuple[int, ...]:  # "2.3.0rc1" -> (2, 3, 0): enough for a lower bound
+        return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
 
     for package, lowest in CLIENT_NEEDS.items():
         try:
             found = importlib.metadata.version(package)
         except importlib.metadata.PackageNotFoundError:
             return f"MCP tools need the `{package}` package (>={lowest}), which is not installed: pip install '{package}>={lowest}'"
-        if Version(found) < Version(lowest):
+        if release(found) < release(lowest):
             return (
                 f"MCP tools need {package}>={lowest}, and {package} {found} is installed here (installing an MCP "
                 f"server into this environment, e.g. pip install mcp-server-calculator, downgrades it): run pip "
