@@ -43,8 +43,12 @@ def one_round(runner_cls, env_cls, tokenizer, n: int) -> float:
     def reply(prompt_ids, i):
         return REPLIES[tokenizer.decode(prompt_ids).count("<|im_start|>assistant") > 1]
 
-    runner = runner_cls(ScriptedEngine(reply, tokenizer=tokenizer), tokenizer, env_cls,
-                        RunnerSettings(max_concurrent_episodes=n))  # fmt: skip
+    runner = runner_cls(
+        ScriptedEngine(reply, tokenizer=tokenizer),
+        tokenizer,
+        env_cls,
+        RunnerSettings(max_concurrent_episodes=n),
+    )
     try:
         t0 = time.perf_counter()
         episodes = runner.run([EpisodeRequest(TASK, seed=i, group=f"g{i}") for i in range(n)])

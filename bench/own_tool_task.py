@@ -46,8 +46,15 @@ def measure(
         t = time.perf_counter()
         m, episodes = evaluate(cfg, engine, tokenizer, tasks)
         called = sum(e.metrics.get("tool_calls", 0) > 0 for e in episodes) / max(len(episodes), 1)
-        row = {"weights": weights, "sft_steps": step, "mean@k": m["eval/mean@k"], "pass@k": m["eval/pass@k"],
-               "called_tool": called, "sft_s": trained[0], "eval_s": time.perf_counter() - t}  # fmt: skip
+        row = {
+            "weights": weights,
+            "sft_steps": step,
+            "mean@k": m["eval/mean@k"],
+            "pass@k": m["eval/pass@k"],
+            "called_tool": called,
+            "sft_s": trained[0],
+            "eval_s": time.perf_counter() - t,
+        }
         print(json.dumps(row), flush=True)
         rows.append(row)
 
@@ -61,8 +68,16 @@ def measure(
             point(i + 1)
 
     if last > 0:
-        sft_train(model, examples, steps=last, lr=cfg.sft.lr, batch_size=cfg.sft.batch_size, seed=cfg.run.seed,
-                  pad_id=tokenizer.pad_token_id or 0, on_step=on_step)  # fmt: skip
+        sft_train(
+            model,
+            examples,
+            steps=last,
+            lr=cfg.sft.lr,
+            batch_size=cfg.sft.batch_size,
+            seed=cfg.run.seed,
+            pad_id=tokenizer.pad_token_id or 0,
+            on_step=on_step,
+        )
     return rows
 
 
@@ -80,8 +95,10 @@ def main() -> int:
     rows = [r for w in args.weights for r in measure(args.config, args.set, w, curve, args.lora_rank)]
     print(f"{'weights':<8} {'SFT steps':>9} {'mean@k':>7} {'pass@k':>7} {'called tool':>11} {'SFT s':>6}")
     for r in rows:
-        print(f"{r['weights']:<8} {r['sft_steps']:>9} {r['mean@k']:7.3f} {r['pass@k']:7.3f} "
-              f"{r['called_tool']:11.2f} {r['sft_s']:6.0f}")  # fmt: skip
+        print(
+            f"{r['weights']:<8} {r['sft_steps']:>9} {r['mean@k']:7.3f} {r['pass@k']:7.3f} "
+            f"{r['called_tool']:11.2f} {r['sft_s']:6.0f}"
+        )
     return 0
 
 

@@ -280,8 +280,15 @@ def test_an_environment_whose_tasks_come_from_a_file_is_checked_on_them(tmp_path
     module = tmp_path / "file_lookup.py"
     module.write_text(LOOKUP_ENV)
     data = tmp_path / "lookups.jsonl"
-    rows = [{"question": f"What is stored under k{i}?", "answer": str(10 + i), "key": f"k{i}",
-             "table": {f"k{i}": 10 + i, "other": 0}} for i in range(6)]  # fmt: skip
+    rows = [
+        {
+            "question": f"What is stored under k{i}?",
+            "answer": str(10 + i),
+            "key": f"k{i}",
+            "table": {f"k{i}": 10 + i, "other": 0},
+        }
+        for i in range(6)
+    ]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     assert main(["envs", "check", "test_file_lookup", "--module", str(module)]) == 1
     out = capsys.readouterr().out

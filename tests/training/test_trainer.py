@@ -122,14 +122,7 @@ def test_sigterm_finishes_the_step_checkpoints_and_resumes(tmp_path, tiny_model_
         "trainer.total_steps=200",
         "trainer.checkpoint_every=0",
     )
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "train", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = train_process(args)
     metrics, deadline = run / "metrics.jsonl", time.time() + 300
     while not (metrics.exists() and metrics.read_text().count("\n") >= 1):
         assert proc.poll() is None, "the run ended before the signal"
@@ -205,14 +198,7 @@ def test_sigterm_during_the_warm_start_stops_the_run_saying_so(tmp_path, tiny_mo
     and no half-trained warm start left in the cache."""
     run, cache = tmp_path / "run", tmp_path / "cache"
     args = cli_args(run, tiny_model_dir, "sft.enabled=true", "sft.steps=100000", "env.name=calculator")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "AGENTRL_CACHE": str(cache)}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "agentrl.cli", "train", *args],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = train_process(args, AGENTRL_CACHE=str(cache))
     seen = []
     killer = threading.Timer(300, proc.kill)  # a hung run fails the test instead of hanging it
     killer.start()
@@ -229,3 +215,14 @@ def test_sigterm_during_the_warm_start_stops_the_run_saying_so(tmp_path, tiny_mo
     assert "SIGTERM: stopping the run's set-up" in out and "nothing to resume" in out
     assert not list((cache / "warmstart").glob("*")), list((cache / "warmstart").glob("*"))
     assert not run.exists()  # nothing was written before every input was checked and the set-up done
+
+
+def train_process(args: list[str], **env: str) -> subprocess.Popen:
+    """``agentrl train ARGS`` in a subprocess, its output unbuffered on one text pipe."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "agentrl.cli", "train", *args],
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **env},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )

@@ -298,6 +298,10 @@ def test_a_deep_links_screenshot_shows_the_episode(browser, page, tmp_path):
     _drawn(tmp_path / "devtools.png")
     profile = tmp_path / "profile"
     cli = tmp_path / "cli.png"
-    subprocess.run([CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={cli}", link],
-                   check=True, capture_output=True, timeout=120)  # fmt: skip
+    subprocess.run(
+        [CHROMIUM, *FLAGS, f"--user-data-dir={profile}", f"--screenshot={cli}", link],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     _drawn(cli)
