@@ -37,6 +37,7 @@ FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core mo
     ("agentrl.sync",),
     ("agentrl.rollout",),
     ("agentrl.training",),
+    ("agentrl.assembly",),
     ("agentrl.views",),
     ("agentrl.study",),
     ("agentrl.cli",),

@@ -1,0 +1,4 @@
+"""Building a run from its config: the only place below the CLI that reads the whole ``Config``.
+
+Every part below this floor takes its own config section or a plain settings record; the builders
+here read the config once and hand them out (docs/architecture.md)."""
