@@ -21,6 +21,7 @@ import time
 def measure(
     config: str, overrides: list[str], weights: str, curve: list[int], rank: int
 ) -> list[dict[str, float]]:
+    from agentrl.assembly.records import eval_runner
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
     from agentrl.rollout import components
@@ -44,7 +45,7 @@ def measure(
     def point(step: int) -> None:
         engine.load_weights(dict(lora.merged_weights(model)) if weights == "lora" else model.state_dict())
         t = time.perf_counter()
-        m, episodes = evaluate(cfg, engine, tokenizer, tasks)
+        m, episodes = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
         called = sum(e.metrics.get("tool_calls", 0) > 0 for e in episodes) / max(len(episodes), 1)
         row = {
             "weights": weights,

@@ -33,6 +33,7 @@ def measure(
 ) -> dict[str, float]:
     from pathlib import Path
 
+    from agentrl.assembly.records import eval_runner
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
     from agentrl.rollout import components
@@ -54,7 +55,7 @@ def measure(
             print(f"  {name} sft step {i + 1}: loss {loss:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
         if i + 1 in curve:  # a learning curve: held-out accuracy part-way through SFT
             engine.load_weights(model.state_dict())
-            m, _ = evaluate(cfg, engine, tokenizer, tasks)
+            m, _ = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
             print(
                 f"  {name} sft step {i + 1}: mean@k {m['eval/mean@k']:.3f} pass@k {m['eval/pass@k']:.3f}",
                 flush=True,
@@ -68,7 +69,7 @@ def measure(
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     engine.load_weights(model.state_dict())
-    metrics, _ = evaluate(cfg, engine, tokenizer, tasks)
+    metrics, _ = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
     return {**metrics, "sft_s": sft_s, "sft_steps": float(steps), "eval_s": time.perf_counter() - t0 - sft_s}
 
 

@@ -337,13 +337,13 @@ def test_fsdp2_with_pinned_cpu_offload_trains_checkpoints_and_resumes(tmp_path, 
 
 
 def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
-    """The reference loads on the host and its shards go to the GPU (training/policy_setup.py): on
+    """The reference loads on the host and its shards go to the GPU (assembly/records.py): on
     one rank its GPU bytes are the plan's "KL reference weights" term, and building it raises the
     GPU's peak by no more than that (a whole extra copy on the GPU first would double it)."""
+    from agentrl.assembly.records import reference_policy
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.parallel import sharding
     from agentrl.training.plan import plan
-    from agentrl.training.policy_setup import reference_model
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
     cfg = load_config(
@@ -354,7 +354,7 @@ def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    ref = reference_model(cfg, strategy, torch.device("cuda", 0), log=print)
+    ref = reference_policy(cfg, strategy, torch.device("cuda", 0), log=print)
     torch.cuda.synchronize()
     held = sum(p.to_local().numel() * p.to_local().element_size() for p in ref.parameters())
     rise = torch.cuda.max_memory_allocated() - before

@@ -123,6 +123,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.assembly.records import eval_runner
     from agentrl.cli.policy import chosen_policy, policy_engine
     from agentrl.training.checkpoint import latest_checkpoint
     from agentrl.training.evaluation import evaluate
@@ -147,7 +148,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     tasks = (checked.test_tasks if held_out else checked.train_tasks) or []
     if cfg.eval.num_tasks:
         tasks = tasks[: cfg.eval.num_tasks]
-    metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
+    metrics, episodes = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
     trained = {t.prompt for t in checked.train_tasks or []}
     metrics["tasks_also_in_training"] = float(sum(t.prompt in trained for t in tasks))
     shown: dict[str, float | None] = {k: None if v != v else v for k, v in metrics.items()}  # NaN: JSON null

@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from agentrl.assembly.records import eval_runner
 from agentrl.config import Config, load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
@@ -62,7 +63,7 @@ def prepare_family(
     episodes, h0, h0_branching = _probe_entropy(cfg, study, model, engine, tokenizer)
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
-    metrics, eval_episodes = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
+    metrics, eval_episodes = evaluate(eval_runner(cfg, engine, tokenizer), test, study.eval_k)
     prep = {
         "key": key,
         "family": family,

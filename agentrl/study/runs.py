@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from agentrl.assembly.records import eval_runner
 from agentrl.config import load_config
 from agentrl.rollout import components
 from agentrl.study import archive, sections
@@ -44,7 +45,7 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     train_seconds = sum(h.get("time/step_s", 0.0) for h in history)
     t_eval = time.perf_counter()
     tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
-    final, episodes = evaluate(cfg, trainer.engine, trainer.tokenizer, tasks, k=cfg.eval.k)
+    final, episodes = evaluate(eval_runner(cfg, trainer.engine, trainer.tokenizer), tasks, cfg.eval.k)
     eval_seconds = time.perf_counter() - t_eval
     result = {
         **asdict(spec),

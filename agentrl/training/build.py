@@ -33,6 +33,11 @@ from agentrl.training.warm_start_inputs import describe as describe_inputs
 from agentrl.training.warm_start_inputs import warm_start_inputs
 
 
+def inputs_of(cfg: Config, base: str) -> dict[str, str]:
+    """``warm_start_inputs`` of the warm start of ``cfg`` from ``base``."""
+    return warm_start_inputs(base, components.env_class(cfg), cfg.env.module, cfg.data, cfg.sft.demos)
+
+
 def warm_start_key(cfg: Config, base: str) -> str:
     """Cache key of a warm-started model: everything that changes what SFT produces, the contents of
     its inputs included (``warm_start_inputs``: the model, the environment's code, the data and
@@ -40,7 +45,7 @@ def warm_start_key(cfg: Config, base: str) -> str:
     s = cfg.sft
     payload = {
         "base": base,
-        "inputs": warm_start_inputs(cfg, base),
+        "inputs": inputs_of(cfg, base),
         "env": cfg.env.name,
         "env_options": cfg.env.options,
         "data": [cfg.data.source, cfg.data.path, cfg.data.options],
@@ -129,7 +134,7 @@ def _warm_start(cfg: Config, base: str, key: str, out: Path, log: Callable[[str]
     """The warm start of ``key`` in ``out``: found there, or trained in a directory of this process
     and published by one rename (``_publish``)."""
     if _found(cfg, out, key):
-        matched = describe_inputs(warm_start_inputs(cfg, base))
+        matched = describe_inputs(inputs_of(cfg, base))
         log(
             f"warm start: using {'cached ' if cfg.sft.cache else ''}SFT model {out} (the same {matched}, and settings)"
         )

@@ -109,10 +109,10 @@ def save_weights(out: Path, learner: Any, base_path: str) -> dict[str, Any]:
     from agentrl.training import lora
 
     model: Any = learner.model
-    lora_on = lora.enabled(learner.cfg)
+    lora_on = learner.settings.adapters
     record: dict[str, Any] = {
         "format": "dcp" if learner.strategy.equal_forwards else "hf",
-        "lora": lora.settings_dict(learner.cfg.model.lora) if lora_on else None,
+        "lora": lora.settings_dict(learner.settings.model.lora) if lora_on else None,
         "base": lora.identity(base_path) if lora_on else None,
     }
     if record["format"] == "dcp":
@@ -169,9 +169,7 @@ def load_weights(ckpt: Path, learner: Any, record: dict[str, Any]) -> None:
 def _dcp_options(learner: Any) -> Any:
     from torch.distributed.checkpoint.state_dict import StateDictOptions
 
-    from agentrl.training import lora
-
-    return StateDictOptions(ignore_frozen_params=lora.enabled(learner.cfg))  # LoRA: the adapters only
+    return StateDictOptions(ignore_frozen_params=learner.settings.adapters)  # LoRA: the adapters only
 
 
 def _sharded_state(learner: Any) -> dict[str, Any]:
@@ -199,7 +197,7 @@ def check_resumable(record: dict[str, Any], cfg: Any, ckpt: Path, base_path: str
             f"has trainer.strategy={cfg.trainer.strategy}: resume with trainer.strategy={written} (any "
             f"number of ranks), or `agentrl export` it and start a new run from the export"
         )
-    now = lora.settings_dict(cfg.model.lora) if lora.enabled(cfg) else None
+    now = lora.settings_dict(cfg.model.lora) if lora.enabled(cfg.model.lora) else None
     if record["lora"] != now:
         raise ConfigError(
             f"{ckpt} holds {'a LoRA adapter ' + str(record['lora']) if record['lora'] else 'full weights'} "

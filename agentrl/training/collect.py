@@ -7,29 +7,48 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
 from agentrl import algorithms as alg
-from agentrl.config import Config
+from agentrl.config import AlgorithmConfig, RolloutConfig, TrainerConfig
 from agentrl.engines.base import Engine
 from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.parallel import ranks
 from agentrl.parallel.engine_group import FollowerEngine, LeaderEngine
 from agentrl.rollout.pipeline import EngineGate, RolloutPipeline, batch_requests
-from agentrl.rollout.runner import EpisodeRequest
+from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner
 from agentrl.seeds import mix_seed
-from agentrl.training import build
 from agentrl.training import offpolicy as off
+
+RunnerFactory = Callable[[Engine, int], EpisodeRunner]
+"""``(engine, seed) -> runner``: the episode runner for an engine, seeded (``assembly.records``)."""
+
+
+@dataclass(frozen=True)
+class CollectorSettings:
+    """What the rollouts read of the config (``assembly/records.py`` builds it)."""
+
+    algorithm: AlgorithmConfig
+    rollout: RolloutConfig
+    trainer: TrainerConfig
+    seed: int
+    """from ``run.seed``"""
+    data_wait_s: float
+    """from ``timeouts.data_wait_s``"""
 
 
 class Collector:
     """The trainer's rollouts: ``collect(step)`` each step; ``state``/``load_state`` for checkpoints
-    (the task sampler's position and, in async mode, the batches granted and not yet trained on)."""
+    (the task sampler's position and, in async mode, the batches granted and not yet trained on).
+    ``make_runner`` builds each batch's runner on the collector's current engine."""
 
-    def __init__(self, cfg: Config, engine: Engine, tokenizer: Any, sampler: TaskSampler) -> None:
-        self.cfg, self.engine, self.tokenizer, self.sampler = cfg, engine, tokenizer, sampler
+    def __init__(
+        self, settings: CollectorSettings, engine: Engine, make_runner: RunnerFactory, sampler: TaskSampler
+    ) -> None:
+        self.settings, self.engine, self.make_runner, self.sampler = settings, engine, make_runner, sampler
         self.pipeline: RolloutPipeline | None = None  # async mode: started by the first collect
         self.pipeline_state: dict[str, Any] | None = None  # a resumed async run's pending batches
         self._async_marks = (0.0, 0.0)  # the engine's idle and blocked seconds at the last step
@@ -39,7 +58,7 @@ class Collector:
         sampling, keeps sampling rounds until ``prompts_per_step`` informative groups are found or
         ``max_sampling_rounds`` is spent. The ``groups/*`` metrics here and in
         ``metrics.episode_metrics`` are described in docs/training.md ("Group metrics")."""
-        cfg, a = self.cfg, self.cfg.algorithm
+        s, a = self.settings, self.settings.algorithm
         rounds = a.max_sampling_rounds if a.dynamic_sampling else 1
         info: dict[str, float] = {}
         all_eps: list[Episode] = []
@@ -51,7 +70,7 @@ class Collector:
             waited += took_s
             all_eps += eps
             # off-policy guard: episodes sampled more than max_staleness versions ago are not trained on
-            stale = off.too_stale(eps, self.engine.version, cfg.rollout.max_staleness)
+            stale = off.too_stale(eps, self.engine.version, s.rollout.max_staleness)
             n_stale += sum(stale)
             usable = [ep for ep, too_old in zip(eps, stale) if not ep.failed and not too_old]
             # A group is informative when its usable episodes' task outcomes differ: the reward *before*
@@ -66,9 +85,9 @@ class Collector:
             for i in keep:
                 groups[usable[i].group].append(usable[i])
             kept_groups += [g for g in groups.values() if len(g) >= 2]  # a group of one has no baseline
-            if len(kept_groups) >= cfg.rollout.prompts_per_step:
+            if len(kept_groups) >= s.rollout.prompts_per_step:
                 break
-        kept_groups = kept_groups[: cfg.rollout.prompts_per_step]
+        kept_groups = kept_groups[: s.rollout.prompts_per_step]
         n_groups = len({ep.group for ep in all_eps})  # groups/count, written by metrics.episode_metrics
         info.update(
             {
@@ -79,14 +98,14 @@ class Collector:
                 **off.staleness_metrics(all_eps, self.engine.version),
             }
         )
-        if cfg.trainer.mode == "async":
+        if s.trainer.mode == "async":
             info["async/trainer_wait_s"] = waited
         return all_eps, [e for g in kept_groups for e in g], info
 
     def _round(self, step: int, r: int, info: dict[str, float]) -> tuple[list[Episode], float]:
         """One sampling round's episodes, and the seconds the trainer waited for them."""
-        cfg = self.cfg
-        if cfg.trainer.mode == "async":  # finished episodes from the rollout pipeline
+        s = self.settings
+        if s.trainer.mode == "async":  # finished episodes from the rollout pipeline
             pipeline = self._pipeline(step)
             if r > 0:
                 pipeline.grant_round(step, r)
@@ -95,9 +114,9 @@ class Collector:
                 info["async/queued_batches"] = float(took.queued)
                 info["async/running_batches"] = float(took.running)
             return eps, took.waited_s
-        tasks = self.sampler.next(cfg.rollout.prompts_per_step)
+        tasks = self.sampler.next(s.rollout.prompts_per_step)
         label = (step, r)  # distinct seeds for every episode of the step: no two share a sample stream
-        requests = batch_requests(label, tasks, cfg.rollout.group_size)
+        requests = batch_requests(label, tasks, s.rollout.group_size)
         return ranks.gather_episodes(partial(self.run_batch, label), requests), 0.0  # each rank its share
 
     def run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
@@ -105,9 +124,7 @@ class Collector:
         return self.on_engine(self._run_batch, label, requests)
 
     def _run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
-        runner = build.build_runner(
-            cfg := self.cfg, self.engine, self.tokenizer, seed=mix_seed(cfg.run.seed, *label)
-        )
+        runner = self.make_runner(self.engine, mix_seed(self.settings.seed, *label))
         try:
             return runner.run(requests)
         finally:
@@ -135,17 +152,17 @@ class Collector:
     def _pipeline(self, step: int) -> RolloutPipeline:
         """Async mode's rollout pipeline, started at the first step this process runs."""
         if self.pipeline is None:
-            cfg = self.cfg
+            s = self.settings
             self.pipeline = RolloutPipeline(
                 self.sampler,
-                cfg.rollout.prompts_per_step,
-                cfg.trainer.total_steps,
-                cfg.rollout.max_staleness,
-                cfg.rollout.on_stale,
+                s.rollout.prompts_per_step,
+                s.trainer.total_steps,
+                s.rollout.max_staleness,
+                s.rollout.on_stale,
                 lambda label, tasks: self.run_batch(
-                    label, ranks.local_share(batch_requests(label, tasks, cfg.rollout.group_size))
+                    label, ranks.local_share(batch_requests(label, tasks, s.rollout.group_size))
                 ),
-                cfg.timeouts.data_wait_s,
+                s.data_wait_s,
                 start_step=step,
                 state=self.pipeline_state,
             )
@@ -171,7 +188,7 @@ class Collector:
 
     def shape_rewards(self, episodes: list[Episode]) -> None:
         """DAPO soft overlong punishment on the policy-token length, added to the reward."""
-        o = self.cfg.algorithm.overlong
+        o = self.settings.algorithm.overlong
         if not o.enabled:
             return
         assert o.max_length is not None and o.cache_length is not None  # resolved by load_config
@@ -184,7 +201,7 @@ class Collector:
     def close(self) -> None:
         """Async mode: the rollouts still running when training stops are waited for, not leaked."""
         if self.pipeline is not None:
-            self.pipeline.close(timeout=self.cfg.timeouts.data_wait_s)
+            self.pipeline.close(timeout=self.settings.data_wait_s)
             self.pipeline = None
 
     def state(self) -> dict[str, Any]:
@@ -195,5 +212,5 @@ class Collector:
 
     def load_state(self, state: dict[str, Any]) -> None:
         self.sampler.load(state["sampler"])
-        if self.cfg.trainer.mode == "async":
+        if self.settings.trainer.mode == "async":
             self.pipeline_state = state.get("pipeline")  # the batches granted and not yet trained on

@@ -7,14 +7,10 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
-from agentrl.config import Config
-from agentrl.engines.base import Engine
 from agentrl.env import Task
 from agentrl.episode import Episode
-from agentrl.rollout.runner import EpisodeRequest
-from agentrl.training import build
+from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner
 from agentrl.training.metrics import is_correct
 
 Gather = Callable[[Callable[[list], list], list], list]
@@ -22,20 +18,12 @@ Gather = Callable[[Callable[[list], list], list], list]
 
 
 def evaluate(
-    cfg: Config,
-    engine: Engine,
-    tokenizer: Any,
-    tasks: Sequence[Task],
-    k: int | None = None,
-    gather: Gather | None = None,
+    runner: EpisodeRunner, tasks: Sequence[Task], k: int, gather: Gather | None = None
 ) -> tuple[dict[str, float], list[Episode]]:
     """mean@k (average correctness over k samples per task) and pass@k (any of k correct) on
-    ``tasks``. ``gather``: under torchrun, how the ranks split the episodes and share them (the
-    trainer's ``Collector.gather``); None runs them all here."""
-    k = k or cfg.eval.k
-    runner = build.build_runner(
-        cfg, engine, tokenizer, seed=cfg.run.seed + 10_007, temperature=cfg.eval.temperature
-    )
+    ``tasks``, sampled by ``runner`` (``assembly.records.eval_runner``: ``eval.temperature``), which
+    is closed at the end. ``gather``: under torchrun, how the ranks split the episodes and share them
+    (the trainer's ``Collector.gather``); None runs them all here."""
     try:
         reqs = [
             EpisodeRequest(t, seed=i * k + j, group=f"eval-{t.id}", episode_id=f"eval-{t.id}-{j}")

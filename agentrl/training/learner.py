@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from agentrl import algorithms as alg
-from agentrl.config import Config, weighting_name, weighting_settings
+from agentrl.config import AlgorithmConfig, ModelConfig, TrainerConfig
 from agentrl.episode import Episode
 from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.seeds import mix_seed
@@ -29,10 +29,41 @@ from agentrl.training import offpolicy as off
 from agentrl.training.batch import Batch, build_batch, token_metrics
 from agentrl.training.overlays import attach_overlays
 from agentrl.training.passes import Passes
-from agentrl.training.policy_setup import make_optimizer, prepare_policy, reference_model, set_lr, update_plan
+from agentrl.training.policy_setup import make_optimizer, prepare_policy, set_lr, update_plan
 
 TRUNCATED = ("token_budget", "max_turns", "truncated")
 """Stop reasons of episodes cut by a budget (trained unless ``rollout.train_on_truncated`` is off)."""
+
+
+@dataclass(frozen=True)
+class LearnerSettings:
+    """What the learner reads of the config (``assembly/records.py`` builds it)."""
+
+    trainer: TrainerConfig
+    algorithm: AlgorithmConfig
+    model: ModelConfig
+    seed: int
+    """from ``run.seed``"""
+    temperature: float
+    """from ``rollout.temperature``"""
+    train_on_truncated: bool
+    """from ``rollout.train_on_truncated``"""
+    keep_overlays: bool
+    """from ``logging.transcripts``"""
+    weighting: str
+    """from ``weighting_name(cfg)``"""
+    weighting_settings: Any = None
+    """from ``weighting_settings(cfg)``"""
+
+    @property
+    def adapters(self) -> bool:
+        """Whether the policy trains LoRA adapters (``lora.enabled``)."""
+        return lora.enabled(self.model.lora)
+
+    @property
+    def needs_reference(self) -> bool:
+        """Whether the KL penalty needs its own frozen reference model (not the base under LoRA)."""
+        return self.algorithm.kl_coef > 0 and not (self.adapters and not self.model.ref_path)
 
 
 @dataclass
@@ -55,7 +86,7 @@ class Learner:
 
     def __init__(
         self,
-        cfg: Config,
+        settings: LearnerSettings,
         model: torch.nn.Module,
         pad_id: int,
         strategy: sharding.Strategy | None = None,
@@ -63,14 +94,18 @@ class Learner:
         reference: torch.nn.Module | None = None,
         shards_from: str | None = None,
     ) -> None:
-        self.cfg, self.pad_id = cfg, pad_id
+        """``reference``: the KL penalty's frozen reference policy, prepared for ``strategy``
+        (``assembly.records.reference_policy``); required when ``settings.needs_reference``."""
+        self.settings, self.pad_id = settings, pad_id
         self.strategy = strategy or sharding.Replicated(0, 1, next(model.parameters()).device)
         self.rank, self.world = self.strategy.rank, self.strategy.world
         self.device = self.strategy.device  # every batch tensor follows the policy
         self.step = 0
         # ranks > 0 of a sharded run get their shards from rank 0's weights
         self.log = log
-        self.model, broadcast, rank0_state = prepare_policy(cfg, model, self.strategy, log)
+        self.model, broadcast, rank0_state = prepare_policy(
+            settings.model, settings.seed, model, self.strategy, log
+        )
         self.train_module = self.strategy.prepare(self.model)  # DDP's wrapper, or the sharded model
         if broadcast or sharding.on_meta(self.model):
             sharding.materialize(self.model, self.device, rank0_state, broadcast=broadcast)
@@ -81,27 +116,27 @@ class Learner:
         # shared-prompt forward (agentrl.training.forward): a data-dependent number of forwards, so not where
         # every forward is a collective (FSDP2); in the gradient pass, one process only (DDP expects
         # one forward per backward) and not with gradient checkpointing (which turns the KV cache off)
-        self.share_prefix_nograd = cfg.trainer.share_prefix and not sharded
+        self.share_prefix_nograd = settings.trainer.share_prefix and not sharded
         self.share_prefix = (
-            self.share_prefix_nograd and self.world == 1 and not cfg.model.gradient_checkpointing
+            self.share_prefix_nograd and self.world == 1 and not settings.model.gradient_checkpointing
         )
-        self.passes = Passes(cfg, self.strategy, self.share_prefix_nograd, self.share_prefix)
+        self.passes = Passes(
+            settings.trainer, settings.temperature, self.strategy, self.share_prefix_nograd, self.share_prefix
+        )
         self.fuse_old_logprobs = True  # see policy_stats(); tests turn it off to compare both paths
-        self.optimizer = make_optimizer(cfg, self.model)
+        self.optimizer = make_optimizer(settings.trainer, self.model)
         # the KL penalty's frozen reference: with LoRA and no model.ref_path, the base model itself
         # (the policy with its adapters off)
-        self.ref_is_base = cfg.algorithm.kl_coef > 0 and lora.enabled(cfg) and not cfg.model.ref_path
-        self.ref_model = None
-        if cfg.algorithm.kl_coef > 0 and not self.ref_is_base:
-            self.ref_model = (
-                reference if reference is not None else reference_model(cfg, self.strategy, self.device, log)
-            )
-        self.weighting = weighting_name(cfg)
+        self.ref_is_base = settings.algorithm.kl_coef > 0 and not settings.needs_reference
+        if settings.needs_reference and reference is None:
+            raise ValueError("algorithm.kl_coef > 0: the learner needs its frozen reference policy")
+        self.ref_model = reference if settings.needs_reference else None
+        self.weighting = settings.weighting
         self.weighting_state: Any = None
 
     def make_batch(self, episodes: list[Episode]) -> Batch:
         """The kept episodes as tensors on the policy's device (``training_batch``)."""
-        return training_batch(self.cfg, episodes, self.pad_id).to(self.device)
+        return training_batch(self.settings, episodes, self.pad_id).to(self.device)
 
     # -- the update, in phases ---------------------------------------------------------------
     def update(self, batch: Batch, step: int) -> dict[str, float]:
@@ -113,7 +148,7 @@ class Learner:
         5. ``optimise``: one optimizer step per mini-batch, gradients accumulated over micro-batches;
         6. metrics, and the per-token overlays for the transcripts (one more no-grad pass)."""
         self.step = step
-        plan = update_plan(self.cfg, step, batch.size)
+        plan = update_plan(self.settings.trainer, self.settings.seed, step, batch.size)
         stats = self.policy_stats(batch)
         ref = self.reference_logprobs(batch)
         batch.advantages, out = self.advantages(batch, stats, ref)
@@ -126,7 +161,7 @@ class Learner:
         out.update(losses)
         out.update({f"{self.weighting}/{k}": v for k, v in tw.stats.items()})
         out.update(token_metrics(stats.logp, stats.entropy, batch))
-        if self.cfg.logging.transcripts:
+        if self.settings.keep_overlays:
             logp_new, _ = self.passes.no_grad(self.model, batch)
             attach_overlays(batch, stats.logp, logp_new, stats.entropy, tw, clip_status)
         return out
@@ -136,7 +171,7 @@ class Learner:
         reads them before the gradient pass (one on-policy optimizer pass, no token weighting, no TIS,
         no KL in the reward), that pass's own values are π_old's (same weights, same tokens): this
         pass is skipped and ``optimise`` fills them, as TRL does at num_iterations=1."""
-        t, a = self.cfg.trainer, self.cfg.algorithm
+        t, a = self.settings.trainer, self.settings.algorithm
         pending = (
             self.fuse_old_logprobs
             and self.weighting == "none"
@@ -164,7 +199,7 @@ class Learner:
         self, batch: Batch, stats: PolicyStats, ref: torch.Tensor | None
     ) -> tuple[torch.Tensor, dict[str, float]]:
         """Group advantages [B] of the episodes' rewards (``group_advantages``)."""
-        return group_advantages(self.cfg, batch, stats.logp, ref)
+        return group_advantages(self.settings.algorithm, batch, stats.logp, ref)
 
     def token_weights(
         self, batch: Batch, stats: PolicyStats, plan: list[list[torch.Tensor]]
@@ -173,15 +208,15 @@ class Learner:
         step's context (seed, the micro-batches the update runs, last step's state)."""
         record = alg.WEIGHTINGS[self.weighting]
         step = alg.StepContext(
-            seed=mix_seed(self.cfg.run.seed, self.step, 29),  # a fresh draw every step, the same on resume
+            seed=mix_seed(self.settings.seed, self.step, 29),  # a fresh draw every step, the same on resume
             row_groups=[
                 g.tolist()
-                for g in ranks.micro_batches(plan[0], self.cfg.trainer.micro_batch_size, self.world)
+                for g in ranks.micro_batches(plan[0], self.settings.trainer.micro_batch_size, self.world)
             ],
             state=self.weighting_state,
         )
         inputs = alg.WeightingInputs.build(stats.logp, stats.entropy, batch.advantages, batch.mask)
-        tw = alg.compute_weights(record.name, inputs, **record.kwargs(weighting_settings(self.cfg), step))
+        tw = alg.compute_weights(record.name, inputs, **record.kwargs(self.settings.weighting_settings, step))
         if tw.state is not None:
             self.weighting_state = tw.state
         return tw
@@ -197,7 +232,7 @@ class Learner:
         """One optimizer step per mini-batch of ``plan``: each rank runs its rows in micro-batches and
         the gradients are all-reduced once, on the last one. Returns the loss metrics and the clip
         status of every token."""
-        a, t = self.cfg.algorithm, self.cfg.trainer
+        a, t = self.settings.algorithm, self.settings.trainer
         assert a.loss_agg is not None  # presets are resolved by load_config
         tis = None  # truncated IS weights for the rollout/trainer mismatch, [B, T] (offpolicy.py)
         if a.is_correction == "tis":
@@ -244,11 +279,11 @@ class Learner:
         """Clip the accumulated gradients (by ``trainer.grad_clip``, if set) and take the optimizer
         step. Returns the gradient norm (the same on every rank), or None when it was not finite: the
         gradients are dropped and the step is not taken."""
-        norm = self.strategy.clip_grad_norm(self.model, self.cfg.trainer.grad_clip or math.inf)
+        norm = self.strategy.clip_grad_norm(self.model, self.settings.trainer.grad_clip or math.inf)
         if not math.isfinite(norm):  # a non-finite loss or gradient
             self.optimizer.zero_grad(set_to_none=True)
             return None
-        set_lr(self.cfg, self.optimizer, self.step)
+        set_lr(self.settings.trainer, self.optimizer, self.step)
         self.optimizer.step()
         return norm
 
@@ -266,7 +301,7 @@ class Learner:
         """The loss of rows ``micro`` (their forward with gradient; the caller runs the backward).
         ``dummy``: a micro-batch that only keeps the ranks' collectives in step (scale 0): nothing is
         recorded and no statistic is computed."""
-        a = self.cfg.algorithm
+        a = self.settings.algorithm
         assert a.loss_agg is not None and a.clip_low is not None and a.clip_high is not None
         sub, part = batch.rows(micro), tw.rows(micro)  # trimmed to the micro-batch's longest episode
         w = sub.mask.shape[1]
@@ -301,7 +336,7 @@ class Learner:
         all-gathered when the engine asks for it, a collective every rank must take in step, so
         consume the stream to its end on every rank): with LoRA the merged weights of the adapted
         layers (nothing else changed), else every parameter."""
-        if lora.enabled(self.cfg):
+        if self.settings.adapters:
             return lora.merged_weights(self.model)
         return self.strategy.full_parameters(self.model)
 
@@ -313,7 +348,7 @@ class Learner:
         by one collective (``parallel/buckets.py``; consume it to its end on every rank); unsharded
         weights travel as they are (the engine casts as it copies). With LoRA only the adapted layers
         change, so only they travel, unless ``full`` (an engine that discarded its weights)."""
-        if lora.enabled(self.cfg):
+        if self.settings.adapters:
             return lora.merged_buckets(self.model, bucket_bytes, dtype, self.device, full=full)
         return self.strategy.engine_buckets(self.model, bucket_bytes, dtype)
 
@@ -351,26 +386,25 @@ def steps_taken(total: int, skipped: int, step: int, log: Callable[[str], None])
     return {"update/steps": float(total - skipped), "update/nonfinite": float(skipped)}
 
 
-def training_batch(cfg: Config, episodes: list[Episode], pad_id: int) -> Batch:
+def training_batch(settings: LearnerSettings, episodes: list[Episode], pad_id: int) -> Batch:
     """The kept episodes as tensors; void-turn episodes (SimpleTIR) and, unless
     ``rollout.train_on_truncated``, truncated ones get loss mask 0 but stay in their groups.
     Advantages are set by the update (``Learner.advantages``), once the KL penalty is known."""
-    a = cfg.algorithm
+    a = settings.algorithm
     void = alg.void_turn_multipliers([e.stop_reason == "void_turn" for e in episodes])
     multipliers = [
         (v if a.void_turn_masking else 1.0)
-        * (0.0 if not cfg.rollout.train_on_truncated and e.stop_reason in TRUNCATED else 1.0)
+        * (0.0 if not settings.train_on_truncated and e.stop_reason in TRUNCATED else 1.0)
         for v, e in zip(void, episodes)
     ]
     return build_batch(episodes, torch.zeros(len(episodes)), multipliers, pad_id=pad_id)
 
 
 def group_advantages(
-    cfg: Config, batch: Batch, logp_old: torch.Tensor, ref: torch.Tensor | None
+    a: AlgorithmConfig, batch: Batch, logp_old: torch.Tensor, ref: torch.Tensor | None
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Group advantages [B] of the episodes' rewards. With ``kl_in: reward`` each reward first
     loses β·Σ_t KL_t over the episode's trained tokens (π_old against the reference)."""
-    a = cfg.algorithm
     assert a.advantage is not None  # presets are resolved by load_config
     episodes, row_of = batch.parent_rows()  # a split episode is one member of its group
     rewards = torch.tensor([e.reward for e in episodes], dtype=torch.float64)

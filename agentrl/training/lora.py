@@ -25,7 +25,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from agentrl.config import Config, ConfigError
+from agentrl.config import ConfigError
 from agentrl.config.schema import LoraConfig
 from agentrl.seeds import mix_seed
 
@@ -33,8 +33,9 @@ ADAPTER_DIR = "adapter"
 ADAPTER = "default"  # peft's adapter name
 
 
-def enabled(cfg: Config) -> bool:
-    return cfg.model.lora.rank > 0
+def enabled(settings: LoraConfig) -> bool:
+    """Whether ``model.lora`` adds adapters at all (a rank above 0)."""
+    return settings.rank > 0
 
 
 def linear_names(model: nn.Module) -> list[str]:

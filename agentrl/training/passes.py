@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch
 
-from agentrl.config import Config, ConfigError
+from agentrl.config import ConfigError, TrainerConfig
 from agentrl.parallel import ranks, sharding
 from agentrl.training.batch import Batch, batch_forward
 from agentrl.training.forward import output_head
@@ -18,10 +18,17 @@ the whole logits are small and one matrix multiplication is faster."""
 
 
 class Passes:
+    """``temperature``: the sampling temperature the log-probs are taken at (``rollout.temperature``)."""
+
     def __init__(
-        self, cfg: Config, strategy: sharding.Strategy, share_prefix_nograd: bool, share_prefix: bool
+        self,
+        trainer: TrainerConfig,
+        temperature: float,
+        strategy: sharding.Strategy,
+        share_prefix_nograd: bool,
+        share_prefix: bool,
     ) -> None:
-        self.cfg, self.strategy = cfg, strategy
+        self.trainer, self.temperature, self.strategy = trainer, temperature, strategy
         self.rank, self.world = strategy.rank, strategy.world
         self.share_prefix_nograd, self.share_prefix = share_prefix_nograd, share_prefix
 
@@ -29,13 +36,13 @@ class Passes:
         self, model: torch.nn.Module, batch: Batch, grad: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-probs and entropies [B, T] of ``batch`` under ``model`` (micro-batched when no grad)."""
-        t = self.cfg.trainer
+        t = self.trainer
         size = batch.size if grad else t.micro_batch_size
         return batch_forward(
             model,
             batch,
             size,
-            self.cfg.rollout.temperature,
+            self.temperature,
             grad=grad,
             bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
             share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
@@ -45,7 +52,7 @@ class Passes:
     def chunked_head(self, model: torch.nn.Module) -> torch.nn.Linear | None:
         """The head ``batch_forward`` applies in chunks (``trainer.chunked_head``), or None for the
         whole logits."""
-        mode = self.cfg.trainer.chunked_head
+        mode = self.trainer.chunked_head
         if mode == "never":
             return None
         head = None if self.strategy.equal_forwards else output_head(model)
@@ -91,7 +98,7 @@ class Passes:
         process) split by ``micro_batch_size``, each with its loss scale. Where every forward is a
         collective (FSDP2), padded with dummies to the count of the rank with the most rows.
         ``n_rows``: ``rows`` is already this rank's share of that many rows."""
-        mb = self.cfg.trainer.micro_batch_size
+        mb = self.trainer.micro_batch_size
         if n_rows is None:
             mine, scale = ranks.local_rows(rows, self.rank, self.world)
             total = len(rows)

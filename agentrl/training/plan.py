@@ -254,7 +254,7 @@ def architecture(cfg: Config) -> Architecture:
     params = sum(p.numel() for p in model.parameters())
     layer_params = sum(p.numel() for p in layers[0].parameters())
     lora_params = 0
-    if lora.enabled(cfg):
+    if lora.enabled(cfg.model.lora):
         lora.check_targets(model, cfg.model.lora)
         r, targets = cfg.model.lora.rank, set(cfg.model.lora.target_modules)
         lora_params = sum(
@@ -330,10 +330,10 @@ def sizes(cfg: Config, a: Architecture, ranks_per_node: int, nodes: int) -> Size
     rows = math.ceil(episodes / t.mini_batches_per_step / world)  # per rank per optimizer step
     return Sizes(
         N=a.params,
-        P=a.lora_params if lora.enabled(cfg) else a.params,
+        P=a.lora_params if lora.enabled(cfg.model.lora) else a.params,
         S=world // t.fsdp.replicas if fsdp else 1,
         b=b,
-        pb=4 if lora.enabled(cfg) else b,
+        pb=4 if lora.enabled(cfg.model.lora) else b,
         c=2 if t.bf16 or b == 2 else 4,
         e=_bytes(r.dtype or cfg.model.dtype),
         ctx=r.max_episode_tokens,
@@ -508,7 +508,7 @@ def _trainer_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
 
     terms = [] if s.offload else _state_terms(cfg, s)
     terms += _strategy_terms(cfg, a, s) + _compute_terms(cfg, a, s)
-    if cfg.algorithm.kl_coef > 0 and not (lora.enabled(cfg) and not cfg.model.ref_path):
+    if cfg.algorithm.kl_coef > 0 and not (lora.enabled(cfg.model.lora) and not cfg.model.ref_path):
         terms.append(Term("KL reference weights", s.N * s.b / s.S, f"N·b/S = {s.N:,}·{s.b}/{s.S}"))
     if cfg.rollout.engine == "hf" and cfg.rollout.workers == 0:
         terms += _hf_engine_terms(cfg, a, s)
@@ -583,7 +583,7 @@ def _host_terms(cfg: Config, s: Sizes, gpus: int) -> list[Term]:
         ]
     from agentrl.training import lora
 
-    if s.world == 1 or (s.fsdp and lora.enabled(cfg)):  # else each rank reads only its own shards
+    if s.world == 1 or (s.fsdp and lora.enabled(cfg.model.lora)):  # else each rank reads only its own shards
         host.append(Term("rank 0 reads the weights once", s.N * s.b, f"N·b = {s.N:,}·{s.b} (node 0 only)"))
     host.append(
         Term(
@@ -667,7 +667,7 @@ def _layout(cfg: Config, s: Sizes, gpus: int, nodes: int) -> str:
             else (f", shards of 1/{S}" if fsdp else "")
         )
         + (", CPU offload" if s.offload else "")
-        + (", LoRA" if lora.enabled(cfg) else ", full fine-tuning")
+        + (", LoRA" if lora.enabled(cfg.model.lora) else ", full fine-tuning")
         + (", bf16 compute" if s.c == 2 else ", fp32 compute")
         + (", gradient checkpointing" if cfg.model.gradient_checkpointing else "")
         + f"; micro-batch {t.micro_batch_size} × {s.ctx} tokens, {s.micros} per optimizer step per rank"

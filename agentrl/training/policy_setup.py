@@ -1,7 +1,7 @@
-"""Building the learner's parts from the config: the policy prepared for training (gradient
-checkpointing, LoRA; rank 0's weights kept aside for ranks that start on the meta device), the
-frozen KL reference, the optimizer, and each step's plan (which rows each optimizer step trains on)
-and learning rate."""
+"""The learner's parts: the policy prepared for training (gradient checkpointing, LoRA; rank 0's
+weights kept aside for ranks that start on the meta device), the optimizer, and each step's plan
+(which rows each optimizer step trains on) and learning rate. The frozen KL reference is built by
+``assembly.records.reference_policy``."""
 
 from __future__ import annotations
 
@@ -11,61 +11,35 @@ from typing import Any
 
 import torch
 
-from agentrl.config import Config
+from agentrl.config import ModelConfig, TrainerConfig
 from agentrl.models.checkpointing import checkpointing
-from agentrl.parallel import ranks, shard_reads, sharding
-from agentrl.rollout import components
+from agentrl.parallel import ranks, sharding
 from agentrl.seeds import mix_seed
-from agentrl.training import build, lora
+from agentrl.training import lora
 
 
 def prepare_policy(
-    cfg: Config, model: torch.nn.Module, strategy: sharding.Strategy, log: Callable[[str], None]
+    settings: ModelConfig,
+    seed: int,
+    model: torch.nn.Module,
+    strategy: sharding.Strategy,
+    log: Callable[[str], None],
 ) -> tuple[torch.nn.Module, bool, dict[str, Any] | None]:
     """Gradient checkpointing and LoRA on the loaded policy, before it is wrapped or sharded. Returns
     the model, whether ranks > 0 get rank 0's weights by broadcast, and (on rank 0 then) those weights.
     Ranks > 0 of a sharded run start on meta and get rank 0's weights; a run whose every rank starts
     on meta (a DCP checkpoint will fill it) broadcasts nothing."""
-    if cfg.model.gradient_checkpointing:
+    if settings.gradient_checkpointing:
         checkpointing(model)
-    if lora.enabled(cfg):
-        model = lora.apply(model, cfg.model.lora, cfg.run.seed)
+    if lora.enabled(settings.lora):
+        model = lora.apply(model, settings.lora, seed)
         log(lora.describe(model))
     sharded = strategy.equal_forwards and strategy.world > 1
     broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
     return model, broadcast, model.state_dict() if broadcast and strategy.rank == 0 else None
 
 
-def reference_model(
-    cfg: Config, strategy: sharding.Strategy, device: torch.device, log: Callable[[str], None]
-) -> torch.nn.Module:
-    """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL started
-    from (the warm start; on a resume too, never the checkpoint). It costs one more copy of the
-    weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state) and one
-    forward per step. Sharded, it loads as the policy does: each rank reads its own shards when every
-    rank sees the checkpoint's files (``parallel/shard_reads.py``), else rank 0 reads it into host
-    memory and the others build it on the meta device; each rank's GPU receives only its shards."""
-    path = cfg.model.ref_path or build.policy_path(cfg, log=log)
-    sharded = strategy.equal_forwards and strategy.world > 1
-    local = shard_reads.shard_source(path) if sharded else None  # each rank reads its own shards
-    reads = local is not None
-    where = ("meta" if strategy.rank > 0 or reads else "cpu") if strategy.equal_forwards else device
-    ref, _ = components.load_model(cfg, path, device=where)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    full = ref.state_dict() if strategy.equal_forwards and strategy.rank == 0 and not reads else None
-    ref = strategy.prepare_frozen(ref)
-    if sharded:
-        sharding.materialize(ref, device, full, broadcast=not reads)
-    if local is not None:
-        shard_reads.read_own_shards(ref, local)
-    log(f"KL reference policy: {path}")
-    return ref
-
-
-def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:
-    t = cfg.trainer
+def make_optimizer(t: TrainerConfig, model: torch.nn.Module) -> torch.optim.Optimizer:
     trainable = [p for p in model.parameters() if p.requires_grad]
     return torch.optim.AdamW(
         trainable,
@@ -78,11 +52,10 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer
     )
 
 
-def update_plan(cfg: Config, step: int, batch_size: int) -> list[list[torch.Tensor]]:
+def update_plan(t: TrainerConfig, seed: int, step: int, batch_size: int) -> list[list[torch.Tensor]]:
     """The rows of each optimizer step, per epoch: one mini-batch of all rows, or
     ``mini_batches_per_step`` mini-batches of a fresh seeded shuffle every epoch."""
-    t = cfg.trainer
-    rng = torch.Generator().manual_seed(mix_seed(cfg.run.seed, step, 17))
+    rng = torch.Generator().manual_seed(mix_seed(seed, step, 17))
     plan = []
     for _epoch in range(t.epochs_per_step):
         order = (
@@ -94,9 +67,8 @@ def update_plan(cfg: Config, step: int, batch_size: int) -> list[list[torch.Tens
     return plan
 
 
-def set_lr(cfg: Config, optimizer: torch.optim.Optimizer, step: int) -> None:
+def set_lr(t: TrainerConfig, optimizer: torch.optim.Optimizer, step: int) -> None:
     """Linear warm-up over ``trainer.warmup_steps``, then constant or cosine to ``total_steps``."""
-    t = cfg.trainer
     scale = min(1.0, (step + 1) / t.warmup_steps) if t.warmup_steps else 1.0
     if t.lr_schedule == "cosine":
         scale *= 0.5 * (1 + math.cos(math.pi * min(step, t.total_steps) / t.total_steps))

@@ -392,7 +392,9 @@ def _over_long(cfg: Config, splits: dict[str, list[Task] | None]) -> list[str]:
     found = []
     for split, tasks in splits.items():
         if tasks and all(isinstance(t, Task) for t in tasks):
-            found.append(over_long_prompts(cfg, tasks, split, load))
+            found.append(
+                over_long_prompts(cfg.rollout.max_episode_tokens, cfg.model.path, tasks, split, load)
+            )
     return [p for p in found if p]
 
 

@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config
 from agentrl.env import Task
 
 BYTE_SLACK = 8
@@ -44,24 +43,22 @@ def loaded_context(model: Any) -> int | None:
     return int(value) if value else None
 
 
-def episode_limit(cfg: Config, context: int | None) -> tuple[int, str]:
-    """The most tokens an episode may hold given the model's ``context``, and what sets it."""
-    limit, why = (
-        cfg.rollout.max_episode_tokens,
-        f"rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}",
-    )
+def episode_limit(max_episode_tokens: int, context: int | None) -> tuple[int, str]:
+    """The most tokens an episode may hold (``rollout.max_episode_tokens``) given the model's
+    ``context``, and what sets it."""
+    limit, why = max_episode_tokens, f"rollout.max_episode_tokens={max_episode_tokens}"
     if context is not None and context < limit:
         return context, f"the model's context, under {why}"
     return limit, why
 
 
 def over_long_prompts(
-    cfg: Config, tasks: Sequence[Task], split: str, tokenizer: Callable[[], Any]
+    max_episode_tokens: int, model_path: str, tasks: Sequence[Task], split: str, tokenizer: Callable[[], Any]
 ) -> str | None:
-    """The problem with ``split``'s tasks whose prompt alone fills the episode, naming up to three
-    with their lengths; None when every prompt fits. ``tokenizer`` is called only when some prompt
-    is long enough to need counting."""
-    limit, why = episode_limit(cfg, model_context(cfg.model.path))
+    """The problem with ``split``'s tasks whose prompt alone fills the episode (``episode_limit``
+    of the model at ``model_path``), naming up to three with their lengths; None when every prompt
+    fits. ``tokenizer`` is called only when some prompt is long enough to need counting."""
+    limit, why = episode_limit(max_episode_tokens, model_context(model_path))
     long = [t for t in tasks if len(t.prompt.encode()) + BYTE_SLACK >= limit]
     if not long:
         return None
@@ -79,7 +76,7 @@ def over_long_prompts(
 
 
 def fitting_examples(
-    cfg: Config,
+    max_episode_tokens: int,
     examples: list[tuple[list[int], list[int]]],
     names: Sequence[str],
     context: int | None,
@@ -88,9 +85,9 @@ def fitting_examples(
     """``examples`` without the demonstrations longer than the model's ``context`` (no position
     past it was trained, and one such sequence can ask for tens of GB), each dropped one named
     (``names[i]``) in the log; ``ValueError`` when none is left. Those that fit the context but
-    not ``rollout.max_episode_tokens`` are kept, and the log counts them: RL's episodes stop there."""
+    not ``max_episode_tokens`` are kept, and the log counts them: RL's episodes stop there."""
     longest = max((len(ids) for ids, _ in examples), default=0)
-    budget = cfg.rollout.max_episode_tokens
+    budget = max_episode_tokens
     if context is not None and longest > context:
         dropped = [(names[i], len(ids)) for i, (ids, _) in enumerate(examples) if len(ids) > context]
         shown = ", ".join(f"{name} ({n} tokens)" for name, n in dropped[:5])

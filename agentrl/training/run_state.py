@@ -11,7 +11,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from agentrl.config import Config
 from agentrl.engines.base import Engine
 from agentrl.parallel import ranks
 from agentrl.seeds import mix_seed, seed_everything
@@ -63,10 +62,24 @@ def stopped_by_full_disk(root_dir: Path, writing: str, e: BaseException) -> Disk
 
 
 class RunState:
+    """``keep_checkpoints``: ``trainer.keep_checkpoints``; ``seed``: ``run.seed``."""
+
     def __init__(
-        self, cfg: Config, root_dir: Path, run_dir: Path, rank: int, world: int, log: Callable
+        self,
+        keep_checkpoints: int,
+        seed: int,
+        root_dir: Path,
+        run_dir: Path,
+        rank: int,
+        world: int,
+        log: Callable,
     ) -> None:
-        self.cfg, self.root_dir, self.run_dir = cfg, root_dir, run_dir
+        self.keep_checkpoints, self.seed, self.root_dir, self.run_dir = (
+            keep_checkpoints,
+            seed,
+            root_dir,
+            run_dir,
+        )
         self.rank, self.world, self.log = rank, world, log
 
     def save(
@@ -126,7 +139,7 @@ class RunState:
             return
         params = list(learner.model.parameters())  # a sharded parameter counts whole
         trainable = sum(p.numel() for p in params if p.requires_grad)
-        lora = self.cfg.model.lora.rank > 0
+        lora = learner.settings.adapters
         weights = trainable * 4 if lora else sum(p.numel() * p.element_size() for p in params)
         need = weights + 2 * trainable * 4
         free = shutil.disk_usage(self.root_dir).free
@@ -151,7 +164,7 @@ class RunState:
             "ranks": parts,
             "weights": record,
         }
-        return commit(self.root_dir, tmp, step, tokenizer, state, keep=self.cfg.trainer.keep_checkpoints)
+        return commit(self.root_dir, tmp, step, tokenizer, state, keep=self.keep_checkpoints)
 
     def resume_point(self) -> tuple[Path | None, dict[str, Any] | None]:
         """Rank 0's newest complete checkpoint and its state: rank 0 picks it for every rank. Without
@@ -181,7 +194,7 @@ class RunState:
         own = saved_rank_state(state, self.rank, self.world)  # this rank's RNG and file lengths
         if own is None:  # a resume on more ranks than saved it: this rank starts its streams afresh
             own = {"metrics_bytes": 0, "transcripts_bytes": 0, "rng": None}
-            seed_everything(mix_seed(self.cfg.run.seed, start_step, 1000 + self.rank))
+            seed_everything(mix_seed(self.seed, start_step, 1000 + self.rank))
         cut_m = truncate_to(self.run_dir / "metrics.jsonl", own["metrics_bytes"])
         cut_t = truncate_to(self.run_dir / "transcripts.jsonl", own["transcripts_bytes"])
         if own["rng"] is not None:

@@ -256,7 +256,7 @@ def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[tor
 def trains_adapters(cfg: Config) -> bool:
     """Whether the warm start trains LoRA adapters (``sft.weights``; ``auto``: when ``model.lora`` is set)."""
     w = cfg.sft.weights
-    return w == "lora" or (w == "auto" and lora.enabled(cfg))
+    return w == "lora" or (w == "auto" and lora.enabled(cfg.model.lora))
 
 
 def sft_seed(cfg: Config) -> int:
@@ -300,7 +300,13 @@ def build_examples(
             f"the demonstration of task {tasks[i].id!r}" if one_each else f"demonstration {i + 1}"
             for i in range(len(demos))
         ]
-    return fitting_examples(cfg, [tokenize_conversation(renderer, d) for d in demos], names, context, log)
+    return fitting_examples(
+        cfg.rollout.max_episode_tokens,
+        [tokenize_conversation(renderer, d) for d in demos],
+        names,
+        context,
+        log,
+    )
 
 
 def solver_demonstrations(cfg: Config, env_cls: Any, tasks: list[Any]) -> list[Any]:

@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from agentrl.assembly import records
 from agentrl.config import Config, config_to_dict, output_dir, run_history, save_config
 from agentrl.engines.base import Engine
-from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.models import resolve_model_path
 from agentrl.parallel import ranks, shard_reads, sharding
@@ -51,13 +51,10 @@ from agentrl.training.checkpoint import (
     refuse_existing_run,
     weights_record,
 )
-from agentrl.training.collect import Collector
 from agentrl.training.evaluation import evaluate
-from agentrl.training.learner import Learner
 from agentrl.training.metrics import FailureSummary, MetricsLogger, episode_metrics, failure_summary, plot_run
 from agentrl.training.progress import TrainProgress
 from agentrl.training.run_lock import RunLock
-from agentrl.training.run_state import RunState
 from agentrl.training.weight_push import WeightPush
 from agentrl.transcripts import TranscriptWriter, read_metrics
 
@@ -156,7 +153,7 @@ class Trainer:
         components.say_slow_bf16(cfg, self.device, log)  # emulated bf16 on this CPU: many times slower
         # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
         self.strategy = sharding.make_strategy(cfg.trainer, self.rank, self.world, self.device)
-        if lora.enabled(cfg):  # target modules that match nothing fail before any work, too
+        if lora.enabled(cfg.model.lora):  # target modules that match nothing fail before any work, too
             lora.check_targets(components.meta_model(cfg.model.path, cfg.model.dtype), cfg.model.lora)
         self.root_dir = output_dir(cfg)  # rank 0's; checkpoints
         # one process trains a run directory at a time (run_lock.py); held until train() returns
@@ -166,17 +163,17 @@ class Trainer:
         self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
         seed_everything(cfg.run.seed)
         self.start_step = self.step = 0
-        self.state = RunState(cfg, self.root_dir, self.run_dir, self.rank, self.world, log)
+        self.state = records.make_run_state(cfg, self.root_dir, self.run_dir, self.rank, self.world, log)
         ckpt, state = self.state.resume_point() if cfg.run.resume else (None, None)
         model, engine = self._policy_and_engine(ckpt, state)
-        self.learner = Learner(
+        self.learner = records.make_learner(
             cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log, shards_from=self.shards_from
         )
         self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
         assert checked.train_tasks is not None
         self.train_tasks, self.test_tasks = checked.train_tasks, checked.test_tasks
-        self.rollouts = Collector(cfg, engine, self.tokenizer, TaskSampler(self.train_tasks, cfg.run.seed))
-        self.weights = WeightPush(cfg, self.learner, engine)
+        self.rollouts = records.make_collector(cfg, engine, self.tokenizer, self.train_tasks)
+        self.weights = WeightPush(records.push_settings(cfg), self.learner, engine)
         self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
         self.stop_requested = False  # set by a first SIGTERM/SIGINT (``train``): stop after this step
         if ckpt and state:  # cuts metrics/transcripts back to the checkpoint before we append
@@ -216,7 +213,7 @@ class Trainer:
         # checkpoint will fill every shard, no rank reads them
         dcp_full = record is not None and record["format"] == "dcp" and not record["lora"]
         fills = sharded and not dcp_full
-        self.shards_from = shard_reads.first_load(path, fills, lora.enabled(cfg), log)
+        self.shards_from = shard_reads.first_load(path, fills, lora.enabled(cfg.model.lora), log)
         on_meta = self.rank > 0 or dcp_full or self.shards_from is not None
         device = ("meta" if on_meta else "cpu") if sharded else None
         model, self.tokenizer = components.load_model(cfg, path, device=device)
@@ -411,7 +408,8 @@ class Trainer:
         tasks = tasks or components.load_tasks(self.cfg, self.cfg.eval.split)
         if self.cfg.eval.num_tasks:
             tasks = tasks[: self.cfg.eval.num_tasks]
-        return evaluate(self.cfg, self.engine, self.tokenizer, tasks, gather=self.rollouts.gather)[0]
+        runner = records.eval_runner(self.cfg, self.engine, self.tokenizer)
+        return evaluate(runner, tasks, self.cfg.eval.k, gather=self.rollouts.gather)[0]
 
     def checkpoint(self, step: int) -> Path:
         """Every rank calls this (``run_state.py``)."""

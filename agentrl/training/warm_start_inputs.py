@@ -10,8 +10,9 @@ import hashlib
 import importlib.metadata
 import inspect
 from pathlib import Path
+from typing import Any
 
-from agentrl.config import Config
+from agentrl.config import DataConfig
 from agentrl.training import lora
 
 
@@ -27,28 +28,26 @@ def file_digest(path: str | Path) -> str:
     return h.hexdigest()[:16]
 
 
-def warm_start_inputs(cfg: Config, base: str) -> dict[str, str]:
-    """Name -> digest of each input the warm start of ``cfg`` from ``base`` reads: ``model`` (its
-    config and safetensors headers, ``lora.identity``), ``environment`` (the source file of the
-    environment's class, and agentrl's version for a built-in one), ``env.module`` (a user's module
-    file), ``data`` (the task file, when tasks come from one), ``demos`` (``sft.demos``)."""
-    from agentrl.rollout import components
-
+def warm_start_inputs(
+    base: str, env_cls: type[Any], env_module: str | None, data: DataConfig, demos: str | None
+) -> dict[str, str]:
+    """Name -> digest of each input a warm start from ``base`` reads: ``model`` (its config and
+    safetensors headers, ``lora.identity``), ``environment`` (the source file of ``env_cls``, and
+    agentrl's version for a built-in one), ``env.module`` (a user's module file), ``data`` (the task
+    file, when tasks come from one), ``demos`` (``sft.demos``)."""
     out = {"model": lora.identity(base)["fingerprint"]}
-    env_cls = components.env_class(cfg)
     source = inspect.getsourcefile(env_cls)
     out["environment"] = f"{env_cls.__module__}:{file_digest(source) if source else 'unknown'}"
     if env_cls.__module__.startswith(("environments.", "agentrl.")):  # built in: its helpers too
         out["environment"] += f"@agentrl {importlib.metadata.version('agentrl')}"
-    module: str = cfg.env.module or ""
+    module: str = env_module or ""
     if module.endswith(".py"):
         out["env.module"] = file_digest(module)
-    d = cfg.data
-    path: str = d.path or ""
-    if d.source == "file" and path:
-        out["data"] = file_digest(path.replace("{split}", d.train_split))
-    if cfg.sft.demos:
-        out["demos"] = file_digest(cfg.sft.demos)
+    path: str = data.path or ""
+    if data.source == "file" and path:
+        out["data"] = file_digest(path.replace("{split}", data.train_split))
+    if demos:
+        out["demos"] = file_digest(demos)
     return out
 
 

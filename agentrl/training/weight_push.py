@@ -8,21 +8,39 @@ adapted layers."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
-from agentrl.config import Config
+import torch
+
+from agentrl.config.schema import ColocateConfig
 from agentrl.engines.base import Engine
-from agentrl.rollout import components
 from agentrl.sync import weight_sync
 
 
+@dataclass(frozen=True)
+class PushSettings:
+    """What the weight push reads of the config (``assembly/records.py`` builds it)."""
+
+    sync: weight_sync.SyncSettings
+    """from ``rollout.sync`` and ``timeouts.weight_sync_s``"""
+    colocate: ColocateConfig
+    """from ``rollout.colocate``"""
+    sleep_wake_s: float
+    """from ``timeouts.sleep_wake_s``"""
+    bf16: bool
+    """from ``trainer.bf16``"""
+    engine_dtype: torch.dtype
+    """the dtype the engine holds its weights in (``components.engine_dtype``)"""
+
+
 class WeightPush:
-    def __init__(self, cfg: Config, learner: Any, engine: Engine) -> None:
-        self.cfg, self.learner, self.engine = cfg, learner, engine
+    def __init__(self, settings: PushSettings, learner: Any, engine: Engine) -> None:
+        self.push_settings, self.learner, self.engine = settings, learner, engine
 
     def around(self, update: Callable[[], dict[str, float]]) -> dict[str, float]:
         """Run ``update`` (the learner's optimizer steps), then push its weights; the metrics of both."""
-        if self.cfg.rollout.colocate.sleep:
+        if self.push_settings.colocate.sleep:
             from agentrl.sync import colocate
 
             reports: list[weight_sync.SyncReport] = []
@@ -32,7 +50,7 @@ class WeightPush:
                 return {}
 
             metrics = colocate.cycle_for(
-                self.engine, self.cfg.rollout.colocate.sleep_level, self.cfg.timeouts.sleep_wake_s
+                self.engine, self.push_settings.colocate.sleep_level, self.push_settings.sleep_wake_s
             ).around_update(update, push)
             report = weight_sync.verify_synced(self.engine, reports[0], *self.settings())
             metrics.update(report.metrics())
@@ -49,32 +67,24 @@ class WeightPush:
         return self.sync().metrics()
 
     def settings(self) -> tuple[weight_sync.SyncSettings, weight_sync.PolicyProbe]:
-        t = self.cfg.trainer
-        settings = sync_settings(self.cfg)
         learner = self.learner
-        fsdp_bf16 = t.bf16 and learner.strategy.equal_forwards  # FSDP2's mixed precision computes in bf16
+        fsdp_bf16 = (
+            self.push_settings.bf16 and learner.strategy.equal_forwards
+        )  # FSDP2's mixed precision computes in bf16
         dtype = (
             "bfloat16" if fsdp_bf16 else str(next(learner.model.parameters()).dtype).removeprefix("torch.")
         )
         probe = weight_sync.PolicyProbe(learner.model, learner.device, dtype, learner.strategy.release)
-        return settings, probe
+        return self.push_settings.sync, probe
 
     def sync(self, defer_verify: bool = False) -> weight_sync.SyncReport:
         """One sync: the learner's buckets (under FSDP2 each gathered by one collective in the
         engine's dtype, ``parallel/buckets.py``) into the engine, then its proof."""
         settings, probe = self.settings()
-        dtype = components.engine_dtype(self.cfg)
-        c = self.cfg.rollout.colocate
+        dtype = self.push_settings.engine_dtype
+        c = self.push_settings.colocate
         full = c.sleep and c.sleep_level == 2  # the engine woke with no weights at all
         buckets = self.learner.engine_buckets(settings.bucket_mb * weight_sync.MiB, dtype, full=full)
         return weight_sync.sync_weights(
             self.engine, weight_sync.Bucketed(buckets), settings, probe, defer_verify=defer_verify
         )
-
-
-def sync_settings(cfg: Config) -> weight_sync.SyncSettings:
-    """The sync's settings, from ``rollout.sync`` and ``timeouts.weight_sync_s``."""
-    s = cfg.rollout.sync
-    return weight_sync.SyncSettings(
-        s.bucket_mb, s.verify, s.probe_tokens, s.probe_atol, cfg.timeouts.weight_sync_s
-    )

@@ -113,6 +113,7 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     A measurement of a documented result, like the reduced study: ~6.5 min on 2 cores, so it runs with
     ``-m study``, not in .ci/run (whose 25 minutes it would overrun); CI runs the same config for two
     steps (``test_guide_example_trains``)."""
+    from agentrl.assembly.records import eval_runner
     from agentrl.rollout import components
     from agentrl.training import build
     from agentrl.training.evaluation import evaluate
@@ -123,7 +124,7 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     start = build.policy_path(cfg, log=lambda *_: None)
     model, tokenizer = components.load_model(cfg, start)
     engine = build.build_engine(cfg, model, tokenizer, start)
-    metrics, _ = evaluate(cfg, engine, tokenizer, components.load_tasks(cfg, "test"))
+    metrics, _ = evaluate(eval_runner(cfg, engine, tokenizer), components.load_tasks(cfg, "test"), cfg.eval.k)
     assert metrics["eval/mean@k"] > 0.2, metrics
     history = Trainer(cfg, log=lambda *_: None).train()
     rewards = [m["reward/mean"] for m in history]

@@ -39,7 +39,7 @@ def per_parameter(learner):
     from agentrl.parallel.sharding import full_tensor
     from agentrl.training import lora
 
-    if lora.enabled(learner.cfg):
+    if learner.settings.adapters:
         return lora.merged_weights(learner.model)
     return ((n, full_tensor(p)) for n, p in learner.model.named_parameters())
 

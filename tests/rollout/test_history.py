@@ -128,7 +128,9 @@ def test_a_split_episode_is_one_group_member_and_every_sample_trains_with_its_ad
     assert batch.ids[1, :4].tolist() == [1, 2, 5, 6] and batch.mask[1, :3].tolist() == [0, 0, 1]
     # GRPO over the two episodes (not three rows): rewards (1, 0), mean 0.5, unbiased std sqrt(0.5):
     # A = +-0.5 / (sqrt(0.5) + 1e-6); over three rows the mean would be 2/3 and the std different
-    fake = SimpleNamespace(cfg=SimpleNamespace(algorithm=SimpleNamespace(advantage="grpo", kl_in="loss")))
+    fake = SimpleNamespace(
+        settings=SimpleNamespace(algorithm=SimpleNamespace(advantage="grpo", kl_in="loss"))
+    )
     stats = SimpleNamespace(logp=torch.zeros_like(batch.mask))
     adv, _ = Learner.advantages(fake, batch, stats, None)  # type: ignore[arg-type]
     s = 0.5 / (0.5**0.5 + 1e-6)

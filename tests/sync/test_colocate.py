@@ -14,6 +14,7 @@ from functools import partial
 import pytest
 import torch
 
+from agentrl.assembly.records import push_settings
 from agentrl.config import Config, ConfigError, load_config
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.sync import colocate, weight_sync
@@ -94,7 +95,7 @@ def test_two_steps_run_the_phases_in_order_without_overlap(monkeypatch):
         return report
 
     monkeypatch.setattr(weight_sync, "verify_synced", verify)
-    push = WeightPush(colocated_config(level=2), learner=None, engine=engine)
+    push = WeightPush(push_settings(colocated_config(level=2)), learner=None, engine=engine)
     push.sync, push.settings = sync, lambda: (None, None)  # type: ignore[method-assign, assignment]
     for step in range(2):
         engine.generate([[1, 2]], SamplingParams())  # the step's rollouts

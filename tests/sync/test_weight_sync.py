@@ -180,6 +180,7 @@ def test_after_a_level_2_sleep_lora_sends_every_weight(tiny_model_dir, bucket_mb
 
 
 def test_the_weight_push_asks_for_every_weight_after_a_level_2_sleep():
+    from agentrl.assembly.records import push_settings
     from agentrl.config import Config
     from agentrl.training.weight_push import WeightPush
 
@@ -193,7 +194,7 @@ def test_the_weight_push_asks_for_every_weight_after_a_level_2_sleep():
     for level in (1, 2):
         cfg = Config()
         cfg.rollout.colocate.sleep, cfg.rollout.colocate.sleep_level = True, level
-        push = WeightPush(cfg, Learner(), engine=None)
+        push = WeightPush(push_settings(cfg), Learner(), engine=None)
         push.settings = lambda: (SyncSettings(), None)  # type: ignore[method-assign]
         with pytest.raises(TypeError):  # no engine: the buckets were asked for first
             push.sync()
@@ -638,7 +639,7 @@ def test_fsdp2_bucketed_gather_in_the_engines_dtype_equals_the_per_parameter_tra
 
 
 def test_the_settings_come_from_the_config(tmp_path, tiny_model_dir):
-    from agentrl.training.weight_push import sync_settings
+    from agentrl.assembly.records import sync_settings
 
     cfg = small_config(
         tmp_path, tiny_model_dir, "rollout.sync.bucket_mb=8", "rollout.sync.verify=first",

@@ -111,7 +111,8 @@ def test_a_lora_adapted_head_is_never_bypassed():
 
 def passes(*overrides: str, strategy=None) -> Passes:
     cfg = load_config(None, list(overrides))
-    return Passes(cfg, strategy or sharding.Replicated(0, 1, torch.device("cpu")), True, True)
+    strategy = strategy or sharding.Replicated(0, 1, torch.device("cpu"))
+    return Passes(cfg.trainer, cfg.rollout.temperature, strategy, True, True)
 
 
 def test_auto_always_and_never():

@@ -69,8 +69,8 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
     meta device; each rank's GPU then holds only its shards (``materialize``), as ``agentrl plan``
     counts it (N·b/S). Loading it onto rank 0's GPU whole would put 131 GB there for a 32 B model.
     The GPU here is only named: the loads and the materialisation are recorded."""
+    from agentrl.assembly.records import reference_policy
     from agentrl.parallel import sharding
-    from agentrl.training.policy_setup import reference_model
 
     loads, filled = [], []
     real = components.load_model
@@ -87,7 +87,7 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
         lambda m, device, full, broadcast=True: filled.append((str(device), full is not None)),
     )
 
-    class Sharded:  # what the learner's FSDP2 strategy is to reference_model
+    class Sharded:  # what the learner's FSDP2 strategy is to reference_policy
         equal_forwards, world = True, 2
 
         def prepare_frozen(self, model):
@@ -96,7 +96,7 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
     strategy = Sharded()
     strategy.rank = rank
     cfg = small_config(tmp_path, tiny_model_dir, "algorithm.kl_coef=0.1")
-    reference_model(cfg, strategy, torch.device("cuda", rank), log=lambda *_: None)
+    reference_policy(cfg, strategy, torch.device("cuda", rank), log=lambda *_: None)
     assert loads == ["cpu" if rank == 0 else "meta"]
     assert filled == [(f"cuda:{rank}", rank == 0)]  # the shards on the rank's GPU, from rank 0's copy
 

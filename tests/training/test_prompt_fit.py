@@ -58,16 +58,14 @@ def main_check(path, model_dir) -> list[str]:
 
 def test_the_models_context_limits_an_episode_below_max_episode_tokens(tiny_model_dir):
     assert model_context(str(tiny_model_dir)) == 8192 and model_context("org/not-here") is None
-    cfg = load_config(None, ["rollout.max_episode_tokens=20000"])
-    assert episode_limit(cfg, 8192) == (8192, "the model's context, under rollout.max_episode_tokens=20000")
-    assert episode_limit(cfg, None)[0] == 20000
+    assert episode_limit(20000, 8192) == (8192, "the model's context, under rollout.max_episode_tokens=20000")
+    assert episode_limit(20000, None)[0] == 20000
 
 
 def test_demonstrations_past_the_context_are_left_out_by_name_and_none_left_is_refused():
-    cfg = load_config(None, ["rollout.max_episode_tokens=10", "rollout.max_tokens_per_turn=4"])
     short, long, huge = ([1] * 8, [0] * 8), ([1] * 11, [0] * 11), ([1] * 40, [0] * 40)
     logs: list[str] = []
-    kept = fitting_examples(cfg, [short, huge, long], ["a", "task 'b'", "c"], 32, logs.append)
+    kept = fitting_examples(10, [short, huge, long], ["a", "task 'b'", "c"], 32, logs.append)
     assert kept == [short, long]
     assert logs == [
         "warning: SFT warm start: 1 demonstration(s) are longer than the model's context (32 tokens) and are "
@@ -78,8 +76,8 @@ def test_demonstrations_past_the_context_are_left_out_by_name_and_none_left_is_r
     with pytest.raises(
         ValueError, match=r"all 1 demonstrations are longer than the model's context .* task 'b'"
     ):
-        fitting_examples(cfg, [huge], ["task 'b'"], 32, logs.append)
-    assert fitting_examples(cfg, [short, huge], ["a", "b"], None, logs.append) == [
+        fitting_examples(10, [huge], ["task 'b'"], 32, logs.append)
+    assert fitting_examples(10, [short, huge], ["a", "b"], None, logs.append) == [
         short,
         huge,
     ]  # context unknown
