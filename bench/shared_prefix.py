@@ -24,10 +24,11 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=5)
     args = ap.parse_args()
 
+    from agentrl.assembly.sft import build_examples
     from agentrl.config import load_config
     from agentrl.models import load_policy, resolve_model_path
     from agentrl.training.forward import first_loss_column, shared_prefix_len, suffix_logits
-    from agentrl.training.sft import _pad, build_examples
+    from agentrl.training.sft import _pad
 
     cfg = load_config(args.config)
     model, tokenizer = load_policy(resolve_model_path(cfg.model.path))

@@ -34,12 +34,13 @@ def measure(
     from pathlib import Path
 
     from agentrl.assembly.records import eval_runner
+    from agentrl.assembly.sft import build_examples
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
     from agentrl.rollout import components
     from agentrl.training import build
     from agentrl.training.evaluation import evaluate
-    from agentrl.training.sft import build_examples, sft_train
+    from agentrl.training.sft import sft_train
 
     cfg = load_config(config, [f"env.name={name}", *FAMILIES.get(name, []), *overrides])
     base = resolve_model_path(cfg.model.path)

@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from agentrl.assembly.sft import run_sft
 from agentrl.config import Config, ConfigError, config_to_yaml
 from agentrl.engines.base import Engine
 from agentrl.models import cache_root, resolve_model_path
@@ -28,7 +29,7 @@ from agentrl.rollout.ray_workers import RayEpisodeRunner, RolloutPool
 from agentrl.rollout.runner import EpisodeRunner
 from agentrl.seeds import deterministic_kernels
 from agentrl.training import lora
-from agentrl.training.sft import run_sft, sft_seed, trains_adapters
+from agentrl.training.sft import sft_seed, trains_adapters
 from agentrl.training.warm_start_inputs import describe as describe_inputs
 from agentrl.training.warm_start_inputs import warm_start_inputs
 

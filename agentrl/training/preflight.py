@@ -470,7 +470,7 @@ def demonstration_problems(cfg: Config, env_cls: type[Environment]) -> Iterator[
             "or set sft.enabled=false"
         )
         return
-    from agentrl.training.sft import demo_tasks, solver_demonstrations
+    from agentrl.assembly.sft import demo_tasks, solver_demonstrations
 
     try:
         tasks = demo_tasks(cfg)

@@ -97,8 +97,8 @@ def test_the_warm_starts_demonstrations_are_bounded_wherever_the_solver_hangs(tm
     hangs only now) bounds the solver as the preflight does; it scores nothing."""
     from transformers import AutoTokenizer
 
+    from agentrl.assembly.sft import build_examples
     from agentrl.timeouts import WaitTimeout
-    from agentrl.training.sft import build_examples
 
     cfg = small_config(
         tmp_path, tiny_model_dir, "env.name=hanging_solver", f"env.module={HANGING}", "sft.enabled=true",

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
+from agentrl.assembly.sft import build_examples
 from agentrl.cli import main
 from agentrl.config import load_config
 from agentrl.training.prompt_fit import episode_limit, fitting_examples, model_context
-from agentrl.training.sft import build_examples
 from tests.helpers import ROOT
 
 OWN = "configs/examples/own_data_cpu.yaml"  # short_cot on a data file, SFT on

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly.sft import demo_tasks
 from agentrl.config import load_config
 from agentrl.rollout.components import load_tasks
 from agentrl.training.build import warm_start_key
-from agentrl.training.sft import demo_tasks
 
 
 def test_default_demonstrations_come_from_the_sft_seeds_training_tasks():
@@ -57,8 +57,8 @@ def test_a_demonstration_file_in_the_wrong_format_names_the_line(tmp_path):
 
 
 def test_too_few_tasks_for_num_demos_is_said(tiny_tokenizer):
+    from agentrl.assembly.sft import build_examples
     from agentrl.config import load_config
-    from agentrl.training.sft import build_examples
 
     logs: list[str] = []
     cfg = load_config(None, ["env.name=calculator", "data.num_train=5", "sft.num_demos=20"])
