@@ -38,7 +38,7 @@ def measure(
     engine = build.build_engine(cfg, model, tokenizer, base)
     examples = build_examples(cfg, tokenizer, print, loaded_context(model))
     if weights == "lora":
-        model = lora.apply(model, cfg.model.lora, seed=sft_seed(cfg))
+        model = lora.apply(model, cfg.model.lora, seed=sft_seed(cfg.sft, cfg.run.seed))
     tasks = components.load_tasks(cfg, "test")[: cfg.eval.num_tasks]
     rows: list[dict[str, float]] = []
     t0, trained = time.perf_counter(), [0.0]

@@ -57,7 +57,7 @@ def build_examples(
                 "the solutions where several exist). Raise data.num_train for more distinct tasks, or lower "
                 "sft.num_demos."
             )
-        rng = random.Random(sft_seed(cfg))
+        rng = random.Random(sft_seed(cfg.sft, cfg.run.seed))
         tasks = [
             tasks[i % len(tasks)]
             for i in rng.sample(range(max(len(tasks), cfg.sft.num_demos)), cfg.sft.num_demos)
@@ -82,7 +82,7 @@ def solver_demonstrations(cfg: Config, env_cls: Any, tasks: list[Any]) -> list[A
     (``timeouts.env_step_s`` for the whole call; ``WaitTimeout`` naming the environment past it)."""
     n, limit = len(tasks), cfg.timeouts.env_step_s
     return call_with_timeout(
-        lambda: env_cls.demonstrations(tasks, seed=sft_seed(cfg)),
+        lambda: env_cls.demonstrations(tasks, seed=sft_seed(cfg.sft, cfg.run.seed)),
         limit,
         f"environment {cfg.env.name!r}: demonstrations() of {n} task(s)",
         f"timeouts.env_step_s={limit:g}s",
@@ -102,9 +102,9 @@ def demo_tasks(cfg: Config) -> list[Task]:
     if cfg.sft.num_tasks is not None:  # the pool's size, not RL's
         sized = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, num_train=cfg.sft.num_tasks))
     if not seeds:
-        return components.load_tasks(sized, "train", seed=sft_seed(cfg))
+        return components.load_tasks(sized, "train", seed=sft_seed(cfg.sft, cfg.run.seed))
     taken = {t.prompt for s in seeds for t in components.load_tasks(cfg, "train", seed=s)}
-    pool = components.load_tasks(sized, "train", seed=sft_seed(cfg) + _DEMO_STREAM)
+    pool = components.load_tasks(sized, "train", seed=sft_seed(cfg.sft, cfg.run.seed) + _DEMO_STREAM)
     kept = [t for t in pool if t.prompt not in taken]
     if not kept:
         raise ValueError(
@@ -116,14 +116,14 @@ def demo_tasks(cfg: Config) -> list[Task]:
 
 def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], None] = print) -> SFTResult:
     """Warm-start ``base_path`` on demonstrations and save the result (HF format) to ``out_dir``."""
-    torch.manual_seed(sft_seed(cfg))
+    torch.manual_seed(sft_seed(cfg.sft, cfg.run.seed))
     model, tokenizer = components.load_model(cfg, base_path)
     context = loaded_context(model)
-    adapters = trains_adapters(cfg)
+    adapters = trains_adapters(cfg.sft, cfg.model.lora)
     if cfg.model.gradient_checkpointing:  # as RL's update does (then no shared-prefix forward: no KV cache)
         checkpointing(model)
     if adapters:  # only the adapters train; merged into the base below, so the warm start is a plain model
-        model = lora.apply(model, cfg.model.lora, seed=sft_seed(cfg))
+        model = lora.apply(model, cfg.model.lora, seed=sft_seed(cfg.sft, cfg.run.seed))
         log(f"SFT warm start trains LoRA adapters (sft.weights={cfg.sft.weights}): {lora.describe(model)}")
     examples = build_examples(cfg, tokenizer, log, context)
     holdout, examples = _split_holdout(cfg, examples)
@@ -154,7 +154,7 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
             steps=steps,
             lr=cfg.sft.lr,
             batch_size=cfg.sft.batch_size,
-            seed=sft_seed(cfg),
+            seed=sft_seed(cfg.sft, cfg.run.seed),
             pad_id=tokenizer.pad_token_id or 0,
             on_step=on_step,
             holdout=holdout,
@@ -180,7 +180,7 @@ def _split_holdout(
     """(held out, trained on): a seeded split, so the held-out demonstrations are never trained on."""
     if cfg.sft.holdout <= 0:
         return [], examples
-    random.Random(sft_seed(cfg) + 1).shuffle(examples)
+    random.Random(sft_seed(cfg.sft, cfg.run.seed) + 1).shuffle(examples)
     n_held = max(1, round(cfg.sft.holdout * len(examples)))
     if n_held >= len(examples):
         raise ValueError(f"sft.holdout={cfg.sft.holdout} leaves no demonstration to train on")

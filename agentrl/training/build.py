@@ -58,7 +58,7 @@ def warm_start_key(cfg: Config, base: str) -> str:
             "lr": s.lr,
             "batch_size": s.batch_size,
         },
-        "seed": sft_seed(cfg),
+        "seed": sft_seed(cfg.sft, cfg.run.seed),
         "version": 2,
     }
     if s.exclude_train_seeds:  # only when set, so existing keys (and caches) stay valid
@@ -67,7 +67,7 @@ def warm_start_key(cfg: Config, base: str) -> str:
         payload["num_tasks"] = s.num_tasks
     if s.holdout > 0:
         payload["holdout"] = [s.holdout, s.eval_every, s.patience]
-    if trains_adapters(cfg):  # a LoRA warm start (keys of full ones stay as they were)
+    if trains_adapters(cfg.sft, cfg.model.lora):  # a LoRA warm start (keys of full ones stay as they were)
         payload["lora"] = lora.settings_dict(cfg.model.lora)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]
 

@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from agentrl.config import ConfigError
+from agentrl.config.schema import LoraConfig
 
 STATE_FILE = "trainer_state.pt"
 
@@ -184,20 +185,23 @@ def weights_record(state: dict[str, Any]) -> dict[str, Any]:
     return state.get("weights") or {"format": "hf", "lora": None, "base": None}
 
 
-def check_resumable(record: dict[str, Any], cfg: Any, ckpt: Path, base_path: str) -> None:
-    """A clear error when this run cannot load ``ckpt``'s weights: another strategy's format, other
-    LoRA settings, or an adapter trained on another base model."""
+def check_resumable(
+    record: dict[str, Any], strategy: str, adapters: LoraConfig, ckpt: Path, base_path: str
+) -> None:
+    """A clear error when this run (``trainer.strategy``, ``model.lora``) cannot load ``ckpt``'s
+    weights: another strategy's format, other LoRA settings, or an adapter trained on another base
+    model."""
     from agentrl.training import lora
 
-    fmt = "dcp" if cfg.trainer.strategy == "fsdp2" else "hf"
+    fmt = "dcp" if strategy == "fsdp2" else "hf"
     if record["format"] != fmt:
         written = "fsdp2" if record["format"] == "dcp" else "ddp"
         raise ConfigError(
             f"{ckpt} was written with trainer.strategy={written} ({record['format']} weights) but this run "
-            f"has trainer.strategy={cfg.trainer.strategy}: resume with trainer.strategy={written} (any "
+            f"has trainer.strategy={strategy}: resume with trainer.strategy={written} (any "
             f"number of ranks), or `agentrl export` it and start a new run from the export"
         )
-    now = lora.settings_dict(cfg.model.lora) if lora.enabled(cfg.model.lora) else None
+    now = lora.settings_dict(adapters) if lora.enabled(adapters) else None
     if record["lora"] != now:
         raise ConfigError(
             f"{ckpt} holds {'a LoRA adapter ' + str(record['lora']) if record['lora'] else 'full weights'} "

@@ -545,7 +545,7 @@ def sft_budget(cfg: Config, a: Architecture, gpu: float) -> Budget:
 
     b = _bytes(cfg.model.dtype)
     c = 2 if b == 2 else 4
-    adapters = trains_adapters(cfg)
+    adapters = trains_adapters(cfg.sft, cfg.model.lora)
     P, pb = (a.lora_params, 4) if adapters else (a.params, b)
     what = "LoRA adapters, merged when SFT ends" if adapters else "every weight"
     micro = min(cfg.sft.micro_batch_size or cfg.sft.batch_size, cfg.sft.batch_size)

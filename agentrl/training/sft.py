@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agentrl.config import Config
+from agentrl.config.schema import LoraConfig, SFTConfig
 from agentrl.models.chat import ChatRenderer
 from agentrl.training import lora
 from agentrl.training.forward import first_loss_column, prefix_plan, suffix_logits
@@ -245,15 +245,14 @@ def _pad(batch: Sequence[tuple[list[int], list[int]]], pad_id: int) -> tuple[tor
     return ids, mask
 
 
-def trains_adapters(cfg: Config) -> bool:
+def trains_adapters(sft: SFTConfig, adapters: LoraConfig) -> bool:
     """Whether the warm start trains LoRA adapters (``sft.weights``; ``auto``: when ``model.lora`` is set)."""
-    w = cfg.sft.weights
-    return w == "lora" or (w == "auto" and lora.enabled(cfg.model.lora))
+    return sft.weights == "lora" or (sft.weights == "auto" and lora.enabled(adapters))
 
 
-def sft_seed(cfg: Config) -> int:
+def sft_seed(sft: SFTConfig, run_seed: int) -> int:
     """The warm start's seed: ``sft.seed``, else ``run.seed``."""
-    return cfg.run.seed if cfg.sft.seed is None else cfg.sft.seed
+    return run_seed if sft.seed is None else sft.seed
 
 
 def save_warm_start(

@@ -203,7 +203,7 @@ class Trainer:
         full = record is not None and not record["lora"]
         self.base_path = resolve_model_path(cfg.model.path) if full else build.policy_path(cfg, log=log)
         if ckpt and record:
-            check_resumable(record, cfg, ckpt, self.base_path)
+            check_resumable(record, cfg.trainer.strategy, cfg.model.lora, ckpt, self.base_path)
         # full HF weights load from the checkpoint; LoRA and DCP checkpoints fill a model built from the base
         path = str(ckpt) if record and record["format"] == "hf" and not record["lora"] else self.base_path
         sharded = self.strategy.equal_forwards
