@@ -62,8 +62,9 @@ def train_config(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
+    from agentrl.assembly import train
     from agentrl.training.run_state import DiskFull
-    from agentrl.training.trainer import TrainingFailed, train
+    from agentrl.training.trainer import TrainingFailed
 
     try:
         train(cfg, overwrite=args.overwrite, force=args.force)

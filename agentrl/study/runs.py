@@ -16,6 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.rollout import components
 from agentrl.study import archive, sections
@@ -26,7 +27,7 @@ from agentrl.timeouts import start_thread
 from agentrl.training import build
 from agentrl.training.evaluation import evaluate, pass_at_k_curve
 from agentrl.training.run_state import DiskFull
-from agentrl.training.trainer import Trainer, stop_after_step_on_signal
+from agentrl.training.trainer import stop_after_step_on_signal
 from agentrl.transcripts import read_metrics
 
 
@@ -34,7 +35,7 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     """Train one (family, method, seed) and evaluate it at the end; writes ``result.json``."""
 
     cfg = load_config(config_path, spec.overrides)
-    trainer = Trainer(cfg, log=lambda s: print(s, flush=True))
+    trainer = make_trainer(cfg, log=lambda s: print(s, flush=True))
     with stop_after_step_on_signal(trainer, trainer.log):
         trainer.train()
     if trainer.stop_requested:  # stopped by the study (or a signal): the checkpoint is its step's

@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrl.assembly import make_trainer
 from agentrl.cli.policy import chosen_policy, policy_engine
 from agentrl.config import ConfigError, load_config
 from agentrl.models import load_policy
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import small_config
 
 
@@ -26,7 +26,7 @@ def trained_run(tmp_path_factory, tiny_model_dir):
     cfg = small_config(
         tmp, tiny_model_dir, "trainer.total_steps=2", "trainer.checkpoint_every=1", "trainer.lr=1e-2"
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     trainer.train()
     return tmp / "run", {n: p.detach().clone() for n, p in trainer.model.state_dict().items()}
 
@@ -59,7 +59,7 @@ def test_checkpoint_chooses_one_by_its_step_and_a_wrong_one_lists_the_runs(train
 def test_a_lora_run_serves_its_adapter_merged(tmp_path, tiny_model_dir):
     lora = ("trainer.total_steps=1", "trainer.checkpoint_every=1", "model.lora.rank=4", "trainer.lr=5e-2")
     cfg = small_config(tmp_path, tiny_model_dir, *lora)
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     run = tmp_path / "run"
     policy = chosen_policy(str(run), None, load_config(str(run), []), "serving")
     assert policy.label == "step_1"

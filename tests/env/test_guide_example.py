@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.env import import_environment_module
 from agentrl.env.check import check_environment
-from agentrl.training.trainer import Trainer, TrainingFailed
+from agentrl.training.trainer import TrainingFailed
 from tests.helpers import ROOT
 from tests.helpers.jsonl import lines
 
@@ -41,7 +42,7 @@ def test_guide_example_trains(tmp_path, tiny_model_dir, monkeypatch):
         ],
     )
     with pytest.raises(TrainingFailed, match="no step trained"):  # 4 SFT steps solve nothing yet
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
     rows = [json.loads(x) for x in lines(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all("reward/correct" in r for r in rows)
 
@@ -125,6 +126,6 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     engine = build.build_engine(cfg, model, tokenizer, start)
     metrics, _ = evaluate(cfg, engine, tokenizer, components.load_tasks(cfg, "test"))
     assert metrics["eval/mean@k"] > 0.2, metrics
-    history = Trainer(cfg, log=lambda *_: None).train()
+    history = make_trainer(cfg, log=lambda *_: None).train()
     rewards = [m["reward/mean"] for m in history]
     assert len(rewards) == 20 and sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards

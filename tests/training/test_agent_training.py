@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer
 from agentrl.views.replay import replay_command
 from agentrl.views.viewer.page import build_data
 from tests.helpers import HELPERS
@@ -34,7 +34,7 @@ def test_an_openai_agent_trains_with_stare_and_its_episodes_can_be_inspected(tmp
             "logging.plots=false",
         ],
     )
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     episodes = [Episode.from_json(x) for x in lines(run_dir / "transcripts.jsonl")]
     assert len(episodes) == 2 * 2 * 4 and {e.env for e in episodes} == {"test_arithmetic_agent"}
     assert all(e.failure is None for e in episodes), [e.failure for e in episodes if e.failure]
