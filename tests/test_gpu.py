@@ -342,8 +342,8 @@ def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
     GPU's peak by no more than that (a whole extra copy on the GPU first would double it)."""
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.parallel import sharding
+    from agentrl.training.build import reference_model
     from agentrl.training.plan import plan
-    from agentrl.training.policy_setup import reference_model
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
     cfg = load_config(

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+from agentrl.assembly.evaluation import evaluate
 from agentrl.config import Config, config_to_dict, output_dir, save_config
 from agentrl.engines.base import Engine
 from agentrl.env.data import TaskSampler
@@ -20,6 +22,7 @@ from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.parallel.sharding import Strategy
 from agentrl.rollout import components
 from agentrl.rollout.pipeline import EngineGate
+from agentrl.rollout.runner import MakeRunner
 from agentrl.seeds import seed_everything
 from agentrl.training import build, lora, preflight
 from agentrl.training.checkpoint import (
@@ -30,7 +33,6 @@ from agentrl.training.checkpoint import (
     weights_record,
 )
 from agentrl.training.collect import Collector
-from agentrl.training.evaluation import evaluate
 from agentrl.training.learner import Learner
 from agentrl.training.metrics import MetricsLogger
 from agentrl.training.run_lock import RunLock
@@ -71,11 +73,12 @@ def make_trainer(
     state = RunState(cfg, root_dir, run_dir, rank, world, log)
     ckpt, saved = state.resume_point() if cfg.run.resume else (None, None)
     policy = Policy(cfg, strategy, placement, rank, log, ckpt, saved)
-    learner = Learner(
-        cfg, policy.model, policy.tokenizer.pad_token_id or 0, strategy, log, shards_from=policy.shards_from
-    )
+    reference = partial(build.reference_model, cfg, strategy, strategy.device, log)  # built with KL only
+    pad_id = policy.tokenizer.pad_token_id or 0
+    learner = Learner(cfg, policy.model, pad_id, strategy, log, reference, shards_from=policy.shards_from)
     assert checked.train_tasks is not None
-    rollouts = Collector(cfg, policy.engine, policy.tokenizer, TaskSampler(checked.train_tasks, cfg.run.seed))
+    sampler = TaskSampler(checked.train_tasks, cfg.run.seed)
+    rollouts = Collector(cfg, policy.engine, sampler, runner_maker(cfg, policy.tokenizer))
     weights = WeightPush(cfg, learner, policy.engine)
     start_step = 0
     if ckpt and saved:  # cuts metrics/transcripts back to the checkpoint before we append
@@ -139,6 +142,11 @@ def metrics_logger(cfg: Config, run_dir: Path, start_step: int) -> MetricsLogger
         every=cfg.logging.log_every,
         start_step=start_step,
     )
+
+
+def runner_maker(cfg: Config, tokenizer: Any) -> MakeRunner:
+    """The runner for an engine (``build.build_runner``), as the collector asks for it."""
+    return lambda engine, seed, temperature: build.build_runner(cfg, engine, tokenizer, seed, temperature)
 
 
 def claim_run_dir(

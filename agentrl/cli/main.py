@@ -124,9 +124,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.assembly import evaluate
     from agentrl.cli.policy import chosen_policy, policy_engine
     from agentrl.training.checkpoint import latest_checkpoint
-    from agentrl.training.evaluation import evaluate
     from agentrl.training.metrics import failure_summary
 
     against = _baseline_outcomes(args.against) if args.against else None  # a bad file: before any work

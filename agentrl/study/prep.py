@@ -10,6 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from agentrl.assembly import evaluate
 from agentrl.config import Config, load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
@@ -19,7 +20,7 @@ from agentrl.study import archive
 from agentrl.study.spec import StudyConfig, family_overrides
 from agentrl.training import build
 from agentrl.training.batch import batch_forward, build_batch
-from agentrl.training.evaluation import evaluate, pass_at_k_curve
+from agentrl.training.evaluation import pass_at_k_curve
 
 
 def probe_tasks(cfg: Config, study: StudyConfig) -> list[Task]:

@@ -18,9 +18,8 @@ from agentrl.episode import Episode
 from agentrl.parallel import ranks
 from agentrl.parallel.engine_group import FollowerEngine, LeaderEngine
 from agentrl.rollout.pipeline import EngineGate, RolloutPipeline, batch_requests
-from agentrl.rollout.runner import EpisodeRequest
+from agentrl.rollout.runner import EpisodeRequest, MakeRunner
 from agentrl.seeds import mix_seed
-from agentrl.training import build
 from agentrl.training import offpolicy as off
 
 
@@ -28,8 +27,8 @@ class Collector:
     """The trainer's rollouts: ``collect(step)`` each step; ``state``/``load_state`` for checkpoints
     (the task sampler's position and, in async mode, the batches granted and not yet trained on)."""
 
-    def __init__(self, cfg: Config, engine: Engine, tokenizer: Any, sampler: TaskSampler) -> None:
-        self.cfg, self.engine, self.tokenizer, self.sampler = cfg, engine, tokenizer, sampler
+    def __init__(self, cfg: Config, engine: Engine, sampler: TaskSampler, make_runner: MakeRunner) -> None:
+        self.cfg, self.engine, self.sampler, self.make_runner = cfg, engine, sampler, make_runner
         self.pipeline: RolloutPipeline | None = None  # async mode: started by the first collect
         self.pipeline_state: dict[str, Any] | None = None  # a resumed async run's pending batches
         self._async_marks = (0.0, 0.0)  # the engine's idle and blocked seconds at the last step
@@ -105,9 +104,7 @@ class Collector:
         return self.on_engine(self._run_batch, label, requests)
 
     def _run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
-        runner = build.build_runner(
-            cfg := self.cfg, self.engine, self.tokenizer, seed=mix_seed(cfg.run.seed, *label)
-        )
+        runner = self.make_runner(self.engine, mix_seed(self.cfg.run.seed, *label), None)
         try:
             return runner.run(requests)
         finally:

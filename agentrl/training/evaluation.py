@@ -1,5 +1,5 @@
 """Evaluation: mean@k and pass@k of a policy on held-out tasks, as the trainer, ``agentrl eval`` and
-the study run it."""
+the study run it (``agentrl/assembly/evaluation.py`` builds the runner from a config)."""
 
 from __future__ import annotations
 
@@ -7,35 +7,26 @@ import math
 import random
 from collections import defaultdict
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
-from agentrl.config import Config
-from agentrl.engines.base import Engine
 from agentrl.env import Task
 from agentrl.episode import Episode
-from agentrl.rollout.runner import EpisodeRequest
-from agentrl.training import build
+from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner
 from agentrl.training.metrics import is_correct
 
 Gather = Callable[[Callable[[list], list], list], list]
 """``(run, requests) -> episodes``: how the ranks share a batch (``Collector.gather``)."""
 
 
-def evaluate(
-    cfg: Config,
-    engine: Engine,
-    tokenizer: Any,
-    tasks: Sequence[Task],
-    k: int | None = None,
-    gather: Gather | None = None,
+EVAL_SEED = 10_007
+"""Added to ``run.seed`` for the evaluation's runner: its samples never repeat a training step's."""
+
+
+def evaluate_with(
+    runner: EpisodeRunner, tasks: Sequence[Task], k: int, gather: Gather | None = None
 ) -> tuple[dict[str, float], list[Episode]]:
     """mean@k (average correctness over k samples per task) and pass@k (any of k correct) on
-    ``tasks``. ``gather``: under torchrun, how the ranks split the episodes and share them (the
-    trainer's ``Collector.gather``); None runs them all here."""
-    k = k or cfg.eval.k
-    runner = build.build_runner(
-        cfg, engine, tokenizer, seed=cfg.run.seed + 10_007, temperature=cfg.eval.temperature
-    )
+    ``tasks``, run by ``runner`` (closed here). ``gather``: under torchrun, how the ranks split the
+    episodes and share them (the trainer's ``Collector.gather``); None runs them all here."""
     try:
         reqs = [
             EpisodeRequest(t, seed=i * k + j, group=f"eval-{t.id}", episode_id=f"eval-{t.id}-{j}")

@@ -29,7 +29,7 @@ from agentrl.training import offpolicy as off
 from agentrl.training.batch import Batch, build_batch, token_metrics
 from agentrl.training.overlays import attach_overlays
 from agentrl.training.passes import Passes
-from agentrl.training.policy_setup import make_optimizer, prepare_policy, reference_model, set_lr, update_plan
+from agentrl.training.policy_setup import make_optimizer, prepare_policy, set_lr, update_plan
 
 TRUNCATED = ("token_budget", "max_turns", "truncated")
 """Stop reasons of episodes cut by a budget (trained unless ``rollout.train_on_truncated`` is off)."""
@@ -60,7 +60,7 @@ class Learner:
         pad_id: int,
         strategy: sharding.Strategy | None = None,
         log: Callable[[str], None] = print,
-        reference: torch.nn.Module | None = None,
+        reference: torch.nn.Module | Callable[[], torch.nn.Module] | None = None,
         shards_from: str | None = None,
     ) -> None:
         self.cfg, self.pad_id = cfg, pad_id
@@ -93,9 +93,9 @@ class Learner:
         self.ref_is_base = cfg.algorithm.kl_coef > 0 and lora.enabled(cfg) and not cfg.model.ref_path
         self.ref_model = None
         if cfg.algorithm.kl_coef > 0 and not self.ref_is_base:
-            self.ref_model = (
-                reference if reference is not None else reference_model(cfg, self.strategy, self.device, log)
-            )
+            if reference is None:
+                raise ValueError("algorithm.kl_coef > 0 needs the frozen reference: pass reference")
+            self.ref_model = reference if isinstance(reference, torch.nn.Module) else reference()
         self.weighting = weighting_name(cfg)
         self.weighting_state: Any = None
 

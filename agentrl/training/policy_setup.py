@@ -1,6 +1,6 @@
 """Building the learner's parts from the config: the policy prepared for training (gradient
 checkpointing, LoRA; rank 0's weights kept aside for ranks that start on the meta device), the
-frozen KL reference, the optimizer, and each step's plan (which rows each optimizer step trains on)
+optimizer, and each step's plan (which rows each optimizer step trains on)
 and learning rate."""
 
 from __future__ import annotations
@@ -13,10 +13,9 @@ import torch
 
 from agentrl.config import Config
 from agentrl.models.checkpointing import checkpointing
-from agentrl.parallel import ranks, shard_reads, sharding
-from agentrl.rollout import components
+from agentrl.parallel import ranks, sharding
 from agentrl.seeds import mix_seed
-from agentrl.training import build, lora
+from agentrl.training import lora
 
 
 def prepare_policy(
@@ -34,34 +33,6 @@ def prepare_policy(
     sharded = strategy.equal_forwards and strategy.world > 1
     broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
     return model, broadcast, model.state_dict() if broadcast and strategy.rank == 0 else None
-
-
-def reference_model(
-    cfg: Config, strategy: sharding.Strategy, device: torch.device, log: Callable[[str], None]
-) -> torch.nn.Module:
-    """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL started
-    from (the warm start; on a resume too, never the checkpoint). It costs one more copy of the
-    weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state) and one
-    forward per step. Sharded, it loads as the policy does: each rank reads its own shards when every
-    rank sees the checkpoint's files (``parallel/shard_reads.py``), else rank 0 reads it into host
-    memory and the others build it on the meta device; each rank's GPU receives only its shards."""
-    path = cfg.model.ref_path or build.policy_path(cfg, log=log)
-    sharded = strategy.equal_forwards and strategy.world > 1
-    local = shard_reads.shard_source(path) if sharded else None  # each rank reads its own shards
-    reads = local is not None
-    where = ("meta" if strategy.rank > 0 or reads else "cpu") if strategy.equal_forwards else device
-    ref, _ = components.load_model(cfg, path, device=where)
-    ref.eval()
-    for p in ref.parameters():
-        p.requires_grad_(False)
-    full = ref.state_dict() if strategy.equal_forwards and strategy.rank == 0 and not reads else None
-    ref = strategy.prepare_frozen(ref)
-    if sharded:
-        sharding.materialize(ref, device, full, broadcast=not reads)
-    if local is not None:
-        shard_reads.read_own_shards(ref, local)
-    log(f"KL reference policy: {path}")
-    return ref
 
 
 def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer:

@@ -114,9 +114,9 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     A measurement of a documented result, like the reduced study: ~6.5 min on 2 cores, so it runs with
     ``-m study``, not in .ci/run (whose 25 minutes it would overrun); CI runs the same config for two
     steps (``test_guide_example_trains``)."""
+    from agentrl.assembly import evaluate
     from agentrl.rollout import components
     from agentrl.training import build
-    from agentrl.training.evaluation import evaluate
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(ROOT / "configs" / "examples" / "lookup_cpu.yaml", [f"run.output_dir={tmp_path / 'run'}",
