@@ -272,9 +272,10 @@ TEST_FOLDERS_BESIDES_PACKAGES = {"helpers", "data", "core"}  # shared code, fixt
 
 
 def test_test_folders_mirror_the_packages():
-    """tests/<name>/ holds the tests of agentrl/<name>/ (or of sandboxes/); core modules' tests are
-    in tests/core/, what crosses every package (layout, docs, the newcomer's path) at the top."""
-    packages = {p.name for p in (ROOT / "agentrl").iterdir() if (p / "__init__.py").exists()} | {"sandboxes"}
+    """tests/<name>/ holds the tests of agentrl/<name>/ (or of sandboxes/, environments/); core modules'
+    tests are in tests/core/, what crosses every package (layout, docs, the newcomer's path) at the top."""
+    packages = {p.name for p in (ROOT / "agentrl").iterdir() if (p / "__init__.py").exists()}
+    packages |= {"sandboxes", "environments"}
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
     assert folders - packages - TEST_FOLDERS_BESIDES_PACKAGES == set()
 

@@ -203,7 +203,7 @@ def stop_when_orphaned(poll_s: float = 0.5) -> None:
     parent-death signal is not used: it can arrive once per exiting thread of the parent, and a
     second SIGTERM means "stop now".) The study is the pid it put in ``AGENTRL_STUDY_PID``, not the
     parent this process finds once its imports are done: a study killed in those seconds has already
-    handed the run to init, and the run would train on alone (it did, 2026-11-28)."""
+    handed the run to init, and the run would train on alone."""
 
     parent = int(os.environ.get("AGENTRL_STUDY_PID") or os.getppid())
 

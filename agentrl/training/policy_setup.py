@@ -43,8 +43,8 @@ def make_optimizer(cfg: Config, model: torch.nn.Module) -> torch.optim.Optimizer
         lr=t.lr,
         betas=(t.betas[0], t.betas[1]),
         weight_decay=t.weight_decay,
-        # one fused kernel over all parameters (the same update; ~4x faster than the per-tensor
-        # loop torch picks by default on CPU)
+        # one fused kernel over all parameters (the same update, faster than the per-tensor loop
+        # torch picks by default on CPU; docs/performance.md#on-the-tiny-model)
         fused=all(p.is_floating_point() for p in trainable) or None,
     )
 

@@ -2,7 +2,7 @@
 or the one ``--checkpoint step_N`` names, at that checkpoint's weight version; a LoRA run's adapter
 merged into its base. Before, serve loaded the warm start (``build.policy_path``) and every reply
 carried weight version 0. The policy choice and its engine are ``cli/policy.py``'s, shared with
-``agentrl eval``; the HTTP side is tests/rollout/test_proxy.py's."""
+``agentrl eval``; the HTTP side is tests/rollout/test_agent_runner.py's."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     """The guide's example as a user runs it (docs/environments.md, "A warm start that learns"): the
     tiny model warm-starts to a held-out mean@4 above 0.2, and 20 RL steps raise the training reward.
     A measurement of a documented result, like the reduced study: ~6.5 min on 2 cores, so it runs with
-    ``-m study``, not in .ci/run (whose 25 minutes it would overrun); CI runs the same config for two
+    ``-m study``, not in .ci/run (whose 20 minutes it would overrun); CI runs the same config for two
     steps (``test_guide_example_trains``)."""
     from agentrl.assembly import evaluate
     from agentrl.rollout import components
