@@ -21,11 +21,11 @@ import time
 def measure(
     config: str, overrides: list[str], weights: str, curve: list[int], rank: int
 ) -> list[dict[str, float]]:
-    from agentrl.assembly import evaluate
+    from agentrl.assembly import build, evaluate
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
     from agentrl.rollout import components
-    from agentrl.training import build, lora
+    from agentrl.training import lora
     from agentrl.training.prompt_fit import loaded_context
     from agentrl.training.sft import build_examples, sft_seed, sft_train
 

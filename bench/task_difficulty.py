@@ -33,11 +33,10 @@ def measure(
 ) -> dict[str, float]:
     from pathlib import Path
 
-    from agentrl.assembly import evaluate
+    from agentrl.assembly import build, evaluate
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
     from agentrl.rollout import components
-    from agentrl.training import build
     from agentrl.training.sft import build_examples, sft_train
 
     cfg = load_config(config, [f"env.name={name}", *FAMILIES.get(name, []), *overrides])

@@ -340,9 +340,9 @@ def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
     """The reference loads on the host and its shards go to the GPU (training/policy_setup.py): on
     one rank its GPU bytes are the plan's "KL reference weights" term, and building it raises the
     GPU's peak by no more than that (a whole extra copy on the GPU first would double it)."""
+    from agentrl.assembly.build import reference_model
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.parallel import sharding
-    from agentrl.training.build import reference_model
     from agentrl.training.plan import plan
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)

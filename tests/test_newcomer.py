@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from agentrl.assembly import make_trainer
+from agentrl.assembly import build, make_trainer
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.env import register
-from agentrl.training import build
 from agentrl.training.trainer import TrainingFailed
 from tests.helpers.configs import small_config
 from tests.helpers.envs import Chatter

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from agentrl.assembly import build
 from agentrl.config import Config
 from agentrl.engines.base import Engine
 from agentrl.env import Task
 from agentrl.episode import Episode
-from agentrl.training import build
 from agentrl.training.evaluation import EVAL_SEED, Gather, evaluate_with
 
 

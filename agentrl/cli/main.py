@@ -107,7 +107,7 @@ def _checked(cfg, **what):  # type: ignore[no-untyped-def]
 
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _config(args, ["sft.enabled=true"])
-    from agentrl.training.build import policy_path
+    from agentrl.assembly.build import policy_path
     from agentrl.training.trainer import sigterm_as_interrupt
 
     _checked(cfg, train=True, sft=True)
@@ -247,9 +247,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.assembly import build
     from agentrl.rollout import components
     from agentrl.rollout.runner import EpisodeRequest
-    from agentrl.training import build
     from agentrl.transcripts import TranscriptWriter
 
     checked = _checked(cfg, train=args.split == "train", test=args.split == "test")

@@ -29,7 +29,7 @@ class Policy:
 def chosen_policy(config: str | None, checkpoint: str | None, cfg: Any, verb: str) -> Policy:
     """The policy to ``verb`` (module docstring). ``config``: the command's CONFIG argument (a run
     directory or a config file); ``checkpoint``: ``--checkpoint``."""
-    from agentrl.training import build
+    from agentrl.assembly import build
     from agentrl.training.checkpoint import latest_checkpoint, list_checkpoints
 
     run_dir = Path(config) if config and Path(config).is_dir() else None
@@ -55,8 +55,8 @@ def chosen_policy(config: str | None, checkpoint: str | None, cfg: Any, verb: st
 def policy_engine(cfg: Any, policy: Policy) -> tuple[Any, Any]:
     """The engine and tokenizer for ``policy`` (a checkpoint of any format: adapters merged, shards
     joined; the engine at the checkpoint's weight version)."""
+    from agentrl.assembly import build
     from agentrl.rollout import components
-    from agentrl.training import build
     from agentrl.training.checkpoint import STATE_FILE
     from agentrl.training.export import checkpoint_model
 

@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import evaluate
+from agentrl.assembly import build, evaluate
 from agentrl.config import Config, load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
@@ -18,7 +18,6 @@ from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
 from agentrl.study import archive
 from agentrl.study.spec import StudyConfig, family_overrides
-from agentrl.training import build
 from agentrl.training.batch import batch_forward, build_batch
 from agentrl.training.evaluation import pass_at_k_curve
 

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import evaluate, make_trainer
+from agentrl.assembly import build, evaluate, make_trainer
 from agentrl.config import load_config
 from agentrl.rollout import components
 from agentrl.study import archive, sections
@@ -24,7 +24,6 @@ from agentrl.study.prep import prepare_family, weights_digest
 from agentrl.study.report import write_report
 from agentrl.study.spec import RunSpec, StudyConfig, plan, run_threads, runs_at_once
 from agentrl.timeouts import start_thread
-from agentrl.training import build
 from agentrl.training.evaluation import pass_at_k_curve
 from agentrl.training.run_state import DiskFull
 from agentrl.training.trainer import stop_after_step_on_signal

@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
+from agentrl.assembly import build
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Task
 from agentrl.models import load_policy
 from agentrl.rollout.runner import EpisodeRequest
-from agentrl.training import build
 from tests.helpers import HELPERS, ROOT
 from tests.helpers.configs import ray_config
 

@@ -69,8 +69,8 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
     meta device; each rank's GPU then holds only its shards (``materialize``), as ``agentrl plan``
     counts it (N·b/S). Loading it onto rank 0's GPU whole would put 131 GB there for a 32 B model.
     The GPU here is only named: the loads and the materialisation are recorded."""
+    from agentrl.assembly.build import reference_model
     from agentrl.parallel import sharding
-    from agentrl.training.build import reference_model
 
     loads, filled = [], []
     real = components.load_model

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly.build import warm_start_key
 from agentrl.config import load_config
 from agentrl.rollout.components import load_tasks
-from agentrl.training.build import warm_start_key
 from agentrl.training.sft import demo_tasks
 
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from safetensors.torch import load_file
 
+from agentrl.assembly.build import warm_start_key
 from agentrl.config import ConfigError, load_config
-from agentrl.training.build import warm_start_key
 from agentrl.training.sft import run_sft
 
 
