@@ -13,7 +13,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import build
+from agentrl.assembly import build, preflight
 from agentrl.assembly.evaluation import evaluate
 from agentrl.config import Config, config_to_dict, output_dir, save_config
 from agentrl.engines.base import Engine
@@ -25,7 +25,7 @@ from agentrl.rollout import components
 from agentrl.rollout.pipeline import EngineGate
 from agentrl.rollout.runner import MakeRunner
 from agentrl.seeds import seed_everything
-from agentrl.training import lora, preflight
+from agentrl.training import lora
 from agentrl.training.checkpoint import (
     check_resumable,
     existing_run,

@@ -95,8 +95,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _checked(cfg, **what):  # type: ignore[no-untyped-def]
     """``preflight.check_inputs`` (every input checked before any work), its notes printed."""
+    from agentrl.assembly.preflight import check_inputs
     from agentrl.rollout.components import apply_threads
-    from agentrl.training.preflight import check_inputs
 
     checked = check_inputs(cfg, **what)
     for note in checked.notes:
@@ -288,9 +288,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.assembly.preflight import bind_problem
     from agentrl.cli.policy import chosen_policy
     from agentrl.config import ConfigError
-    from agentrl.training.preflight import bind_problem
 
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
     _checked(cfg, sft=cfg.sft.enabled and not (args.checkpoint or (run_dir and _has_checkpoint(run_dir))))

@@ -73,7 +73,7 @@ def test_envs_check_names_a_call_that_never_returns(env, hang, what):
 def test_the_preflight_bounds_the_solver_wherever_it_hangs(tmp_path, tiny_model_dir, hang):
     """The preflight runs the solver (its reset and tool calls) under ``timeouts.env_step_s``; it
     scores nothing, so a reward that never returns does not stop it (rollouts bound that one)."""
-    from agentrl.training.preflight import check_inputs
+    from agentrl.assembly.preflight import check_inputs
 
     cfg = small_config(
         tmp_path, tiny_model_dir, "env.name=hanging_solver", f"env.module={HANGING}", "sft.enabled=true",
