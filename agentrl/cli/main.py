@@ -223,7 +223,7 @@ def _compare(before: dict[str, list[bool]], after: dict[str, list[bool]], label:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from agentrl.training.export import export
+    from agentrl.assembly.export import export
 
     ckpt = export(args.run, args.out, step=args.step, dtype=args.dtype)
     print(f"exported {ckpt} -> {args.out} (HF format, {args.dtype})")

@@ -56,9 +56,9 @@ def policy_engine(cfg: Any, policy: Policy) -> tuple[Any, Any]:
     """The engine and tokenizer for ``policy`` (a checkpoint of any format: adapters merged, shards
     joined; the engine at the checkpoint's weight version)."""
     from agentrl.assembly import build
+    from agentrl.assembly.export import checkpoint_model
     from agentrl.rollout import components
     from agentrl.training.checkpoint import STATE_FILE
-    from agentrl.training.export import checkpoint_model
 
     path = policy.path
     state_file = Path(path) / STATE_FILE

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrl.assembly.export import checkpoint_model
 from agentrl.parallel.ranks import shard_rows
-from agentrl.training.export import checkpoint_model
 from tests.helpers import HELPERS
 from tests.helpers.configs import torchrun_cli
 from tests.helpers.jsonl import lines
