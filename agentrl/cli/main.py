@@ -125,7 +125,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl.assembly import evaluate
-    from agentrl.cli.policy import chosen_policy, policy_engine
+    from agentrl.assembly.policy import chosen_policy, policy_engine
     from agentrl.training.checkpoint import latest_checkpoint
     from agentrl.training.metrics import failure_summary
 
@@ -288,8 +288,8 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
+    from agentrl.assembly.policy import chosen_policy
     from agentrl.assembly.preflight import bind_problem
-    from agentrl.cli.policy import chosen_policy
     from agentrl.config import ConfigError
 
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None

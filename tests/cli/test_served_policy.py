@@ -1,7 +1,7 @@
 """``agentrl serve RUN_DIR`` serves the run's trained policy (issue 66, item 2): its newest checkpoint,
 or the one ``--checkpoint step_N`` names, at that checkpoint's weight version; a LoRA run's adapter
 merged into its base. Before, serve loaded the warm start (``build.policy_path``) and every reply
-carried weight version 0. The policy choice and its engine are ``cli/policy.py``'s, shared with
+carried weight version 0. The policy choice and its engine are ``assembly/policy.py``'s, shared with
 ``agentrl eval``; the HTTP side is tests/rollout/test_agent_runner.py's."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from agentrl.assembly import make_trainer
-from agentrl.cli.policy import chosen_policy, policy_engine
+from agentrl.assembly.policy import chosen_policy, policy_engine
 from agentrl.config import ConfigError, load_config
 from agentrl.models import load_policy
 from tests.helpers.configs import small_config
