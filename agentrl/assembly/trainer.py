@@ -73,7 +73,7 @@ def make_trainer(
     seed_everything(cfg.run.seed)
     state = RunState(cfg, root_dir, run_dir, rank, world, log)
     ckpt, saved = state.resume_point() if cfg.run.resume else (None, None)
-    policy = Policy(cfg, strategy, placement, rank, log, ckpt, saved)
+    policy = PolicyAndEngine(cfg, strategy, placement, rank, log, ckpt, saved)
     reference = partial(build.reference_model, cfg, strategy, strategy.device, log)  # built with KL only
     pad_id = policy.tokenizer.pad_token_id or 0
     learner = Learner(cfg, policy.model, pad_id, strategy, log, reference, shards_from=policy.shards_from)
@@ -178,7 +178,7 @@ def held_out(
     return run
 
 
-class Policy:
+class PolicyAndEngine:
     """The model RL starts from and the rollout engine: ``base_path`` (the SFT warm start, or the
     model itself when a checkpoint of full weights replaces it, so a resume does not warm-start
     again; LoRA adapters need it), ``model``, ``tokenizer``, ``engine``, ``shards_from``."""

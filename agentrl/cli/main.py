@@ -248,14 +248,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _config(args)
     from agentrl.assembly import build
-    from agentrl.rollout import components
+    from agentrl.assembly.policy import policy_engine, start_policy
     from agentrl.rollout.runner import EpisodeRequest
     from agentrl.transcripts import TranscriptWriter
 
     checked = _checked(cfg, train=args.split == "train", test=args.split == "test")
-    path = build.policy_path(cfg)
-    model, tokenizer = components.load_model(cfg, path)
-    engine = build.build_engine(cfg, model, tokenizer, path)
+    engine, tokenizer = policy_engine(cfg, start_policy(cfg))
     tasks = (checked.train_tasks if args.split == "train" else checked.test_tasks or [])[: args.tasks]
     runner = build.build_runner(cfg, engine, tokenizer, seed=cfg.run.seed)
     try:

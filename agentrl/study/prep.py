@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.assembly import build, evaluate
+from agentrl.assembly.policy import loaded_policy, start_policy
 from agentrl.config import Config, load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
@@ -49,16 +50,16 @@ def prepare_family(
         if cached is not None:
             return {**cached, "tokenizer": base}
     components.apply_threads(cfg, log)  # run.threads of the overrides: the warm start and the probe too
-    path = build.policy_path(cfg, log=log)
+    policy = start_policy(cfg, log)
+    path = policy.path
     cached = _cached_prep(study, family, key, path, log)
     if cached is not None:
         return {**cached, "tokenizer": base}
     prep_file = Path(study.output_dir) / family / "prep.json"
     digest = weights_digest(path)
     t0 = time.perf_counter()
-    model, tokenizer = components.load_model(cfg, path)
+    model, tokenizer, engine = loaded_policy(cfg, policy)
     model.eval()
-    engine = build.build_engine(cfg, model, tokenizer, path)
     episodes, h0, h0_branching = _probe_entropy(cfg, study, model, engine, tokenizer)
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
