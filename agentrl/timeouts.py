@@ -194,8 +194,8 @@ class BoundedCalls:
     helper thread that runs its calls, instead of a fresh thread per call. A call that times out is abandoned with its helper
     thread; the caller's next call gets a new one. ``close`` ends the helper threads (after their
     calls). Torch compute is better kept out of helper threads on a small CPU machine: once two
-    threads have run torch ops, their OpenMP thread teams compete for the cores (measured with the
-    HF engine's generate on 2 cores: 0.09 s alone, 0.16 s once another thread had computed), which
+    threads have run torch ops, their OpenMP thread teams compete for the cores
+    (docs/performance.md#the-training-pipeline-sync-vs-async-benchpipelinepy), which
     is why the runners bound an in-process engine with ``HFEngine.bounded`` in their own thread."""
 
     def __init__(self) -> None:

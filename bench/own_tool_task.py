@@ -21,13 +21,12 @@ import time
 def measure(
     config: str, overrides: list[str], weights: str, curve: list[int], rank: int
 ) -> list[dict[str, float]]:
-    from agentrl.assembly.records import eval_runner
+    from agentrl.assembly import build, evaluate
     from agentrl.assembly.sft import build_examples
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
     from agentrl.rollout import components
-    from agentrl.training import build, lora
-    from agentrl.training.evaluation import evaluate
+    from agentrl.training import lora
     from agentrl.training.prompt_fit import loaded_context
     from agentrl.training.sft import sft_seed, sft_train
 
@@ -46,7 +45,7 @@ def measure(
     def point(step: int) -> None:
         engine.load_weights(dict(lora.merged_weights(model)) if weights == "lora" else model.state_dict())
         t = time.perf_counter()
-        m, episodes = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
+        m, episodes = evaluate(cfg, engine, tokenizer, tasks)
         called = sum(e.metrics.get("tool_calls", 0) > 0 for e in episodes) / max(len(episodes), 1)
         row = {
             "weights": weights,

@@ -70,7 +70,7 @@ MODES = {"sync": (), "async K=1": (1,), "async K=2": (2,)}
 
 
 def run(model_dir: str, mode: str, mix: str, steps: int, tool_ms: float, tokens: int) -> dict:
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     extra = ["trainer.mode=async", f"rollout.max_staleness={MODES[mode][0]}"] if MODES[mode] else []
     cfg = load_config(
@@ -100,7 +100,7 @@ def run(model_dir: str, mode: str, mix: str, steps: int, tool_ms: float, tokens:
             *extra,
         ],
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     t0 = time.perf_counter()
     stamps: list[float] = []
     rows: list[dict] = []

@@ -15,12 +15,12 @@ import os
 import time
 from pathlib import Path
 
+from agentrl.assembly import build
 from agentrl.config import load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
 from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
-from agentrl.training import build
 
 RELAY = Path(__file__).with_name("rollout_throughput.py")
 

@@ -45,9 +45,9 @@ def local_bytes(t) -> int:
 def worker(out: str, model_dir: str, steps: int, overrides: list[str]) -> None:
     import torch
 
+    from agentrl.assembly import make_trainer
     from agentrl.config import load_config
     from agentrl.episode import Segment
-    from agentrl.training.trainer import Trainer
     from tests.helpers.batches import synthetic_batch
 
     run_dir = tempfile.mkdtemp(prefix="bench_sharding_")
@@ -64,7 +64,7 @@ def worker(out: str, model_dir: str, steps: int, overrides: list[str]) -> None:
             *overrides,
         ],
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     learner = trainer.learner
     g = torch.Generator().manual_seed(0)
     eps = synthetic_batch(1024, n=8).episodes

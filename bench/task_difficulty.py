@@ -33,13 +33,11 @@ def measure(
 ) -> dict[str, float]:
     from pathlib import Path
 
-    from agentrl.assembly.records import eval_runner
+    from agentrl.assembly import build, evaluate
     from agentrl.assembly.sft import build_examples
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
     from agentrl.rollout import components
-    from agentrl.training import build
-    from agentrl.training.evaluation import evaluate
     from agentrl.training.sft import sft_train
 
     cfg = load_config(config, [f"env.name={name}", *FAMILIES.get(name, []), *overrides])
@@ -56,7 +54,7 @@ def measure(
             print(f"  {name} sft step {i + 1}: loss {loss:.3f} ({time.perf_counter() - t0:.0f}s)", flush=True)
         if i + 1 in curve:  # a learning curve: held-out accuracy part-way through SFT
             engine.load_weights(model.state_dict())
-            m, _ = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
+            m, _ = evaluate(cfg, engine, tokenizer, tasks)
             print(
                 f"  {name} sft step {i + 1}: mean@k {m['eval/mean@k']:.3f} pass@k {m['eval/pass@k']:.3f}",
                 flush=True,
@@ -70,7 +68,7 @@ def measure(
     model.save_pretrained(path, safe_serialization=True)
     tokenizer.save_pretrained(path)
     engine.load_weights(model.state_dict())
-    metrics, _ = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
+    metrics, _ = evaluate(cfg, engine, tokenizer, tasks)
     return {**metrics, "sft_s": sft_s, "sft_steps": float(steps), "eval_s": time.perf_counter() - t0 - sft_s}
 
 

@@ -138,7 +138,7 @@ def run_agentrl(
 ) -> dict:
     """``baseline``: the step as it was before the lean decode step, the shared-prefix forward and
     the reuse of the gradient forward's log-probs (all three off), to show what they bring."""
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     out = tempfile.mkdtemp(prefix="bench-agentrl-")
     overrides = [
@@ -167,7 +167,7 @@ def run_agentrl(
     if lora:
         overrides += [f"model.lora.rank={lora}", f"model.lora.alpha={LORA_ALPHA}"]
     cfg = load_config(None, overrides + list(extra))
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     if baseline:
         trainer.learner.fuse_old_logprobs = False
         trainer.engine.decode_path = "transformers"  # type: ignore[attr-defined]

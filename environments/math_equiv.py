@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from agentrl.env import extract_boxed
 
 if TYPE_CHECKING:
-    import sympy  # imported lazily below: plain numbers never need it, and it costs ~0.5 s
+    import sympy  # imported lazily below: plain numbers never need it, and its import is slow
 
 MAX_CHARS = 300
 """Longer answers are compared as strings only (no parsing)."""

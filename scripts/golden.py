@@ -45,12 +45,12 @@ def _overrides(method: str, out: Path) -> list[str]:
 
 def snapshot(method: str, work: Path) -> dict:
     """One method's seeded run, reduced to its comparable parts."""
+    from agentrl.assembly import make_trainer
     from agentrl.config import load_config
-    from agentrl.training.trainer import Trainer
 
     out = work / method
     cfg = load_config(ROOT / "configs" / "quickstart.yaml", _overrides(method, out))
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     metrics = [
         {k: v for k, v in json.loads(line).items() if not _timing(k)}
         for line in (out / "metrics.jsonl").read_text().split("\n")

@@ -5,7 +5,7 @@
 # virtual environment (scripts/test_vllm.sh, installed in the background while the suite runs; it
 # prints why when vLLM cannot be installed), then the verifiers tier in its own (scripts/test_verifiers.sh,
 # also installed in the background).
-# Every tier runs on every call; CI's budget is 25 minutes on 2 cores. Each phase prints its time.
+# Every tier runs on every call; CI's budget is 20 minutes on 2 cores. Each phase prints its time.
 #
 # Extra arguments go to pytest and skip the vLLM tier, e.g. the fast local tier (no test in it may
 # take over 30 s: tests/helpers/durations.py):

@@ -32,4 +32,4 @@ if [ ! -f "$VENV/.agentrl-ready-3" ]; then
   touch "$VENV/.agentrl-ready-3"
 fi
 [ "${1:-}" = "--install" ] && { echo "$VENV ready"; exit 0; }
-exec "$VENV/bin/python" -m pytest -m verifiers -q tests/env/test_verifiers.py "$@"
+exec "$VENV/bin/python" -m pytest -m verifiers -q tests/environments/test_verifiers.py "$@"

@@ -57,3 +57,18 @@ def test_relative_links_resolve(page):
         elif anchor and dest.suffix == ".md" and anchor not in anchors(dest):
             broken.append(f"{target} (no heading with anchor #{anchor} in {dest.name})")
     assert not broken, f"{page.relative_to(ROOT)}: broken links:\n  " + "\n  ".join(broken)
+
+
+CODE = [p for d in ("agentrl", "environments", "sandboxes") for p in sorted((ROOT / d).rglob("*.py"))]
+POINTER = re.compile(r"docs/([\w.-]+\.md)#([\w-]+)")
+
+
+def test_pointers_from_code_into_the_docs_resolve():
+    """A docstring, comment or message that points at ``docs/X.md#anchor`` names a heading there."""
+    broken = [
+        f"{path.relative_to(ROOT)}: docs/{page}#{anchor}"
+        for path in CODE
+        for page, anchor in POINTER.findall(path.read_text())
+        if not (ROOT / "docs" / page).exists() or anchor not in anchors(ROOT / "docs" / page)
+    ]
+    assert not broken, "pointers to no heading:\n  " + "\n  ".join(broken)

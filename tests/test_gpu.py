@@ -52,9 +52,9 @@ def overrides(model_dir: Path, out: Path, *extra: str) -> list[str]:
 
 
 def train(model_dir: Path, out: Path, *extra: str):
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
-    trainer = Trainer(load_config(None, overrides(model_dir, out, *extra)), log=print)
+    trainer = make_trainer(load_config(None, overrides(model_dir, out, *extra)), log=print)
     before = {
         n: p.detach().float().cpu().clone()
         for n, p in trainer.learner.strategy.full_parameters(trainer.model)
@@ -186,9 +186,9 @@ def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
     within 35% (allocator rounding and transient workspaces are not modelled). The first update is
     not the steady state: AdamW creates its moments in its first step, after the backward pass has
     freed the activations (on an H100, 2026-11-27, FSDP2's first update peaked at 0.56x the plan)."""
+    from agentrl.assembly import make_trainer
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.training.plan import plan
-    from agentrl.training.trainer import Trainer
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
     extra = [f"trainer.strategy={strategy}", "trainer.bf16=true", "model.gradient_checkpointing=false"]
@@ -209,7 +209,7 @@ def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
         "logits",
     )
     estimate = sum(t.bytes for t in plan(cfg, gpus=1).terms if t.name.startswith(trainable))
-    trainer = Trainer(cfg, log=print)
+    trainer = make_trainer(cfg, log=print)
     learner = trainer.learner
     episodes = long_episodes(n=2, policy_tokens=1000)
     torch.cuda.synchronize()
@@ -235,10 +235,10 @@ def test_a_ray_worker_sharing_the_gpu_takes_its_weights_over_cuda_ipc(tmp_path, 
     pytest.importorskip("ray", reason="ray is not installed here (the GPU machine has none: docs/scaling.md)")
     import ray
 
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     extra = ("rollout.workers=1", "rollout.worker_gpus=0.5", "rollout.sync.transport=cuda_ipc")
-    trainer = Trainer(load_config(None, overrides(tiny_model_dir, tmp_path / "run", *extra)), log=print)
+    trainer = make_trainer(load_config(None, overrides(tiny_model_dir, tmp_path / "run", *extra)), log=print)
     pool = trainer.engine
     try:
         (given,) = pool.placements()
@@ -314,19 +314,19 @@ def test_fsdp2_with_pinned_cpu_offload_trains_checkpoints_and_resumes(tmp_path, 
     """The 32 B config's layout on one GPU: FSDP2 with ``cpu_offload`` (pinned host shards, the
     optimizer on the host), two steps with a DCP checkpoint after each, then a resume for a third.
     On the CPU the offload runs unpinned (tests/parallel/test_ddp.py); only here is it pinned."""
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     extra = ("trainer.strategy=fsdp2", "trainer.fsdp.cpu_offload=true", "trainer.bf16=true")
     run = tmp_path / "run"
     cfg = load_config(
         None, overrides(tiny_model_dir, run, *extra, "trainer.total_steps=2", "trainer.checkpoint_every=1")
     )
-    trainer = Trainer(cfg, log=print)
+    trainer = make_trainer(cfg, log=print)
     local = [p.to_local() for p in trainer.model.parameters()]
     assert all(t.device.type == "cpu" and t.is_pinned() for t in local)
     rows = trainer.train()
     assert len(rows) == 2 and all(math.isfinite(r["grad/norm"]) for r in rows)
-    resumed = Trainer(
+    resumed = make_trainer(
         load_config(
             None, [*overrides(tiny_model_dir, run, *extra), "trainer.total_steps=3", "run.resume=true"]
         ),
@@ -337,10 +337,10 @@ def test_fsdp2_with_pinned_cpu_offload_trains_checkpoints_and_resumes(tmp_path, 
 
 
 def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
-    """The reference loads on the host and its shards go to the GPU (assembly/records.py): on
+    """The reference loads on the host and its shards go to the GPU (training/policy_setup.py): on
     one rank its GPU bytes are the plan's "KL reference weights" term, and building it raises the
     GPU's peak by no more than that (a whole extra copy on the GPU first would double it)."""
-    from agentrl.assembly.records import reference_policy
+    from agentrl.assembly.build import reference_model
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.parallel import sharding
     from agentrl.training.plan import plan
@@ -354,7 +354,7 @@ def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
-    ref = reference_policy(cfg, strategy, torch.device("cuda", 0), log=print)
+    ref = reference_model(cfg, strategy, torch.device("cuda", 0), log=print)
     torch.cuda.synchronize()
     held = sum(p.to_local().numel() * p.to_local().element_size() for p in ref.parameters())
     rise = torch.cuda.max_memory_allocated() - before

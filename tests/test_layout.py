@@ -172,9 +172,6 @@ takes its own sections of the config or a settings record of plain values (``Lea
 STILL_TAKING_THE_CONFIG = {  # issue 67: being moved into agentrl/assembly/ or converted; may only shrink
     "agentrl.rollout.components",  # its builders move into agentrl/assembly/
     "agentrl.rollout.ray_workers",  # its workers are to be built from a WorkerSpec
-    "agentrl.training.build",  # moves into agentrl/assembly/
-    "agentrl.training.preflight",  # moves into agentrl/assembly/
-    "agentrl.training.trainer",  # its assembly becomes assembly.make_trainer
     "agentrl.training.plan",  # the memory plan reads the whole run's settings; its package sits with the assembly
 }
 
@@ -293,9 +290,10 @@ TEST_FOLDERS_BESIDES_PACKAGES = {"helpers", "data", "core"}  # shared code, fixt
 
 
 def test_test_folders_mirror_the_packages():
-    """tests/<name>/ holds the tests of agentrl/<name>/ (or of sandboxes/); core modules' tests are
-    in tests/core/, what crosses every package (layout, docs, the newcomer's path) at the top."""
-    packages = {p.name for p in (ROOT / "agentrl").iterdir() if (p / "__init__.py").exists()} | {"sandboxes"}
+    """tests/<name>/ holds the tests of agentrl/<name>/ (or of sandboxes/, environments/); core modules'
+    tests are in tests/core/, what crosses every package (layout, docs, the newcomer's path) at the top."""
+    packages = {p.name for p in (ROOT / "agentrl").iterdir() if (p / "__init__.py").exists()}
+    packages |= {"sandboxes", "environments"}
     folders = {p.name for p in (ROOT / "tests").iterdir() if p.is_dir() and not p.name.startswith((".", "_"))}
     assert folders - packages - TEST_FOLDERS_BESIDES_PACKAGES == set()
 

@@ -10,11 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.assembly import build, make_trainer
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.env import register
-from agentrl.training import build
-from agentrl.training.trainer import Trainer, TrainingFailed
+from agentrl.training.trainer import TrainingFailed
 from tests.helpers.configs import small_config
 from tests.helpers.envs import Chatter
 from tests.helpers.jsonl import lines
@@ -26,10 +26,10 @@ def _steps(run: Path) -> list[int]:
 
 def test_a_second_run_into_a_run_directory_is_refused_and_loses_nothing(tmp_path, tiny_model_dir, capsys):
     run = tmp_path / "run"
-    Trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2"), log=lambda *_: None).train()
+    make_trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2"), log=lambda *_: None).train()
     before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
     with pytest.raises(ConfigError, match="already holds a run") as e:
-        Trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2"), log=lambda *_: None)
+        make_trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2"), log=lambda *_: None)
     assert f"agentrl train --resume {run}" in str(e.value) and "run.output_dir" in str(e.value)
     assert "--overwrite" in str(e.value)
     after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
@@ -47,7 +47,7 @@ def test_a_second_run_into_a_run_directory_is_refused_and_loses_nothing(tmp_path
 def test_eval_of_a_run_directory_evaluates_its_newest_checkpoint(tmp_path, tiny_model_dir, capsys):
     run = tmp_path / "run"
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2", "trainer.checkpoint_every=1")
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     assert main(["eval", str(run), "eval.k=2", "eval.num_tasks=2"]) == 0
     err = capsys.readouterr().err
     assert f"evaluating {run / 'checkpoints' / 'step_2'}" in err
@@ -72,7 +72,7 @@ def test_the_circuit_breaker_stops_a_run_whose_episodes_fail(tmp_path, tiny_mode
     cfg = small_config(tmp_path, tiny_model_dir, "env.name=test_broken_step", "trainer.total_steps=10",
                        "trainer.max_failed_steps=2")  # fmt: skip
     with pytest.raises(TrainingFailed) as e:
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
     msg = str(e.value)
     assert "100% of step 1's episodes failed" in msg and "2 steps in a row" in msg
     assert "'env' boundary" in msg and "ValueError: the unit table has no entry 'furlong'" in msg
@@ -97,7 +97,7 @@ def test_a_run_that_trained_on_nothing_is_not_a_success(tmp_path, tiny_model_dir
         tmp_path / "b", tiny_model_dir, "env.name=test_broken_step", "trainer.max_failed_fraction=null"
     )
     with pytest.raises(TrainingFailed, match="episodes failed"):
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
 
 
 def test_environment_mistakes_are_config_errors_before_any_work(tmp_path, capsys):
@@ -136,11 +136,11 @@ def test_sft_cache_false_writes_nothing_to_the_cache(tmp_path, tiny_model_dir, m
 
 def test_one_step_numbering_and_a_summary_that_covers_the_whole_run(tmp_path, tiny_model_dir, capsys):
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2", "trainer.checkpoint_every=1")
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     err = capsys.readouterr().err
     assert "step 0 (1/2)" in err and "step 1 (2/2)" in err and "step 2" not in err.split("summary")[0]
     resumed = small_config(tmp_path, tiny_model_dir, "trainer.total_steps=3", "run.resume=true")
-    Trainer(resumed, log=lambda *_: None).train()
+    make_trainer(resumed, log=lambda *_: None).train()
     err = capsys.readouterr().err
     assert "step 2 (3/3)" in err and "resumed at step 2" in err
     header = next(x for x in err.splitlines() if "metric" in x)

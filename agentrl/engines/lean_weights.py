@@ -57,15 +57,15 @@ class _Layer:
     """One decoder layer's weights packed for a [B, H] decode step, so a layer is a handful of calls:
 
     - every matrix is transposed to [in, out] and contiguous (a row-major GEMM against a
-      pre-transposed weight is 2-3x faster on CPU at these shapes than ``F.linear``), or, with
+      pre-transposed weight is faster on CPU at these shapes than ``F.linear``: docs/performance.md#on-the-tiny-model), or, with
       ``rows`` set, packed for oneDNN (``cpu_gemm.Gemm``: ``rollout.cpu_gemm: onednn``);
     - one GEMM gives q, k and v; with ``fold_rotation`` (on CUDA) also rotate_half(q) and
       rotate_half(k): rotate_half permutes and negates columns, so the weight carries the q and k
       columns a second time, rotated (``_rotate_half_columns``), and rotary embedding becomes
       ``qk * cos + qk_rotated * sin``. Without it (on the CPU) the step swaps the halves of q and k
       (``half_swap``, one ``index_select``) and the sin table carries the sign: the same numbers
-      without the extra columns (SmolLM2-135M's CPU step, FLOP-bound, 2-6 % faster with oneDNN:
-      bench/decode_roofline.py --paths), while on a GPU a step is bound by its kernel launches and
+      without the extra columns (faster for a FLOP-bound CPU step: docs/performance.md#the-decode-step-on-the-cpu-against-its-roofline),
+      while on a GPU a step is bound by its kernel launches and
       the folded GEMM saves one;
     - each RMSNorm's weight w is folded into the rows of the matrix that reads the normed vector
       (``(w * n) @ W == n @ (w[:, None] * W)``), so a norm is ``x * rsqrt(mean(x^2) + eps)``.

@@ -166,7 +166,8 @@ class BucketRoute:
     are (a CUDA IPC handle cannot be opened by the process that made it). On CUDA, with the tensors
     on a GPU of this node: their CUDA IPC handles (the workers copy from that GPU memory, no host
     round trip), the bucket once per GPU for a tensor-parallel engine in this process (``per_gpu``).
-    Otherwise a safetensors blob in host memory. Neither CUDA path has run on a GPU yet."""
+    Otherwise a safetensors blob in host memory. What has run on a GPU:
+    docs/scaling.md#on-a-gpu-status-and-the-gpu-check."""
 
     def __init__(self, device: str, tensor_parallel_size: int, in_process: bool) -> None:
         self.device, self.tp, self.in_process = device, tensor_parallel_size, in_process

@@ -34,8 +34,8 @@ def private_backends(tokenizer: Any) -> dict[bool, Any] | None:
     """Two private copies of ``tokenizer``'s Rust backend, one that encodes special-token text as the
     control token (False) and one that splits it into ordinary characters (True): ``ChatRenderer.encode``
     uses them instead of flipping the shared tokenizer's flag. Made once per tokenizer and vocabulary
-    size: a deep copy of SmolLM2's (49,152 tokens) takes 0.48 s on a slow 2-core machine, and every
-    rollout batch builds its renderers anew (it was most of a GPU step's rollout outside the engine).
+    size: a deep copy of a large vocabulary's is slow, and every rollout batch builds its renderers
+    anew (docs/performance.md#on-one-gpu-smollm2-135m-instruct-on-an-nvidia-h200-bf16).
     None when the tokenizer has no such backend (a slow tokenizer)."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None or not hasattr(backend, "encode_special_tokens"):

@@ -110,8 +110,9 @@ _architectures: dict[tuple[str, int, int], str] = {}
 
 def _architecture(path: Path) -> str:
     """The file's ``general.architecture``, read once per process and version of the file:
-    ``GGUFReader`` parses every field, SmolLM2's 49,152-token vocabulary and merges too (5-12 s on a
-    busy 2-core machine), and a run asks twice (the preflight, then ``converted_dir``)."""
+    ``GGUFReader`` parses every field, a whole vocabulary and its merges too (seconds:
+    docs/models-and-engines.md#real-checkpoints-a-directory-a-hub-name-a-gguf-file-a-pypi-package),
+    and a run asks twice (the preflight, then ``converted_dir``)."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     if key not in _architectures:

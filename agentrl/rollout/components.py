@@ -93,16 +93,16 @@ def apply_threads(cfg: Config, log: Callable[[str], None] = print) -> None:
     if cfg.run.device != "cuda" and torch.get_num_threads() >= cores and load >= 0.75:
         log(
             f"note: this machine is busy (load {load:.1f} on {cores} cores) and torch computes with "
-            f"{torch.get_num_threads()} threads: set run.threads to the cores this job has to itself (beside "
-            "one busy process on 2 cores, 1 thread trained 1.8x faster than 2; docs/performance.md)"
+            f"{torch.get_num_threads()} threads: set run.threads to the cores this job has to itself "
+            "(docs/performance.md#torch-threads-on-a-shared-cpu-machine)"
         )
 
 
 def cpu_bf16_note(cfg: Config, device: torch.device, flags: set[str] | None = None) -> str | None:
     """A warning when the run computes in bf16 on a CPU without bf16 instructions (x86 AVX-512 BF16
     or AMX, Arm's BF16): torch then emulates the products, and they run many times slower than in
-    float32 (on an AVX2 EPYC, 2026-11-28: 6-70x, ``bench/bf16_backward.py --products``). None when the CPU has
-    them, nothing is bf16, or the CPU's flags cannot be read."""
+    float32 (docs/performance.md#on-a-real-model-smollm2-135m-instruct). None when the CPU has them,
+    nothing is bf16, or the CPU's flags cannot be read."""
     bf16 = [
         name
         for name, on in (
@@ -120,7 +120,7 @@ def cpu_bf16_note(cfg: Config, device: torch.device, flags: set[str] | None = No
     return (
         f"warning: {', '.join(bf16)} on a CPU without bf16 instructions (no avx512_bf16, amx_bf16 or "
         "bf16 in /proc/cpuinfo): torch emulates bf16 products here, many times slower than float32 "
-        "(6-70x measured on an AVX2 CPU). Set them off to train in float32 (docs/performance.md)"
+        "(docs/performance.md#on-a-real-model-smollm2-135m-instruct). Set them off to train in float32"
     )
 
 

@@ -398,3 +398,8 @@ def jsonable(x: Any) -> Any:
     if isinstance(x, (str, int, float, bool)) or x is None:
         return x
     return repr(x)
+
+
+MakeRunner = Callable[[Engine, "int | None", "float | None"], EpisodeRunner]
+"""``(engine, seed, temperature) -> runner``: the runner for an engine, built where the config is
+read (``agentrl/assembly/``); the collector and the evaluation take one."""

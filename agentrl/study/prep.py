@@ -10,7 +10,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly.records import eval_runner
+from agentrl.assembly import build, evaluate
+from agentrl.assembly.policy import loaded_policy, start_policy
 from agentrl.config import Config, load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
@@ -18,9 +19,8 @@ from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
 from agentrl.study import archive
 from agentrl.study.spec import StudyConfig, family_overrides
-from agentrl.training import build
 from agentrl.training.batch import batch_forward, build_batch
-from agentrl.training.evaluation import evaluate, pass_at_k_curve
+from agentrl.training.evaluation import pass_at_k_curve
 
 
 def probe_tasks(cfg: Config, study: StudyConfig) -> list[Task]:
@@ -50,20 +50,20 @@ def prepare_family(
         if cached is not None:
             return {**cached, "tokenizer": base}
     components.apply_threads(cfg, log)  # run.threads of the overrides: the warm start and the probe too
-    path = build.policy_path(cfg, log=log)
+    policy = start_policy(cfg, log)
+    path = policy.path
     cached = _cached_prep(study, family, key, path, log)
     if cached is not None:
         return {**cached, "tokenizer": base}
     prep_file = Path(study.output_dir) / family / "prep.json"
     digest = weights_digest(path)
     t0 = time.perf_counter()
-    model, tokenizer = components.load_model(cfg, path)
+    model, tokenizer, engine = loaded_policy(cfg, policy)
     model.eval()
-    engine = build.build_engine(cfg, model, tokenizer, path)
     episodes, h0, h0_branching = _probe_entropy(cfg, study, model, engine, tokenizer)
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
-    metrics, eval_episodes = evaluate(eval_runner(cfg, engine, tokenizer), test, study.eval_k)
+    metrics, eval_episodes = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
     prep = {
         "key": key,
         "family": family,

@@ -16,7 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly.records import eval_runner
+from agentrl.assembly import build, evaluate, make_trainer
 from agentrl.config import load_config
 from agentrl.rollout import components
 from agentrl.study import archive, sections
@@ -24,10 +24,9 @@ from agentrl.study.prep import prepare_family, weights_digest
 from agentrl.study.report import write_report
 from agentrl.study.spec import RunSpec, StudyConfig, plan, run_threads, runs_at_once
 from agentrl.timeouts import start_thread
-from agentrl.training import build
-from agentrl.training.evaluation import evaluate, pass_at_k_curve
+from agentrl.training.evaluation import pass_at_k_curve
 from agentrl.training.run_state import DiskFull
-from agentrl.training.trainer import Trainer, stop_after_step_on_signal
+from agentrl.training.trainer import stop_after_step_on_signal
 from agentrl.transcripts import read_metrics
 
 
@@ -35,7 +34,7 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     """Train one (family, method, seed) and evaluate it at the end; writes ``result.json``."""
 
     cfg = load_config(config_path, spec.overrides)
-    trainer = Trainer(cfg, log=lambda s: print(s, flush=True))
+    trainer = make_trainer(cfg, log=lambda s: print(s, flush=True))
     with stop_after_step_on_signal(trainer, trainer.log):
         trainer.train()
     if trainer.stop_requested:  # stopped by the study (or a signal): the checkpoint is its step's
@@ -45,7 +44,7 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     train_seconds = sum(h.get("time/step_s", 0.0) for h in history)
     t_eval = time.perf_counter()
     tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
-    final, episodes = evaluate(eval_runner(cfg, trainer.engine, trainer.tokenizer), tasks, cfg.eval.k)
+    final, episodes = evaluate(cfg, trainer.engine, trainer.tokenizer, tasks, k=cfg.eval.k)
     eval_seconds = time.perf_counter() - t_eval
     result = {
         **asdict(spec),
@@ -203,7 +202,7 @@ def stop_when_orphaned(poll_s: float = 0.5) -> None:
     parent-death signal is not used: it can arrive once per exiting thread of the parent, and a
     second SIGTERM means "stop now".) The study is the pid it put in ``AGENTRL_STUDY_PID``, not the
     parent this process finds once its imports are done: a study killed in those seconds has already
-    handed the run to init, and the run would train on alone (it did, 2026-11-28)."""
+    handed the run to init, and the run would train on alone."""
 
     parent = int(os.environ.get("AGENTRL_STUDY_PID") or os.getppid())
 

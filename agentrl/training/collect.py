@@ -19,12 +19,9 @@ from agentrl.episode import Episode
 from agentrl.parallel import ranks
 from agentrl.parallel.engine_group import FollowerEngine, LeaderEngine
 from agentrl.rollout.pipeline import EngineGate, RolloutPipeline, batch_requests
-from agentrl.rollout.runner import EpisodeRequest, EpisodeRunner
+from agentrl.rollout.runner import EpisodeRequest, MakeRunner
 from agentrl.seeds import mix_seed
 from agentrl.training import offpolicy as off
-
-RunnerFactory = Callable[[Engine, int], EpisodeRunner]
-"""``(engine, seed) -> runner``: the episode runner for an engine, seeded (``assembly.records``)."""
 
 
 @dataclass(frozen=True)
@@ -46,9 +43,9 @@ class Collector:
     ``make_runner`` builds each batch's runner on the collector's current engine."""
 
     def __init__(
-        self, settings: CollectorSettings, engine: Engine, make_runner: RunnerFactory, sampler: TaskSampler
+        self, settings: CollectorSettings, engine: Engine, sampler: TaskSampler, make_runner: MakeRunner
     ) -> None:
-        self.settings, self.engine, self.make_runner, self.sampler = settings, engine, make_runner, sampler
+        self.settings, self.engine, self.sampler, self.make_runner = settings, engine, sampler, make_runner
         self.pipeline: RolloutPipeline | None = None  # async mode: started by the first collect
         self.pipeline_state: dict[str, Any] | None = None  # a resumed async run's pending batches
         self._async_marks = (0.0, 0.0)  # the engine's idle and blocked seconds at the last step
@@ -124,7 +121,7 @@ class Collector:
         return self.on_engine(self._run_batch, label, requests)
 
     def _run_batch(self, label: tuple[int, int], requests: list[EpisodeRequest]) -> list[Episode]:
-        runner = self.make_runner(self.engine, mix_seed(self.settings.seed, *label))
+        runner = self.make_runner(self.engine, mix_seed(self.settings.seed, *label), None)
         try:
             return runner.run(requests)
         finally:

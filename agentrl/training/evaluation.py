@@ -1,5 +1,5 @@
 """Evaluation: mean@k and pass@k of a policy on held-out tasks, as the trainer, ``agentrl eval`` and
-the study run it."""
+the study run it (``agentrl/assembly/evaluation.py`` builds the runner from a config)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,16 @@ Gather = Callable[[Callable[[list], list], list], list]
 """``(run, requests) -> episodes``: how the ranks share a batch (``Collector.gather``)."""
 
 
-def evaluate(
+EVAL_SEED = 10_007
+"""Added to ``run.seed`` for the evaluation's runner: its samples never repeat a training step's."""
+
+
+def evaluate_with(
     runner: EpisodeRunner, tasks: Sequence[Task], k: int, gather: Gather | None = None
 ) -> tuple[dict[str, float], list[Episode]]:
     """mean@k (average correctness over k samples per task) and pass@k (any of k correct) on
-    ``tasks``, sampled by ``runner`` (``assembly.records.eval_runner``: ``eval.temperature``), which
-    is closed at the end. ``gather``: under torchrun, how the ranks split the episodes and share them
-    (the trainer's ``Collector.gather``); None runs them all here."""
+    ``tasks``, run by ``runner`` (closed here). ``gather``: under torchrun, how the ranks split the
+    episodes and share them (the trainer's ``Collector.gather``); None runs them all here."""
     try:
         reqs = [
             EpisodeRequest(t, seed=i * k + j, group=f"eval-{t.id}", episode_id=f"eval-{t.id}-{j}")

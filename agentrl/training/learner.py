@@ -91,11 +91,12 @@ class Learner:
         pad_id: int,
         strategy: sharding.Strategy | None = None,
         log: Callable[[str], None] = print,
-        reference: torch.nn.Module | None = None,
+        reference: torch.nn.Module | Callable[[], torch.nn.Module] | None = None,
         shards_from: str | None = None,
     ) -> None:
-        """``reference``: the KL penalty's frozen reference policy, prepared for ``strategy``
-        (``assembly.records.reference_policy``); required when ``settings.needs_reference``."""
+        """``reference``: the KL penalty's frozen reference policy prepared for ``strategy``, or a
+        callable that builds it (``assembly.build.reference_model``); required when
+        ``settings.needs_reference``, built only then."""
         self.settings, self.pad_id = settings, pad_id
         self.strategy = strategy or sharding.Replicated(0, 1, next(model.parameters()).device)
         self.rank, self.world = self.strategy.rank, self.strategy.world
@@ -128,9 +129,11 @@ class Learner:
         # the KL penalty's frozen reference: with LoRA and no model.ref_path, the base model itself
         # (the policy with its adapters off)
         self.ref_is_base = settings.algorithm.kl_coef > 0 and not settings.needs_reference
-        if settings.needs_reference and reference is None:
-            raise ValueError("algorithm.kl_coef > 0: the learner needs its frozen reference policy")
-        self.ref_model = reference if settings.needs_reference else None
+        self.ref_model = None
+        if settings.needs_reference:
+            if reference is None:
+                raise ValueError("algorithm.kl_coef > 0 needs the frozen reference: pass reference")
+            self.ref_model = reference if isinstance(reference, torch.nn.Module) else reference()
         self.weighting = settings.weighting
         self.weighting_state: Any = None
 

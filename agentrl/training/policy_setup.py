@@ -1,7 +1,6 @@
 """The learner's parts: the policy prepared for training (gradient checkpointing, LoRA; rank 0's
 weights kept aside for ranks that start on the meta device), the optimizer, and each step's plan
-(which rows each optimizer step trains on) and learning rate. The frozen KL reference is built by
-``assembly.records.reference_policy``."""
+(which rows each optimizer step trains on) and learning rate."""
 
 from __future__ import annotations
 
@@ -46,8 +45,8 @@ def make_optimizer(t: TrainerConfig, model: torch.nn.Module) -> torch.optim.Opti
         lr=t.lr,
         betas=(t.betas[0], t.betas[1]),
         weight_decay=t.weight_decay,
-        # one fused kernel over all parameters (the same update; ~4x faster than the per-tensor
-        # loop torch picks by default on CPU)
+        # one fused kernel over all parameters (the same update, faster than the per-tensor loop
+        # torch picks by default on CPU; docs/performance.md#on-the-tiny-model)
         fused=all(p.is_floating_point() for p in trainable) or None,
     )
 

@@ -13,7 +13,7 @@ Episodes that failed (an exception at the model, env, tool, sandbox or reward bo
 the transcripts but left out of groups and losses: an infrastructure failure says nothing about the
 policy.
 
-Scale (docs/scaling.md): the engine may be vLLM or a pool of Ray workers (``build.build_engine``);
+Scale (docs/scaling.md): the engine may be vLLM or a pool of Ray workers (built in ``agentrl/assembly/``);
 under torchrun each rank runs its share of the rollouts and of every mini-batch's rows, and DDP sums
 the gradients (``agentrl.parallel.sharding``). Off-policy guards (``offpolicy.py``): episodes lagging more than
 ``rollout.max_staleness`` weight versions are not trained on; ``algorithm.is_correction=tis``
@@ -24,37 +24,28 @@ from __future__ import annotations
 
 import contextlib
 import signal
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import records
-from agentrl.config import Config, config_to_dict, output_dir, run_history, save_config
+from agentrl.config import run_history
+from agentrl.config.schema import LoggingConfig, TrainerConfig
 from agentrl.engines.base import Engine
+from agentrl.env.records import Task
 from agentrl.episode import Episode
-from agentrl.models import resolve_model_path
-from agentrl.parallel import ranks, shard_reads, sharding
-from agentrl.rollout import components
-from agentrl.rollout.pipeline import EngineGate, RolloutPipeline
-from agentrl.seeds import seed_everything
+from agentrl.parallel import ranks
+from agentrl.rollout.pipeline import RolloutPipeline
 from agentrl.sync.weight_sync import PolicyNotFinite
-from agentrl.training import build, lora, preflight
 from agentrl.training import offpolicy as off
-from agentrl.training.checkpoint import (
-    check_resumable,
-    existing_run,
-    move_aside,
-    refuse_existing_run,
-    weights_record,
-)
-from agentrl.training.evaluation import evaluate
+from agentrl.training.collect import Collector
+from agentrl.training.learner import Learner
 from agentrl.training.metrics import FailureSummary, MetricsLogger, episode_metrics, failure_summary, plot_run
 from agentrl.training.progress import TrainProgress
 from agentrl.training.run_lock import RunLock
+from agentrl.training.run_state import RunState
 from agentrl.training.weight_push import WeightPush
 from agentrl.transcripts import TranscriptWriter, read_metrics
 
@@ -85,7 +76,7 @@ def _over(failure: FailureSummary | None, limit: float | None) -> bool:
 
 
 def _breaker_message(
-    cfg: Config, run_dir: Path, step: int, failing: int, failure: FailureSummary | None
+    cfg: LoopSettings, run_dir: Path, step: int, failing: int, failure: FailureSummary | None
 ) -> str:
     assert failure is not None
     return (
@@ -102,7 +93,7 @@ def _trained(metrics: dict[str, float]) -> bool:
     return metrics.get("advantages/nonzero_frac", 0.0) > 0 and metrics.get("update/steps", 1.0) > 0
 
 
-def _nothing_trained_message(cfg: Config, run_dir: Path, history: list[dict[str, float]]) -> str:
+def _nothing_trained_message(cfg: LoopSettings, run_dir: Path, history: list[dict[str, float]]) -> str:
     informative = [m for m in history if m.get("advantages/nonzero_frac", 0.0) > 0]
     if informative and all(m.get("update/nonfinite") for m in informative):
         return (
@@ -115,7 +106,7 @@ def _nothing_trained_message(cfg: Config, run_dir: Path, history: list[dict[str,
         return (
             f"no step trained: in all {len(history)} steps every episode stopped before the model wrote a "
             f"token: the prompt (system prompt, tool schemas, task) is longer than "
-            f"rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}; raise it"
+            f"rollout.max_episode_tokens={cfg.max_episode_tokens}; raise it"
         )
     why = (
         "episodes failed: see the FAILED part of the progress lines, and agentrl replay "
@@ -130,111 +121,71 @@ def _nothing_trained_message(cfg: Config, run_dir: Path, history: list[dict[str,
     )
 
 
+@dataclass
+class LoopSettings:
+    """What the loop reads of the config (``assembly/trainer.py`` fills it)."""
+
+    trainer: TrainerConfig
+    logging: LoggingConfig
+    max_episode_tokens: int
+    """from ``rollout.max_episode_tokens``"""
+
+
+@dataclass
+class TrainerParts:
+    """Everything the loop works with, built and checked by ``assembly.make_trainer``: on a resume
+    the checkpoint is already loaded into them and ``start_step`` is the step it was written at."""
+
+    learner: Learner
+    rollouts: Collector
+    weights: WeightPush
+    state: RunState
+    tokenizer: Any
+    base_path: str
+    """the model RL started from (the warm start), recorded in every checkpoint"""
+    root_dir: Path
+    run_dir: Path
+    """``root_dir``, or rank r's own copy ``root_dir/ranks/r``"""
+    rank: int
+    world: int
+    start_step: int
+    train_tasks: list[Task]
+    test_tasks: list[Task] | None
+    evaluate: Callable[[Engine], dict[str, float]]
+    """the held-out evaluation (``eval.*``) on the given engine"""
+    transcripts: TranscriptWriter
+    metrics: MetricsLogger
+    run_lock: RunLock | None
+    """rank 0's hold on the run directory (``run_lock.py``), let go when ``train`` returns"""
+
+
 class Trainer:
-    """``overwrite``: move a run already in ``run.output_dir`` aside (to ``<dir>.old-<n>``) instead of
-    refusing to start; without it (and without ``run.resume``) an existing run is an error.
-    ``force``: a resume may change keys a run cannot take mid-way (``run_history.FIXED_MID_RUN``);
-    the run's history records it.
+    """The loop over its parts (``TrainerParts``); ``assembly.make_trainer(cfg)`` builds one from a
+    config, having checked every input and, on a resume, loaded the checkpoint."""
 
-    Nothing is written before every input has been checked (``preflight``) and, on a resume, the
-    checkpoint loaded: the resolved config (``config.yaml``, atomically, the one it replaces kept as
-    ``config.prev.yaml``) and the session's line in ``history.jsonl`` come last."""
-
-    def __init__(self, cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> None:
-        self.cfg, self.log = cfg, log
-        # the held-out tasks too when they are evaluated or split from the training data (the log says how many)
-        test = bool(cfg.trainer.eval_every) or (components.shared_rows(cfg) and cfg.data.test_fraction > 0)
-        checked = preflight.check_inputs(cfg, train=True, test=test, force=force)
-        for note in checked.notes:
-            log(note)
-        components.apply_threads(cfg, log)
-        # device, rank under torchrun, where every process lives: a map that cannot work stops here
-        self.device, self.rank, self.world, self.placement = build.join_run(cfg, log)
-        components.say_slow_bf16(cfg, self.device, log)  # emulated bf16 on this CPU: many times slower
-        # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
-        self.strategy = sharding.make_strategy(cfg.trainer, self.rank, self.world, self.device)
-        if lora.enabled(cfg.model.lora):  # target modules that match nothing fail before any work, too
-            lora.check_targets(components.meta_model(cfg.model.path, cfg.model.dtype), cfg.model.lora)
-        self.root_dir = output_dir(cfg)  # rank 0's; checkpoints
-        # one process trains a run directory at a time (run_lock.py); held until train() returns
-        self.run_lock = RunLock(self.root_dir) if self.rank == 0 else None
-        self._claim_run_dir(overwrite)
-        # other ranks keep their own copy of the run's files
-        self.run_dir = self.root_dir / "ranks" / str(self.rank) if self.rank else self.root_dir
-        seed_everything(cfg.run.seed)
-        self.start_step = self.step = 0
-        self.state = records.make_run_state(cfg, self.root_dir, self.run_dir, self.rank, self.world, log)
-        ckpt, state = self.state.resume_point() if cfg.run.resume else (None, None)
-        model, engine = self._policy_and_engine(ckpt, state)
-        self.learner = records.make_learner(
-            cfg, model, self.tokenizer.pad_token_id or 0, self.strategy, log, shards_from=self.shards_from
+    def __init__(
+        self, settings: LoopSettings, parts: TrainerParts, log: Callable[[str], None] = print
+    ) -> None:
+        self.settings, self.parts, self.log = settings, parts, log
+        self.learner, self.rollouts, self.weights, self.state = (
+            parts.learner,
+            parts.rollouts,
+            parts.weights,
+            parts.state,
         )
         self.model = self.learner.model  # the policy being trained (peft with LoRA, sharded with fsdp2)
-        assert checked.train_tasks is not None
-        self.train_tasks, self.test_tasks = checked.train_tasks, checked.test_tasks
-        self.rollouts = records.make_collector(cfg, engine, self.tokenizer, self.train_tasks)
-        self.weights = WeightPush(records.push_settings(cfg), self.learner, engine)
+        self.tokenizer, self.base_path = parts.tokenizer, parts.base_path
+        self.root_dir, self.run_dir, self.rank, self.world = (
+            parts.root_dir,
+            parts.run_dir,
+            parts.rank,
+            parts.world,
+        )
+        self.train_tasks, self.test_tasks = parts.train_tasks, parts.test_tasks
+        self.transcripts, self.metrics, self.run_lock = parts.transcripts, parts.metrics, parts.run_lock
+        self.start_step = self.step = parts.start_step
         self.mismatch = off.MismatchMonitor()  # warns when rollout/trainer logprobs drift apart
-        self.stop_requested = False  # set by a first SIGTERM/SIGINT (``train``): stop after this step
-        if ckpt and state:  # cuts metrics/transcripts back to the checkpoint before we append
-            self.start_step = self.state.restore(ckpt, state, self.learner, self.rollouts, self.weights)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, self.run_dir, keep_previous=True)  # every input checked, the checkpoint loaded
-        if self.rank == 0:
-            preflight.record_session(
-                self.root_dir, self.start_step, ckpt.name if ckpt else None, checked.resume
-            )
-        self.transcripts = TranscriptWriter(self.run_dir / "transcripts.jsonl")
-        self.metrics = MetricsLogger(
-            self.run_dir,
-            tensorboard=cfg.logging.tensorboard,
-            wandb_project=cfg.logging.wandb_project if cfg.logging.wandb else None,
-            config=config_to_dict(cfg),
-            every=cfg.logging.log_every,
-            start_step=self.start_step,
-        )
-
-    def _policy_and_engine(self, ckpt: Path | None, state: dict[str, Any] | None) -> tuple[Any, Engine]:
-        """The model RL starts from (sets ``base_path`` and ``tokenizer``) and the rollout engine."""
-        cfg, log = self.cfg, self.log
-        record = weights_record(state) if state else None
-        # the model RL starts from: the SFT warm start. A checkpoint of full weights replaces it, so a
-        # resume does not warm-start again (another machine, another cache); LoRA adapters need it
-        full = record is not None and not record["lora"]
-        self.base_path = resolve_model_path(cfg.model.path) if full else build.policy_path(cfg, log=log)
-        if ckpt and record:
-            check_resumable(record, cfg.trainer.strategy, cfg.model.lora, ckpt, self.base_path)
-        # full HF weights load from the checkpoint; LoRA and DCP checkpoints fill a model built from the base
-        path = str(ckpt) if record and record["format"] == "hf" and not record["lora"] else self.base_path
-        sharded = self.strategy.equal_forwards
-        # sharded: each rank reads its own shards when every rank sees the checkpoint's files
-        # (parallel/shard_reads.py; not with LoRA, whose adapters rank 0 draws), else rank 0 reads the
-        # weights into host memory and the others get their shards from it; when a full DCP
-        # checkpoint will fill every shard, no rank reads them
-        dcp_full = record is not None and record["format"] == "dcp" and not record["lora"]
-        fills = sharded and not dcp_full
-        self.shards_from = shard_reads.first_load(path, fills, lora.enabled(cfg.model.lora), log)
-        on_meta = self.rank > 0 or dcp_full or self.shards_from is not None
-        device = ("meta" if on_meta else "cpu") if sharded else None
-        model, self.tokenizer = components.load_model(cfg, path, device=device)
-        model.train()
-        # the engine's copy of the weights, before LoRA and sharding change the model
-        engine = build.build_engine(
-            cfg, None if sharded else model, self.tokenizer, path, self.placement, self.rank
-        )
-        if cfg.trainer.mode == "async" and not isinstance(engine, build.RolloutPool):
-            engine = EngineGate(engine)  # rollouts and weight pushes take turns (pipeline.py)
-        if (
-            cfg.trainer.mode == "async"
-            and cfg.rollout.max_staleness > 0
-            and cfg.algorithm.is_correction == "none"
-        ):
-            log(
-                f"note: trainer.mode=async with rollout.max_staleness={cfg.rollout.max_staleness} trains on tokens "
-                "sampled by older weights without an importance correction; algorithm.is_correction=tis corrects "
-                "each token from its own behaviour log-prob"
-            )
-        return model, engine
+        self.stop_requested = False  # set by a first SIGTERM/SIGINT (``stop_after_step_on_signal``)
 
     @property
     def engine(self) -> Engine:
@@ -250,15 +201,6 @@ class Trainer:
         """Async mode's rollout pipeline (``rollout/pipeline.py``), once the first step started it."""
         return self.rollouts.pipeline
 
-    def _claim_run_dir(self, overwrite: bool) -> None:
-        """Before any work: a new run never writes into a directory that holds another one."""
-        if self.cfg.run.resume:
-            return
-        if overwrite and self.rank == 0 and existing_run(self.root_dir):
-            self.log(f"--overwrite: moved the previous run to {move_aside(self.root_dir)}")
-        ranks.broadcast_from_rank0(None)  # every rank waits for the move
-        refuse_existing_run(self.root_dir)
-
     # -- the loop ----------------------------------------------------------------------------
     def train(self) -> list[dict[str, float]]:
         """Steps ``start_step`` .. ``total_steps - 1``. Raises ``TrainingFailed`` when the circuit
@@ -271,7 +213,7 @@ class Trainer:
                 self.run_lock.release()
 
     def _train_steps(self) -> list[dict[str, float]]:
-        cfg, history = self.cfg, []
+        cfg, history = self.settings, []
         if self.start_step >= cfg.trainer.total_steps:
             self.log(
                 f"nothing to train: {self.root_dir} has run all trainer.total_steps={cfg.trainer.total_steps} "
@@ -306,7 +248,7 @@ class Trainer:
             with self.state.after_the_run("the plots", f"free space, then run agentrl plot {self.run_dir}"):
                 plot_run(self.run_dir)
         if history and not any(_trained(m) for m in history):
-            raise TrainingFailed(_nothing_trained_message(self.cfg, self.run_dir, history))
+            raise TrainingFailed(_nothing_trained_message(self.settings, self.run_dir, history))
         return history
 
     def _record(self, step: int, out: StepOutput, failing: int) -> int:
@@ -314,14 +256,14 @@ class Trainer:
         steps with too many failed episodes, raising ``TrainingFailed`` when the breaker trips (and
         ``DiskFull``, exit 4 with the resume command, when the disk has no room for the records)."""
         with self.state.writing(f"the records of step {step} in {self.run_dir}"):
-            cfg = self.cfg
+            cfg = self.settings
             if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
                 out.metrics.update(self.evaluate())
             self.metrics.log(step, out.metrics)
             if _prompt_too_long(out.metrics):
                 self.log(
                     f"warning (step {step}): every episode stopped before the model wrote a token: the prompt "
-                    f"is longer than rollout.max_episode_tokens={cfg.rollout.max_episode_tokens}"
+                    f"is longer than rollout.max_episode_tokens={cfg.max_episode_tokens}"
                 )
             failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
             tripped = failing >= cfg.trainer.max_failed_steps
@@ -336,7 +278,7 @@ class Trainer:
     def _should_stop(self, step: int, t_start: float) -> bool:
         """``trainer.max_wall_minutes`` reached (rank 0's clock decides, so every rank stops after the
         same step), or a signal on any rank."""
-        limit = self.cfg.trainer.max_wall_minutes
+        limit = self.settings.trainer.max_wall_minutes
         if limit and ranks.broadcast_from_rank0((time.perf_counter() - t_start) / 60 > limit):
             self.log(f"stopping: trainer.max_wall_minutes={limit} reached after step {step}")
             return True
@@ -404,12 +346,7 @@ class Trainer:
 
     # -- evaluation, checkpoints -------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        tasks = self.test_tasks if self.cfg.eval.split == "test" and self.test_tasks else None
-        tasks = tasks or components.load_tasks(self.cfg, self.cfg.eval.split)
-        if self.cfg.eval.num_tasks:
-            tasks = tasks[: self.cfg.eval.num_tasks]
-        runner = records.eval_runner(self.cfg, self.engine, self.tokenizer)
-        return evaluate(runner, tasks, self.cfg.eval.k, gather=self.rollouts.gather)[0]
+        return self.parts.evaluate(self.engine)
 
     def checkpoint(self, step: int) -> Path:
         """Every rank calls this (``run_state.py``)."""
@@ -461,23 +398,3 @@ def sigterm_as_interrupt(what: str, log=print) -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
-
-
-def train(cfg: Config, log=print, overwrite: bool = False, force: bool = False) -> list[dict[str, float]]:
-    """Run training to ``trainer.total_steps`` (or resume to it).
-
-    A first SIGTERM or SIGINT (Ctrl-C) lets the current step finish, writes a checkpoint at it and
-    then raises ``KeyboardInterrupt`` (so the CLI exits with 130 and says how to resume); a second
-    one raises ``KeyboardInterrupt`` at once, and the run resumes from its last checkpoint."""
-    with sigterm_as_interrupt("the run's set-up (the SFT warm start, the engine)", log):
-        trainer = Trainer(cfg, log=log, overwrite=overwrite, force=force)
-    try:
-        with stop_after_step_on_signal(trainer, log):
-            history = trainer.train()
-    finally:
-        mcp = sys.modules.get("agentrl.env.mcp_tools")  # the environments' MCP servers, if any started
-        if mcp is not None:
-            mcp.close_all()
-    if trainer.stop_requested:
-        raise KeyboardInterrupt
-    return history

@@ -1,18 +1,18 @@
 """``agentrl serve RUN_DIR`` serves the run's trained policy (issue 66, item 2): its newest checkpoint,
 or the one ``--checkpoint step_N`` names, at that checkpoint's weight version; a LoRA run's adapter
 merged into its base. Before, serve loaded the warm start (``build.policy_path``) and every reply
-carried weight version 0. The policy choice and its engine are ``cli/policy.py``'s, shared with
-``agentrl eval``; the HTTP side is tests/rollout/test_proxy.py's."""
+carried weight version 0. The policy choice and its engine are ``assembly/policy.py``'s, shared with
+``agentrl eval``; the HTTP side is tests/rollout/test_agent_runner.py's."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from agentrl.cli.policy import chosen_policy, policy_engine
+from agentrl.assembly import make_trainer
+from agentrl.assembly.policy import chosen_policy, policy_engine
 from agentrl.config import ConfigError, load_config
 from agentrl.models import load_policy
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import small_config
 
 
@@ -26,7 +26,7 @@ def trained_run(tmp_path_factory, tiny_model_dir):
     cfg = small_config(
         tmp, tiny_model_dir, "trainer.total_steps=2", "trainer.checkpoint_every=1", "trainer.lr=1e-2"
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     trainer.train()
     return tmp / "run", {n: p.detach().clone() for n, p in trainer.model.state_dict().items()}
 
@@ -59,7 +59,7 @@ def test_checkpoint_chooses_one_by_its_step_and_a_wrong_one_lists_the_runs(train
 def test_a_lora_run_serves_its_adapter_merged(tmp_path, tiny_model_dir):
     lora = ("trainer.total_steps=1", "trainer.checkpoint_every=1", "model.lora.rank=4", "trainer.lr=5e-2")
     cfg = small_config(tmp_path, tiny_model_dir, *lora)
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     run = tmp_path / "run"
     policy = chosen_policy(str(run), None, load_config(str(run), []), "serving")
     assert policy.label == "step_1"

@@ -11,9 +11,9 @@ import pytest
 
 from agentrl import dataclass_tree
 from agentrl.algorithms import WEIGHTINGS
+from agentrl.assembly import make_trainer
 from agentrl.config import Config, load_config
 from agentrl.rollout import components
-from agentrl.training.trainer import Trainer
 from tests.helpers import ROOT
 from tests.helpers.configs import small_config
 
@@ -199,7 +199,7 @@ def test_log_every_thins_the_console_and_tensorboard(tmp_path, tiny_model_dir, c
 
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.total_steps=4", "logging.log_every=3",
                        "logging.tensorboard=true")  # fmt: skip
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     progress = [x for x in capsys.readouterr().err.splitlines() if x.startswith("step ")]
     assert len(progress) == 2, progress  # steps 0 and 3 (the last)
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrl.assembly import build
 from agentrl.config import load_config
 from agentrl.parallel import ranks
 from agentrl.seeds import CUBLAS_WORKSPACE, deterministic_kernels
-from agentrl.training import build
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from agentrl.assembly import build
 from agentrl.config import load_config
 from agentrl.config.schema import TimeoutsConfig
 from agentrl.engines.base import SamplingParams
@@ -22,7 +23,6 @@ from agentrl.env import Task
 from agentrl.rollout.async_runner import AsyncEpisodeRunner
 from agentrl.rollout.runner import ENGINE_REQUEST_S, ENV_STEP_S, EpisodeRequest, RunnerSettings
 from agentrl.timeouts import WaitTimeout, call_with_timeout
-from agentrl.training import build
 from environments.calculator import Calculator
 from tests.helpers import HELPERS
 from tests.helpers.configs import free_port

@@ -181,8 +181,8 @@ def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine,
     the module's: a second vLLM engine would cost a minute of start-up on this CPU. With LoRA the
     push is the merged weights of the adapted layers: the second step's episodes, sampled after the
     first update, match the trainer's adapter forward."""
+    from agentrl.assembly import make_trainer
     from agentrl.engines.vllm import VLLMEngine
-    from agentrl.training.trainer import Trainer
 
     built: dict = {}
 
@@ -194,7 +194,7 @@ def test_trainer_step_with_rollout_engine_vllm(tmp_path, tiny_model_dir, engine,
     extra = ["model.lora.rank=4", "model.lora.alpha=64", "trainer.lr=1e-2"] if lora else []
     cfg = small_config(tmp_path, tiny_model_dir, "rollout.engine=vllm", "trainer.total_steps=2", *extra)
     v0 = engine.version
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     assert isinstance(trainer.engine, VLLMEngine)
     assert built["path"] == str(tiny_model_dir) and built["device"] == "cpu"
     assert built["dtype"] == "float32" and built["enforce_eager"] and built["seed"] == cfg.run.seed

@@ -11,9 +11,9 @@ import importlib.util
 
 import pytest
 
+from agentrl.assembly import preflight
 from agentrl.config import ConfigError, load_config
 from agentrl.engines import vllm as engine
-from agentrl.training import preflight
 
 
 def fake_install(monkeypatch, root, version: str | None, reload: bool) -> None:

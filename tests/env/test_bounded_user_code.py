@@ -37,7 +37,7 @@ HANGING = HELPERS / "hanging_env.py"
 def test_a_solver_that_never_returns_is_a_config_error_before_any_work(tmp_path, tiny_model_dir):
     """Before: ``agentrl train`` with a calculator whose tool looped forever never created its run
     directory and never printed a line (the preflight called the solver with no limit)."""
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     cfg = small_config(
         tmp_path, tiny_model_dir, "env.name=hanging_solver", f"env.module={HANGING}", "sft.enabled=true",
@@ -45,7 +45,7 @@ def test_a_solver_that_never_returns_is_a_config_error_before_any_work(tmp_path,
     )  # fmt: skip
     t0 = time.monotonic()
     with pytest.raises(ConfigError) as err:
-        Trainer(cfg, log=lambda *_: None)
+        make_trainer(cfg, log=lambda *_: None)
     assert time.monotonic() - t0 < 30
     message = str(err.value)
     assert "environment 'hanging_solver': demonstrations() of" in message, message
@@ -73,7 +73,7 @@ def test_envs_check_names_a_call_that_never_returns(env, hang, what):
 def test_the_preflight_bounds_the_solver_wherever_it_hangs(tmp_path, tiny_model_dir, hang):
     """The preflight runs the solver (its reset and tool calls) under ``timeouts.env_step_s``; it
     scores nothing, so a reward that never returns does not stop it (rollouts bound that one)."""
-    from agentrl.training.preflight import check_inputs
+    from agentrl.assembly.preflight import check_inputs
 
     cfg = small_config(
         tmp_path, tiny_model_dir, "env.name=hanging_solver", f"env.module={HANGING}", "sft.enabled=true",
@@ -175,7 +175,7 @@ def test_a_training_runs_evaluation_fails_the_episodes_whose_code_hangs(
 ):
     """Only the held-out tasks hang (``hang_split=test``): the step trains, its evaluation
     (``trainer.eval_every``) is bounded as the rollouts are, and its episodes fail naming the call."""
-    from agentrl.training import trainer as trainer_module
+    from agentrl.assembly import trainer as trainer_module
 
     seen = []
 
@@ -193,7 +193,7 @@ def test_a_training_runs_evaluation_fails_the_episodes_whose_code_hangs(
         trainer={"total_steps": 1, "eval_every": 1},
     )  # fmt: skip
     t0 = time.monotonic()
-    history = trainer_module.Trainer(load_config(path, []), log=lambda *_: None).train()
+    history = trainer_module.make_trainer(load_config(path, []), log=lambda *_: None).train()
     assert time.monotonic() - t0 < 60
     assert history[-1]["eval/failed_frac"] == 1.0 and len(seen) == 2, history[-1]
     said = (

@@ -359,7 +359,7 @@ def test_dapo_math_stays_dapo_math_and_the_log_says_why(tmp_path):
 
 
 def test_the_preflight_notes_name_the_adapter_once_for_a_file_serving_both_splits(tmp_path):
-    from agentrl.training.preflight import check_inputs
+    from agentrl.assembly.preflight import check_inputs
 
     path = write_verl_gsm8k(tmp_path / "train.parquet")
     checked = check_inputs(config_for(path, "data.test_fraction=0.5"), train=True, test=True, sft=False)

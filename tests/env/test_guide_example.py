@@ -6,10 +6,11 @@ import json
 
 import pytest
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.env import import_environment_module
 from agentrl.env.check import check_environment
-from agentrl.training.trainer import Trainer, TrainingFailed
+from agentrl.training.trainer import TrainingFailed
 from tests.helpers import ROOT
 from tests.helpers.jsonl import lines
 
@@ -41,7 +42,7 @@ def test_guide_example_trains(tmp_path, tiny_model_dir, monkeypatch):
         ],
     )
     with pytest.raises(TrainingFailed, match="no step trained"):  # 4 SFT steps solve nothing yet
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
     rows = [json.loads(x) for x in lines(tmp_path / "run" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [0, 1] and all("reward/correct" in r for r in rows)
 
@@ -111,12 +112,10 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     """The guide's example as a user runs it (docs/environments.md, "A warm start that learns"): the
     tiny model warm-starts to a held-out mean@4 above 0.2, and 20 RL steps raise the training reward.
     A measurement of a documented result, like the reduced study: ~6.5 min on 2 cores, so it runs with
-    ``-m study``, not in .ci/run (whose 25 minutes it would overrun); CI runs the same config for two
+    ``-m study``, not in .ci/run (whose 20 minutes it would overrun); CI runs the same config for two
     steps (``test_guide_example_trains``)."""
-    from agentrl.assembly.records import eval_runner
+    from agentrl.assembly import build, evaluate
     from agentrl.rollout import components
-    from agentrl.training import build
-    from agentrl.training.evaluation import evaluate
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(ROOT / "configs" / "examples" / "lookup_cpu.yaml", [f"run.output_dir={tmp_path / 'run'}",
@@ -124,8 +123,8 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     start = build.policy_path(cfg, log=lambda *_: None)
     model, tokenizer = components.load_model(cfg, start)
     engine = build.build_engine(cfg, model, tokenizer, start)
-    metrics, _ = evaluate(eval_runner(cfg, engine, tokenizer), components.load_tasks(cfg, "test"), cfg.eval.k)
+    metrics, _ = evaluate(cfg, engine, tokenizer, components.load_tasks(cfg, "test"))
     assert metrics["eval/mean@k"] > 0.2, metrics
-    history = Trainer(cfg, log=lambda *_: None).train()
+    history = make_trainer(cfg, log=lambda *_: None).train()
     rewards = [m["reward/mean"] for m in history]
     assert len(rewards) == 20 and sum(rewards[-5:]) / 5 > sum(rewards[:5]) / 5, rewards

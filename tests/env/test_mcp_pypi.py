@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.assembly.preflight import check_inputs
 from agentrl.config import ConfigError, load_config
 from agentrl.env import Environment, Reward, register
 from agentrl.env.mcp_tools import MCPServer, MCPServerError, client_problem, close_all
 from agentrl.tools import ToolCall
-from agentrl.training.preflight import check_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 SERVER = ROOT / ".venv-mcp-time" / "bin" / "mcp-server-time"  # bash scripts/install_mcp_server.sh

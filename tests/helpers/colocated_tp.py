@@ -21,15 +21,15 @@ from tests.helpers import fake_vllm
 
 fake_vllm.install()
 
+from agentrl.assembly import make_trainer  # noqa: E402
 from agentrl.config import load_config  # noqa: E402
 from agentrl.parallel import ranks  # noqa: E402
-from agentrl.training.trainer import Trainer  # noqa: E402
 from tests.helpers.configs import exit_driver  # noqa: E402
 
 
 def main() -> None:
     out, overrides = sys.argv[1], sys.argv[2:]
-    trainer = Trainer(load_config(None, overrides), log=lambda *_: None)
+    trainer = make_trainer(load_config(None, overrides), log=lambda *_: None)
     step = trainer.train_step(0)
     evaluation = trainer.evaluate()
     mine = {

@@ -22,28 +22,29 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.helpers
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.hf import HFEngine
 from agentrl.models import load_policy
 from agentrl.parallel import ranks
 from agentrl.parallel.engine_group import FollowerEngine, LeaderEngine
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import exit_driver
 
 PROMPTS = [[5, 17, 40, 9, 33], [11, 3, 250, 7, 60, 2]]
 
 
-def reference_model(trainer: Trainer, full: dict) -> object:
+def reference_model(path: str, full: dict) -> object:
     """The trainer's weights (``full``: gathered) in a plain model, for an HF engine to generate with."""
-    model, _ = load_policy(trainer.cfg.model.path)
+    model, _ = load_policy(path)
     model.load_state_dict(full, strict=False)  # a tied head and the rotary buffers are not parameters
     return model
 
 
 def main() -> None:
     out, overrides = sys.argv[1], sys.argv[2:]
-    trainer = Trainer(load_config(None, overrides), log=lambda *_: None)
+    cfg = load_config(None, overrides)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     step = trainer.train_step(0)
     greedy = SamplingParams(max_tokens=12, temperature=0.0)
     engine = trainer.engine
@@ -56,7 +57,7 @@ def main() -> None:
     else:  # an engine of this rank's own
         got = [c.token_ids for c in engine.generate(PROMPTS, greedy)]
     full = dict(trainer.learner.strategy.full_parameters(trainer.model))  # gathered under FSDP2
-    reference = HFEngine(reference_model(trainer, full).eval())
+    reference = HFEngine(reference_model(cfg.model.path, full).eval())
     want = [c.token_ids for c in reference.generate(PROMPTS, greedy)]
     mine = {
         "rank": trainer.rank,

@@ -26,9 +26,9 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.helpers
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.parallel import buckets, ranks
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import exit_driver
 from tests.helpers.sharded_update import episodes
 
@@ -46,7 +46,7 @@ def per_parameter(learner):
 
 def run(overrides: list[str]) -> dict:
     cfg = load_config(None, [*overrides, "rollout.sync.bucket_mb=0.05"])
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     learner = trainer.learner
     vocab = int(learner.model.config.vocab_size)  # type: ignore[union-attr, arg-type]
     learner.update(learner.make_batch(episodes(vocab)), 0)

@@ -24,8 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.helpers
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
-from agentrl.training.trainer import Trainer
 from tests.helpers.batches import synthetic_batch
 
 
@@ -64,7 +64,7 @@ def main() -> None:
 
 def run(out: str, overrides: list[str], steps: int, checkpoint: bool) -> None:
     cfg = load_config(None, overrides)
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     learner = trainer.learner
     weights, metrics = [], []
     real = learner.token_weights

@@ -25,9 +25,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: tests.helpers
 
+from agentrl.assembly import build
 from agentrl.config import load_config
 from agentrl.parallel import ranks
-from agentrl.training import build
 from tests.helpers.configs import exit_driver
 
 COLLECTIVE_S = 3.0

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrl.assembly.export import checkpoint_model
 from agentrl.parallel.ranks import shard_rows
-from agentrl.training.export import checkpoint_model
 from tests.helpers import HELPERS
 from tests.helpers.configs import torchrun_cli
 from tests.helpers.jsonl import lines
@@ -124,12 +124,12 @@ def test_torchrun_resume_after_kill_equals_uninterrupted_run(tmp_path, tiny_mode
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     if strategy == "ddp":
+        from agentrl.assembly import make_trainer
         from agentrl.config import load_config
-        from agentrl.training.trainer import Trainer
 
         single = tmp_path / "single"
         one = [*_overrides(single, tiny_model_dir), *extra, "trainer.total_steps=1"]  # lr: constant
-        Trainer(load_config(None, one), log=lambda *_: None).train()
+        make_trainer(load_config(None, one), log=lambda *_: None).train()
         _assert_one_step_equals_single_process(ref, single)
 
     run = tmp_path / "run"

@@ -170,7 +170,7 @@ def test_the_map_is_printed_with_the_launch_command(capsys):
 def test_a_run_refuses_its_placement_before_any_work(tmp_path, tiny_model_dir, monkeypatch):
     """Under torchrun's variables, with more ranks per node than the node has GPUs: the trainer stops
     with a ConfigError naming the setting, and no run directory exists."""
-    from agentrl.training import build
+    from agentrl.assembly import build
 
     cfg = load_config(None, [f"model.path={tiny_model_dir}", f"run.output_dir={tmp_path / 'run'}"])
     monkeypatch.setattr(components, "launch_from_env", lambda cuda: Launch(1, 1, 2))

@@ -260,14 +260,14 @@ def test_lora_trains_only_adapters_and_fsdp2_equals_single_process(equal_updates
 def test_lora_engine_samples_with_the_trainers_distribution(tmp_path, tiny_model_dir):
     """After an update the HF engine holds the merged weights: the log-probs it reports while
     sampling equal the trainer's teacher-forced log-probs of the same tokens (the adapters' forward)."""
+    from agentrl.assembly import make_trainer
     from agentrl.engines.base import SamplingParams
-    from agentrl.training.trainer import Trainer
     from tests.helpers.sharded_update import episodes
 
     cfg = load_config(
         None, [*_base(tiny_model_dir, tmp_path / "run"), *LORA, "trainer.mini_batches_per_step=1"]
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     learner = trainer.learner
     vocab = int(learner.model.config.vocab_size)
     for step in range(2):
@@ -342,7 +342,7 @@ def test_unknown_strategy_names_the_valid_ones():
 
 
 def test_lora_targets_matching_nothing_fail_before_any_work(tmp_path, tiny_model_dir):
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     cfg = load_config(
         None,
@@ -353,7 +353,7 @@ def test_lora_targets_matching_nothing_fail_before_any_work(tmp_path, tiny_model
         ],
     )
     with pytest.raises(ConfigError, match=r"model\.lora\.target_modules.*qproj.*q_proj"):
-        Trainer(cfg, log=lambda *_: None)
+        make_trainer(cfg, log=lambda *_: None)
     assert not (tmp_path / "run").exists()
     model = torch.nn.Sequential(torch.nn.Linear(2, 2))
     assert lora.linear_names(model) == ["0"]

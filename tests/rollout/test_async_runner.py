@@ -288,8 +288,8 @@ def test_empty_and_single(tiny_tokenizer):
 
 
 def test_config_switch_selects_the_async_runner(tiny_tokenizer):
+    from agentrl.assembly import build
     from agentrl.config import load_config
-    from agentrl.training import build
 
     engine = ScriptedEngine([], tokenizer=tiny_tokenizer)
     cfg = load_config(None, ["rollout.runner=async", "rollout.max_concurrent_episodes=5"])

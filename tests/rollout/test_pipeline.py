@@ -17,13 +17,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrl.assembly import make_trainer
 from agentrl.config import ConfigError
 from agentrl.env import Task
 from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
 from agentrl.rollout import components
 from agentrl.rollout.pipeline import EngineGate, PipelineTimeout, RolloutPipeline
-from agentrl.training.trainer import Trainer
 from tests.helpers import HELPERS
 from tests.helpers.configs import cli_args, small_config, torchrun_cli
 from tests.helpers.jsonl import lines
@@ -59,7 +59,7 @@ def test_async_with_k0_is_the_sync_loop(tmp_path, tiny_model_dir):
     runs = {}
     for mode in ("sync", "async"):
         cfg = small_config(tmp_path / mode, tiny_model_dir, *extra, f"trainer.mode={mode}")
-        trainer = Trainer(cfg, log=lambda *_: None)
+        trainer = make_trainer(cfg, log=lambda *_: None)
         trainer.train()
         runs[mode] = trainer
     a, b = tmp_path / "sync" / "run", tmp_path / "async" / "run"
@@ -127,7 +127,7 @@ def test_async_k2_bounds_staleness_and_records_partial_rollouts(
         "trainer.mode=async",
         "rollout.max_staleness=2",
     )
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     run = tmp_path / "run"
     rows = _rows(run)
     lags = _trained_lags(run)
@@ -165,7 +165,7 @@ def test_drop_mode_drops_what_is_past_the_bound(tmp_path, tiny_model_dir, monkey
         "rollout.max_staleness=1",
         "rollout.on_stale=drop",
     )
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     run = tmp_path / "run"
     assert max(_trained_lags(run)) <= 1
     rows = _rows(run)
@@ -386,7 +386,7 @@ def test_async_on_ray_workers(ray_local, tmp_path, tiny_model_dir):
         "rollout.max_turns=3",
         "rollout.max_episode_tokens=256",
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     try:
         trainer.train()
     finally:

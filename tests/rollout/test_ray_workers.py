@@ -9,11 +9,11 @@ import os
 import pytest
 import torch
 
+from agentrl.assembly import build
 from agentrl.engines.hf import HFEngine
 from agentrl.env import Task
 from agentrl.models import load_policy
 from agentrl.rollout.runner import EpisodeRequest
-from agentrl.training import build
 from tests.helpers import HELPERS, ROOT
 from tests.helpers.configs import ray_config
 
@@ -30,11 +30,11 @@ def requests(n: int, **metadata) -> list[EpisodeRequest]:
 
 @pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_trainer_step_on_ray_workers_then_faults(ray_local, tmp_path, tiny_model_dir):
+    from agentrl.assembly import make_trainer
     from agentrl.rollout.ray_workers import RolloutPool
-    from agentrl.training.trainer import Trainer
 
     cfg = ray_config(tmp_path, tiny_model_dir)
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     pool = trainer.engine
     assert isinstance(pool, RolloutPool) and len(pool.workers) == 2
     try:
@@ -97,12 +97,12 @@ def test_agent_environments_run_on_ray_workers(ray_local, tmp_path, tiny_model_d
     """An ``AgentEnvironment`` on Ray workers: each worker serves its own endpoint on 127.0.0.1, its
     agents (the guide's example, the openai package unchanged) run there, and the episodes come back
     token for token what an in-process ``AgentRunner`` with the same weights records."""
+    from agentrl.assembly import make_trainer
     from agentrl.rollout.ray_workers import RolloutPool
-    from agentrl.training.trainer import Trainer
 
     agent = ("env.name=arithmetic_agent", f"env.module={AGENT_ENV}", "rollout.max_episode_tokens=512")
     cfg = ray_config(tmp_path, tiny_model_dir, *agent)
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     pool = trainer.engine
     assert isinstance(pool, RolloutPool) and len(pool.workers) == 2
     try:

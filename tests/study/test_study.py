@@ -16,11 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from agentrl.assembly import build
 from agentrl.config import ConfigError, load_config
 from agentrl.study import RunSpec, load_study, run_study
 from agentrl.study.archive import restore_runs
 from agentrl.study.report import band_fraction
-from agentrl.training import build
 from agentrl.transcripts import read_metrics
 from tests.helpers import ROOT
 from tests.helpers.user_files import one_turn_env

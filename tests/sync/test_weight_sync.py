@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from agentrl.assembly import make_trainer
 from agentrl.config.schema import LoraConfig
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.fingerprint import probe_ids, sample_indices, splitmix64, tensor_checksum
@@ -31,7 +32,6 @@ from agentrl.sync.weight_sync import (
 )
 from agentrl.timeouts import WaitTimeout
 from agentrl.training import lora
-from agentrl.training.trainer import Trainer
 from tests.helpers import HELPERS
 from tests.helpers.configs import TORCHRUN_ENV, ray_config, small_config, torchrun_prefix
 from tests.helpers.jsonl import lines
@@ -334,7 +334,7 @@ def test_a_stuck_engine_raises_within_the_time_limit(tiny_model_dir, where, step
 # -- in the trainer ---------------------------------------------------------------------------------
 def test_trainer_logs_the_sync_and_stops_on_a_wrong_engine(tmp_path, tiny_model_dir, monkeypatch):
     cfg = small_config(tmp_path, tiny_model_dir, "rollout.sync.bucket_mb=0.3")
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     trainer.train()
     rows = [json.loads(line) for line in lines(tmp_path / "run" / "metrics.jsonl")]
     n_bytes = 4 * sum(p.numel() for p in trainer.model.parameters())
@@ -345,7 +345,7 @@ def test_trainer_logs_the_sync_and_stops_on_a_wrong_engine(tmp_path, tiny_model_
     assert buckets > 1
 
     cfg = small_config(tmp_path / "bad", tiny_model_dir)
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     real = trainer.engine.load_weight_bucket
 
     def dropping_v_proj(bucket):  # a transport that loses one tensor
@@ -362,7 +362,7 @@ def test_lora_trainer_names_merged_tensors_dropped_on_the_way(tmp_path, tiny_mod
     cfg = small_config(
         tmp_path, tiny_model_dir, "model.lora.rank=4", "model.lora.alpha=64", "trainer.lr=1e-2"
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     out = trainer.train_step(0)  # an update: the adapters move, merged ≠ base
     assert out.metrics["sync/verified"] == 1.0 and out.metrics["sync/bytes"] > 0
     real = trainer.engine.load_weight_bucket

@@ -1,12 +1,15 @@
-"""An OpenAI-client agent trained with STARE through the endpoint, then inspected token by token."""
+"""An OpenAI-client agent trained with STARE through the endpoint: its tokens reweighted and the
+model's weights changed; then inspected token by token."""
 
 from __future__ import annotations
 
 import json
 
+import torch
+
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer
 from agentrl.views.replay import replay_command
 from agentrl.views.viewer.page import build_data
 from tests.helpers import HELPERS
@@ -25,6 +28,7 @@ def test_an_openai_agent_trains_with_stare_and_its_episodes_can_be_inspected(tmp
             "run.device=cpu",
             "algorithm.name=stare",
             "algorithm.dynamic_sampling=false",
+            "algorithm.stare.target_entropy=100",  # above any entropy: the gate is on from step 0
             "trainer.total_steps=2",
             "rollout.prompts_per_step=2",
             "rollout.group_size=4",
@@ -34,7 +38,11 @@ def test_an_openai_agent_trains_with_stare_and_its_episodes_can_be_inspected(tmp
             "logging.plots=false",
         ],
     )
-    Trainer(cfg, log=lambda *_: None).train()
+    trainer = make_trainer(cfg, log=lambda *_: None)
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.train()
+    changed = [n for n, p in trainer.model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert changed, "two STARE updates changed no parameter"
     episodes = [Episode.from_json(x) for x in lines(run_dir / "transcripts.jsonl")]
     assert len(episodes) == 2 * 2 * 4 and {e.env for e in episodes} == {"test_arithmetic_agent"}
     assert all(e.failure is None for e in episodes), [e.failure for e in episodes if e.failure]
@@ -46,6 +54,8 @@ def test_an_openai_agent_trains_with_stare_and_its_episodes_can_be_inspected(tmp
     trained = [e for e in episodes if e.overlays and any(x is not None for x in e.overlays["weight"])]
     assert trained, "no episode carries the update's per-token overlays"
     assert all(len(e.overlays["weight"]) == len(e.token_ids()) for e in trained)
+    weights = [w for e in trained for w in e.overlays["weight"] if w is not None]
+    assert any(w != 1.0 for w in weights), "STARE reweighted no token: every weight is 1"
     # inspect: the viewer's data and the terminal replay read the agent's episodes
     data = build_data(str(run_dir))
     assert len(data["episodes"]) == len(episodes)

@@ -22,10 +22,10 @@ from agentrl.algorithms import (
     masked_mean,
     register_weighting,
 )
+from agentrl.assembly import make_trainer
 from agentrl.config import ConfigError, load_config
 from agentrl.dataclass_tree import knob
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer
 from tests.helpers import ROOT
 from tests.helpers.configs import small_config
 from tests.helpers.jsonl import lines
@@ -95,7 +95,7 @@ def test_it_trains_two_steps_and_resumes_its_state(tmp_path, tiny_model_dir):
         "algorithm.surprisal_tilt.alpha=0.8",
         "trainer.checkpoint_every=1",
     )
-    trainer = Trainer(small_config(tmp_path, tiny_model_dir, *extra), log=lambda *_: None)
+    trainer = make_trainer(small_config(tmp_path, tiny_model_dir, *extra), log=lambda *_: None)
     history = trainer.train()
     assert len(history) == 2 and all("update/skipped" not in h for h in history)
     assert [h["surprisal_tilt/mean_weight"] for h in history] != [1.0, 1.0]
@@ -104,7 +104,7 @@ def test_it_trains_two_steps_and_resumes_its_state(tmp_path, tiny_model_dir):
     weights = [w for e in episodes if e.overlays for w in e.overlays["weight"] if w is not None]
     assert len({round(w, 3) for w in weights}) > 10  # the method's weights reached the loss
     # a resumed run gets the state back from the checkpoint, through the record's state class
-    resumed = Trainer(
+    resumed = make_trainer(
         small_config(tmp_path, tiny_model_dir, *extra, "run.resume=true", "trainer.total_steps=3"),
         log=lambda *_: None,
     )

@@ -6,9 +6,10 @@ import json
 
 import pytest
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer, TrainingFailed
+from agentrl.training.trainer import TrainingFailed
 from tests.helpers import ROOT
 from tests.helpers.jsonl import lines
 
@@ -37,7 +38,7 @@ def test_family_config_trains_two_steps(tmp_path, tiny_model_dir, family):
     # an untrained tiny model solves nothing, so every advantage is 0 and the run must not report
     # success; everything up to that verdict ran (rollouts, the update, transcripts, metrics)
     with pytest.raises(TrainingFailed, match="no step trained"):
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
     episodes = [Episode.from_json(x) for x in lines(tmp_path / "run" / "transcripts.jsonl")]
     assert len(episodes) == 2 * 2 * 2
     assert all(e.failure is None for e in episodes), [e.failure for e in episodes if e.failure]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrl.assembly import make_trainer
 from agentrl.training.forward import first_loss_column, prefix_plan, shared_prefix_len, suffix_logits
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import small_config
 
 
@@ -127,7 +127,7 @@ def _one_step(tmp_path, tiny_model_dir, share: bool, name: str, fuse: bool = Tru
         f"trainer.share_prefix={str(share).lower()}",
         "logging.transcripts=true",
     )
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     trainer.learner.fuse_old_logprobs = fuse
     assert trainer.learner.share_prefix is share
     history = trainer.train()

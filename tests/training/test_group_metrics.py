@@ -3,10 +3,10 @@ end in ``_frac`` and are shares of ``groups/count``, the step's groups."""
 
 from __future__ import annotations
 
+from agentrl.assembly import make_trainer
 from agentrl.episode import Episode
 from agentrl.errors import Failure
 from agentrl.training.metrics import episode_metrics
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import small_config
 
 OLD_NAMES = ("groups/informative", "groups/all_correct", "groups/all_wrong", "groups/seen")
@@ -17,7 +17,7 @@ def test_no_group_is_informative_when_no_rewards_differ(tmp_path, tiny_model_dir
     # groups/informative counted those (2 = prompts_per_step) though every reward is 1.0, and the run
     # then stopped with "no group had rewards that differ". 2 groups of 4, all correct: 0 of 2 informative.
     cfg = small_config(tmp_path, tiny_model_dir, "env.name=test_all_correct", "algorithm.name=grpo")
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     episodes, kept, info = trainer.collect(0)
     metrics = {**episode_metrics(episodes), **info}
     assert {e.reward for e in episodes} == {1.0} and len(kept) == 8
@@ -42,7 +42,7 @@ def test_group_fractions_share_the_steps_groups(tmp_path, tiny_model_dir, monkey
     ]  # fmt: skip
     cfg = small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo", "algorithm.dynamic_sampling=true",
                        "algorithm.max_sampling_rounds=1")  # fmt: skip
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     monkeypatch.setattr(trainer.rollouts, "_round", lambda step, r, info: (episodes, 0.0))
     _, kept, info = trainer.collect(0)
     metrics = {**episode_metrics(episodes), **info}

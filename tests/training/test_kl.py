@@ -17,9 +17,9 @@ from agentrl.algorithms import (
     loss_normaliser,
     policy_loss,
 )
+from agentrl.assembly import make_trainer
 from agentrl.models import load_policy
 from agentrl.rollout import components
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import small_config
 
 
@@ -52,9 +52,9 @@ def test_no_reference_model_without_a_penalty(tmp_path, tiny_model_dir, monkeypa
     monkeypatch.setattr(
         components, "load_model", lambda cfg, path, **kw: loads.append(path) or real(cfg, path, **kw)
     )
-    trainer = Trainer(small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo"), log=lambda *_: None)
+    trainer = make_trainer(small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo"), log=lambda *_: None)
     assert trainer.learner.ref_model is None and loads == [str(tiny_model_dir)]  # the policy only
-    with_kl = Trainer(
+    with_kl = make_trainer(
         small_config(tmp_path / "kl", tiny_model_dir, "algorithm.kl_coef=0.1"), log=lambda *_: None
     )
     assert with_kl.learner.ref_model is not None and len(loads) == 3  # + the policy again and its reference
@@ -69,7 +69,7 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
     meta device; each rank's GPU then holds only its shards (``materialize``), as ``agentrl plan``
     counts it (N·b/S). Loading it onto rank 0's GPU whole would put 131 GB there for a 32 B model.
     The GPU here is only named: the loads and the materialisation are recorded."""
-    from agentrl.assembly.records import reference_policy
+    from agentrl.assembly.build import reference_model
     from agentrl.parallel import sharding
 
     loads, filled = [], []
@@ -87,7 +87,7 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
         lambda m, device, full, broadcast=True: filled.append((str(device), full is not None)),
     )
 
-    class Sharded:  # what the learner's FSDP2 strategy is to reference_policy
+    class Sharded:  # what the learner's FSDP2 strategy is to reference_model
         equal_forwards, world = True, 2
 
         def prepare_frozen(self, model):
@@ -96,7 +96,7 @@ def test_a_sharded_reference_loads_like_the_policy_never_whole_on_a_gpu(
     strategy = Sharded()
     strategy.rank = rank
     cfg = small_config(tmp_path, tiny_model_dir, "algorithm.kl_coef=0.1")
-    reference_policy(cfg, strategy, torch.device("cuda", rank), log=lambda *_: None)
+    reference_model(cfg, strategy, torch.device("cuda", rank), log=lambda *_: None)
     assert loads == ["cpu" if rank == 0 else "meta"]
     assert filled == [(f"cuda:{rank}", rank == 0)]  # the shards on the rank's GPU, from rank 0's copy
 
@@ -114,7 +114,7 @@ def shifted_ref(tmp_path, tiny_model_dir):
 
 
 def _one_update(tmp_path, tiny_model_dir, *extra):
-    trainer = Trainer(small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo", "trainer.total_steps=1",
+    trainer = make_trainer(small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo", "trainer.total_steps=1",
                                    *extra), log=lambda *_: None)  # fmt: skip
     out = trainer.train_step(0)
     return trainer, out.metrics
@@ -143,7 +143,7 @@ def test_the_loss_penalty_changes_the_update(tmp_path, tiny_model_dir, shifted_r
 
 def test_the_reward_penalty_by_hand(tmp_path, tiny_model_dir, shifted_ref):
     beta = 0.05
-    trainer = Trainer(
+    trainer = make_trainer(
         small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo", f"algorithm.kl_coef={beta}",
                      "algorithm.kl_in=reward", "algorithm.kl_estimator=k1", f"model.ref_path={shifted_ref}"),
         log=lambda *_: None,

@@ -9,7 +9,7 @@ import json
 
 import torch
 
-from agentrl.training.trainer import Trainer
+from agentrl.assembly import make_trainer
 from tests.helpers.configs import small_config
 from tests.helpers.jsonl import lines
 
@@ -18,7 +18,7 @@ def test_a_nan_reward_fails_its_episode_and_the_step_goes_on(tmp_path, tiny_mode
     """Before: the NaN went into the advantages and the update, and the weight sync's probe stopped
     the run (``WeightSyncError ... differ by up to nan``) with nothing of the step written."""
     cfg = small_config(tmp_path, tiny_model_dir, "env.name=test_odd_rewards", "trainer.total_steps=1")
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     trainer.train()
     eps = [json.loads(line) for line in lines(tmp_path / "run" / "transcripts.jsonl")]
     failed = {e["task_id"]: e["failure"] for e in eps if e["failure"]}
@@ -38,7 +38,7 @@ def test_a_nan_reward_fails_its_episode_and_the_step_goes_on(tmp_path, tiny_mode
 def test_non_finite_advantages_or_gradients_skip_the_update(tmp_path, tiny_model_dir, monkeypatch):
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.total_steps=1")
     logged = []
-    trainer = Trainer(cfg, log=logged.append)
+    trainer = make_trainer(cfg, log=logged.append)
     learner = trainer.learner
     before = {n: p.detach().clone() for n, p in learner.model.named_parameters()}
     real = learner.advantages
@@ -86,7 +86,9 @@ def test_a_run_whose_every_update_was_skipped_fails_and_names_why(tmp_path, tiny
         return adv * float("nan"), out
 
     monkeypatch.setattr(Learner, "advantages", nan_advantages)
-    trainer = Trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2"), log=lambda *_: None)
+    trainer = make_trainer(
+        small_config(tmp_path, tiny_model_dir, "trainer.total_steps=2"), log=lambda *_: None
+    )
     with pytest.raises(
         TrainingFailed, match="every update was skipped because its advantages, token weights"
     ):
@@ -105,7 +107,9 @@ def test_weights_that_diverged_are_named_as_such_not_as_a_weight_sync_failure(
 
     from agentrl.training.trainer import TrainingFailed
 
-    trainer = Trainer(small_config(tmp_path, tiny_model_dir, "trainer.total_steps=1"), log=lambda *_: None)
+    trainer = make_trainer(
+        small_config(tmp_path, tiny_model_dir, "trainer.total_steps=1"), log=lambda *_: None
+    )
     learner = trainer.learner
     real = learner.apply_gradients
 

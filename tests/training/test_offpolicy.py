@@ -50,7 +50,7 @@ def test_version_lag_and_staleness():
 
 
 def test_trainer_step_with_tis(tmp_path, tiny_model_dir):
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     cfg = small_config(
         tmp_path,
@@ -59,7 +59,7 @@ def test_trainer_step_with_tis(tmp_path, tiny_model_dir):
         "algorithm.is_cap=2.0",
         "trainer.total_steps=1",
     )
-    out = Trainer(cfg, log=lambda *_: None).train_step(0)
+    out = make_trainer(cfg, log=lambda *_: None).train_step(0)
     m = out.metrics
     # float32 engine and trainer with the same weights: the mismatch is rounding, so the weights are ~1
     assert m["mismatch/abs_logp_mean"] < 1e-4

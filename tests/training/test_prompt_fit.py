@@ -45,8 +45,8 @@ def test_a_question_that_cannot_fit_an_episode_is_named_before_any_work(tmp_path
 
 
 def main_check(path, model_dir) -> list[str]:
+    from agentrl.assembly.preflight import check_inputs
     from agentrl.config import ConfigError
-    from agentrl.training.preflight import check_inputs
 
     cfg = load_config(OWN, [f"data.path={path}", f"model.path={model_dir}", "sft.enabled=false"])
     try:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly.build import warm_start_key
 from agentrl.assembly.sft import demo_tasks
 from agentrl.config import load_config
 from agentrl.rollout.components import load_tasks
-from agentrl.training.build import warm_start_key
 
 
 def test_default_demonstrations_come_from_the_sft_seeds_training_tasks():

@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 from safetensors.torch import load_file
 
+from agentrl.assembly.build import warm_start_key
 from agentrl.assembly.sft import run_sft
 from agentrl.config import ConfigError, load_config
-from agentrl.training.build import warm_start_key
 
 
 def _cfg(tmp_path, model_dir, *extra: str):

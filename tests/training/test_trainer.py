@@ -16,9 +16,9 @@ import pytest
 import torch
 
 from agentrl.algorithms import METHODS
+from agentrl.assembly import make_trainer
 from agentrl.cli import main
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import cli_args, small_config
 from tests.helpers.jsonl import lines
 
@@ -30,7 +30,7 @@ def test_two_step_smoke_run_per_algorithm(tmp_path, tiny_model_dir, name):
     cfg = small_config(
         tmp_path, tiny_model_dir, f"algorithm.name={name}", "algorithm.stare.target_entropy=100"
     )
-    history = Trainer(cfg, log=lambda *_: None).train()
+    history = make_trainer(cfg, log=lambda *_: None).train()
     assert len(history) == 2
     run = tmp_path / "run"
     rows = [json.loads(line) for line in lines(run / "metrics.jsonl")]
@@ -54,7 +54,7 @@ def test_two_step_smoke_run_per_algorithm(tmp_path, tiny_model_dir, name):
 
 def test_every_parameter_changes_after_one_update(tmp_path, tiny_model_dir):
     cfg = small_config(tmp_path, tiny_model_dir, "algorithm.name=grpo", "trainer.total_steps=1")
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     out = trainer.train_step(0)
     assert "update/skipped" not in out.metrics
@@ -80,7 +80,7 @@ def test_gradient_checkpointing_trains_the_same_step(tmp_path, tiny_model_dir):
         )  # fmt: skip
         with warnings.catch_warnings():
             warnings.simplefilter("error", FutureWarning)
-            trainer = Trainer(cfg, log=lambda *_: None)
+            trainer = make_trainer(cfg, log=lambda *_: None)
             runs[on, lora] = trainer.train_step(0).metrics
             m = trainer.model
             assert (
@@ -100,8 +100,8 @@ def _metrics_without_time(run: Path) -> list[dict]:
 def test_seeded_runs_reproduce(tmp_path, tiny_model_dir):
     a = small_config(tmp_path / "a", tiny_model_dir, "algorithm.name=stare")
     b = small_config(tmp_path / "b", tiny_model_dir, "algorithm.name=stare")
-    Trainer(a, log=lambda *_: None).train()
-    Trainer(b, log=lambda *_: None).train()
+    make_trainer(a, log=lambda *_: None).train()
+    make_trainer(b, log=lambda *_: None).train()
     assert _metrics_without_time(tmp_path / "a" / "run") == _metrics_without_time(tmp_path / "b" / "run")
     ta = (tmp_path / "a" / "run" / "transcripts.jsonl").read_text()
     tb = (tmp_path / "b" / "run" / "transcripts.jsonl").read_text()

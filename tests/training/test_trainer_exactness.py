@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly import make_trainer
 from agentrl.config import ConfigError
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.training import learner as learner_mod
-from agentrl.training.trainer import Trainer
 from tests.helpers.configs import small_config
 
 
@@ -21,7 +21,7 @@ def test_dynamic_sampling_ignores_length_shaping(tmp_path, tiny_model_dir):
         "algorithm.overlong.max_length=4", "algorithm.overlong.cache_length=3",
         "algorithm.max_sampling_rounds=1",
     )  # fmt: skip
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     eos = trainer.tokenizer.eos_token_id
     trainer.engine = ScriptedEngine(lambda prompt, i: [300] * (1 + i % 4) + [eos], trainer.tokenizer)
     episodes, kept, info = trainer.collect(0)
@@ -42,10 +42,10 @@ def test_clip_cov_draws_afresh_every_step(tmp_path, tiny_model_dir, monkeypatch)
 
     monkeypatch.setattr(learner_mod.alg, "compute_weights", spy)
     cfg = small_config(tmp_path, tiny_model_dir, "algorithm.name=clip_cov")
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     assert len(seeds) == 2 and seeds[0] != seeds[1]
     # the draw depends on the step only, so a resumed run draws what the uninterrupted one drew
-    again = Trainer(small_config(tmp_path / "again", tiny_model_dir, "algorithm.name=clip_cov"),
+    again = make_trainer(small_config(tmp_path / "again", tiny_model_dir, "algorithm.name=clip_cov"),
                     log=lambda *_: None)  # fmt: skip
     again.train_step(1)
     assert seeds[2] == seeds[1]
@@ -65,7 +65,7 @@ def test_stare_micro_scope_ranks_the_trained_micro_batches(tmp_path, tiny_model_
         "trainer.mini_batches_per_step=2", "trainer.micro_batch_size=2", "trainer.total_steps=1",
         "algorithm.dynamic_sampling=false",
     )  # fmt: skip
-    trainer = Trainer(cfg, log=lambda *_: None)
+    trainer = make_trainer(cfg, log=lambda *_: None)
     trained: list[list[int]] = []
     real_rows = learner_mod.Batch.rows
 

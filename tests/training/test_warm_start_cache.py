@@ -11,8 +11,8 @@ import uuid
 
 import pytest
 
+from agentrl.assembly import build
 from agentrl.config import load_config
-from agentrl.training import build
 
 ENV = """
 from agentrl.env import Environment, Task, register

@@ -188,8 +188,8 @@ def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
     import subprocess
     import sys
 
+    from agentrl.assembly import make_trainer
     from agentrl.config import load_config
-    from agentrl.training.trainer import Trainer
 
     def train(name: str) -> tuple[Path, Path]:
         env_file = tmp_path / f"{name}_env.py"
@@ -199,7 +199,7 @@ def test_rerun_and_rescore_use_the_runs_env_module(tmp_path, tiny_model_dir):
                                  f"run.output_dir={run}", "run.device=cpu", "rollout.prompts_per_step=2",
                                  "rollout.group_size=2", "rollout.max_tokens_per_turn=6", "trainer.total_steps=1",
                                  "logging.tensorboard=false", "logging.plots=false"])  # fmt: skip
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
         return run, env_file
 
     run, _ = train("units")

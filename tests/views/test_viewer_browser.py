@@ -179,14 +179,14 @@ def test_deep_link_opens_an_episode(browser, page):
 def real_run(tmp_path_factory, tiny_model_dir):
     """A real STARE run: 4 steps with H_tgt = the first batch's entropy, so the gate is off at step 0
     (H̄ is not below itself) and switches with the entropy after that."""
-    from agentrl.training.trainer import Trainer
+    from agentrl.assembly import make_trainer
 
     tmp = tmp_path_factory.mktemp("real")
     cfg = small_config(
         tmp, tiny_model_dir, "algorithm.name=stare", "algorithm.stare.variant=C2", "algorithm.stare.target_scale=1.0",
         "algorithm.stare.W=2.0", "algorithm.stare.M=0.5", "algorithm.stare.P=0.3", "trainer.total_steps=6",
     )  # fmt: skip
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     page = tmp / "view.html"
     assert inspect_command(str(tmp / "run"), output=str(page)) == 0
     return tmp / "run", page

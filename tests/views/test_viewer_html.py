@@ -151,13 +151,13 @@ def test_every_curve_name_is_a_metric_the_trainer_writes(tmp_path, tiny_model_di
     evaluation: a renamed metric breaks this test instead of silently emptying a curve."""
     import json
 
+    from agentrl.assembly import make_trainer
     from agentrl.training.metrics import CURVES
-    from agentrl.training.trainer import Trainer
     from tests.helpers.jsonl import lines
 
     cfg = small_config(tmp_path, tiny_model_dir, "algorithm.name=stare", "trainer.eval_every=1", "eval.k=1",
                        "eval.num_tasks=2")  # fmt: skip
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     written = set().union(*(json.loads(x) for x in lines(tmp_path / "run" / "metrics.jsonl")))
     env_specific = {CURVES["correct"]}  # a reward component named "correct" (test_chatter has none)
     assert set(CURVES.values()) - env_specific - written == set()

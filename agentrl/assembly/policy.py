@@ -8,13 +8,19 @@ weight version, so what it generates is stamped with the version that trained it
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from agentrl.config import ConfigError
+from agentrl.assembly import build
+from agentrl.assembly.export import checkpoint_model
+from agentrl.config import Config, ConfigError
+from agentrl.engines.base import Engine
+from agentrl.rollout import components
+from agentrl.training.checkpoint import STATE_FILE, latest_checkpoint, list_checkpoints
 
 
 @dataclass
@@ -26,12 +32,9 @@ class Policy:
     run_dir: Path | None = None
 
 
-def chosen_policy(config: str | None, checkpoint: str | None, cfg: Any, verb: str) -> Policy:
+def chosen_policy(config: str | None, checkpoint: str | None, cfg: Config, verb: str) -> Policy:
     """The policy to ``verb`` (module docstring). ``config``: the command's CONFIG argument (a run
     directory or a config file); ``checkpoint``: ``--checkpoint``."""
-    from agentrl.training import build
-    from agentrl.training.checkpoint import latest_checkpoint, list_checkpoints
-
     run_dir = Path(config) if config and Path(config).is_dir() else None
     if checkpoint:
         path = Path(checkpoint)
@@ -49,17 +52,17 @@ def chosen_policy(config: str | None, checkpoint: str | None, cfg: Any, verb: st
         return Policy(str(newest), newest.name, run_dir)
     if run_dir:
         print(f"{run_dir} has no checkpoint yet: {verb} the policy it starts from", file=sys.stderr)
-    return Policy(build.policy_path(cfg), "start", run_dir)
+    return Policy(start_policy(cfg).path, "start", run_dir)
 
 
-def policy_engine(cfg: Any, policy: Policy) -> tuple[Any, Any]:
-    """The engine and tokenizer for ``policy`` (a checkpoint of any format: adapters merged, shards
+def start_policy(cfg: Config, log: Callable[[str], None] = print) -> Policy:
+    """The policy a config starts from: its model, warm-started when ``sft.enabled``."""
+    return Policy(build.policy_path(cfg, log=log), "start")
+
+
+def loaded_policy(cfg: Config, policy: Policy) -> tuple[torch.nn.Module, Any, Engine]:
+    """``policy``'s model, tokenizer and engine (a checkpoint of any format: adapters merged, shards
     joined; the engine at the checkpoint's weight version)."""
-    from agentrl.rollout import components
-    from agentrl.training import build
-    from agentrl.training.checkpoint import STATE_FILE
-    from agentrl.training.export import checkpoint_model
-
     path = policy.path
     state_file = Path(path) / STATE_FILE
     if state_file.exists():
@@ -72,4 +75,10 @@ def policy_engine(cfg: Any, policy: Policy) -> tuple[Any, Any]:
         version = int(torch.load(state_file, weights_only=False, map_location="cpu").get("engine_version", 0))
         while engine.version < version:  # engines count their own loads: the checkpoint's version
             engine.load_weights({})
+    return model, tokenizer, engine
+
+
+def policy_engine(cfg: Config, policy: Policy) -> tuple[Engine, Any]:
+    """The engine and tokenizer for ``policy`` (``loaded_policy``)."""
+    _, tokenizer, engine = loaded_policy(cfg, policy)
     return engine, tokenizer

@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.assembly import make_trainer
 from agentrl.cli import main
 from agentrl.config import load_config
 from agentrl.env import EpisodeState, make_env, registered
 from agentrl.env.check import check_environment
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer, TrainingFailed
+from agentrl.training.trainer import TrainingFailed
 from tests.helpers import ROOT
 
 needs_rg = pytest.mark.skipif(
@@ -163,7 +164,7 @@ def _train(config: str, tmp_path, tiny_model_dir, *extra: str) -> list[Episode]:
                                       "rollout.max_tokens_per_turn=8", "logging.tensorboard=false",
                                       "logging.plots=false", "algorithm.dynamic_sampling=false", *extra])  # fmt: skip
     with pytest.raises(TrainingFailed, match="no step trained"):
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
     episodes = [
         Episode.from_json(x) for x in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
     ]

@@ -13,10 +13,11 @@ import sys
 
 import pytest
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.env import make_env
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer, TrainingFailed
+from agentrl.training.trainer import TrainingFailed
 from tests.helpers import ROOT
 
 pytestmark = [
@@ -76,7 +77,7 @@ def _train(tmp_path, tiny_model_dir) -> list[Episode]:
         "logging.plots=false", "algorithm.dynamic_sampling=false", "sft.enabled=false",
         "trainer.max_failed_fraction=1.0"])  # fmt: skip
     with pytest.raises(TrainingFailed, match="no step trained"):  # the untrained tiny model never sums
-        Trainer(cfg, log=lambda *_: None).train()
+        make_trainer(cfg, log=lambda *_: None).train()
     lines = (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
     episodes = [Episode.from_json(x) for x in lines]
     assert len(episodes) == 8 and sorted({e.step for e in episodes}) == [0, 1]
@@ -127,7 +128,7 @@ def test_verifiers_own_openenv_taskset_trains_unchanged(tmp_path, tiny_model_dir
         f"env.options.config.taskset.base_url={echo_server}", "trainer.total_steps=1",
         "rollout.max_tokens_per_turn=8", "logging.tensorboard=false", "logging.plots=false",
         "algorithm.dynamic_sampling=false"])  # fmt: skip
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     lines = (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
     episodes = [Episode.from_json(x) for x in lines]
     assert len(episodes) == 4

@@ -20,7 +20,7 @@ from agentrl.assembly.sft import run_sft
 from agentrl.config import Config, ConfigError, config_to_yaml
 from agentrl.engines.base import Engine
 from agentrl.models import cache_root, resolve_model_path
-from agentrl.parallel import ranks
+from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.parallel.engine_group import AbsentEngine, FollowerEngine, LeaderEngine
 from agentrl.parallel.placement import Placement
 from agentrl.parallel.placement import render as render_placement
@@ -253,3 +253,31 @@ def build_runner(
     if isinstance(engine, RolloutPool):
         return RayEpisodeRunner(engine, seed, temperature)  # type: ignore[return-value]
     return components.local_runner(cfg, engine, tokenizer, seed, temperature)
+
+
+def reference_model(
+    cfg: Config, strategy: sharding.Strategy, device: torch.device, log: Callable[[str], None]
+) -> torch.nn.Module:
+    """The frozen reference policy of the KL penalty: ``model.ref_path``, else the policy RL started
+    from (the warm start; on a resume too, never the checkpoint). It costs one more copy of the
+    weights in ``model.dtype`` (sharded like the policy; no gradients, no optimizer state) and one
+    forward per step. Sharded, it loads as the policy does: each rank reads its own shards when every
+    rank sees the checkpoint's files (``parallel/shard_reads.py``), else rank 0 reads it into host
+    memory and the others build it on the meta device; each rank's GPU receives only its shards."""
+    path = cfg.model.ref_path or policy_path(cfg, log=log)
+    sharded = strategy.equal_forwards and strategy.world > 1
+    local = shard_reads.shard_source(path) if sharded else None  # each rank reads its own shards
+    reads = local is not None
+    where = ("meta" if strategy.rank > 0 or reads else "cpu") if strategy.equal_forwards else device
+    ref, _ = components.load_model(cfg, path, device=where)
+    ref.eval()
+    for p in ref.parameters():
+        p.requires_grad_(False)
+    full = ref.state_dict() if strategy.equal_forwards and strategy.rank == 0 and not reads else None
+    ref = strategy.prepare_frozen(ref)
+    if sharded:
+        sharding.materialize(ref, device, full, broadcast=not reads)
+    if local is not None:
+        shard_reads.read_own_shards(ref, local)
+    log(f"KL reference policy: {path}")
+    return ref

@@ -21,10 +21,12 @@ def test_every_built_in_environment_passes(name):
         pytest.skip("the GSM-Symbolic templates are not installed here (scripts/test.sh installs them)")
     if name == "openenv":
         pytest.skip(
-            "it needs a server to connect to: tests/env/test_openenv.py checks it on openenv's template"
+            "it needs a server to connect to: tests/environments/test_openenv.py checks it on openenv's template"
         )
     if name == "verifiers":
-        pytest.skip("it needs verifiers and a taskset: tests/env/test_verifiers.py, in .venv-verifiers")
+        pytest.skip(
+            "it needs verifiers and a taskset: tests/environments/test_verifiers.py, in .venv-verifiers"
+        )
     report = check_environment(name)
     assert report.ok, report.problems
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.assembly import make_trainer
 from agentrl.config import load_config
 from agentrl.env import make_env
 from agentrl.env.check import check_environment
 from agentrl.episode import Episode
-from agentrl.training.trainer import Trainer
 from tests.helpers import ROOT
 
 pytestmark = pytest.mark.skipif(
@@ -161,7 +161,7 @@ def test_the_example_config_trains_on_it(tmp_path, tiny_model_dir, echo_project)
         "env.options.max_servers=2", "trainer.total_steps=2", "rollout.prompts_per_step=1", "rollout.group_size=2",
         "rollout.max_turns=2", "rollout.max_tokens_per_turn=8", "logging.tensorboard=false", "logging.plots=false",
         "algorithm.dynamic_sampling=false"])  # fmt: skip
-    Trainer(cfg, log=lambda *_: None).train()
+    make_trainer(cfg, log=lambda *_: None).train()
     episodes = [
         Episode.from_json(x) for x in (tmp_path / "run" / "transcripts.jsonl").read_text().splitlines()
     ]
