@@ -23,7 +23,8 @@ from tests.helpers.configs import small_config
 def _meta_learner(tmp_path, tiny_model_dir, *extra: str) -> Learner:
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.share_prefix=false", *extra)
     model, tokenizer = load_policy(tiny_model_dir)
-    learner = Learner(cfg, model, tokenizer.pad_token_id or 0, log=lambda *_: None)
+    reference = load_policy(tiny_model_dir)[0].requires_grad_(False)  # used with algorithm.kl_coef > 0
+    learner = Learner(cfg, model, tokenizer.pad_token_id or 0, log=lambda *_: None, reference=reference)
     # the optimizer is built on the CPU (fused AdamW has no meta kernel); the model then moves, as
     # a policy loaded on a GPU would be there from the start
     for m in (model, learner.ref_model):
