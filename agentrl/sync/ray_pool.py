@@ -15,7 +15,7 @@ import torch
 
 from agentrl.engines.base import Bucket
 from agentrl.engines.vllm import safetensors_blob
-from agentrl.sync.ray_broadcast import Answers, BroadcastGroup
+from agentrl.sync.transports.broadcast import Answers, BroadcastGroup
 from agentrl.timeouts import WaitTimeout
 
 
