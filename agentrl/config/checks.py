@@ -12,6 +12,7 @@ from agentrl.algorithms import registry
 from agentrl.config.schema import Config, weighting_name, weighting_settings
 from agentrl.env import entry_point_errors, import_environment_module, registered
 from agentrl.env.demos import load_demonstrations
+from agentrl.sync.registry import OBJECT_STORE
 
 
 def cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
@@ -119,12 +120,12 @@ def _mode_problems(cfg: Config) -> Iterator[tuple[str, str]]:
             "rollout.on_stale=drop with rollout.max_staleness=0 drops every batch sampled during an update: "
             "use rollout.on_stale=wait (K = 0 then trains exactly like trainer.mode=sync) or max_staleness >= 1",
         )
-    if ro.sync.transport != "object_store" and ro.workers == 0:
+    if ro.sync.transport != OBJECT_STORE and ro.workers == 0:
         yield (
             "rollout.sync.transport",
             f"rollout.sync.transport={ro.sync.transport} sends the weights from the trainer to Ray rollout "
             "workers, but rollout.workers=0 runs the engine in the trainer's process (it takes the tensors "
-            "directly): set rollout.workers >= 1 or rollout.sync.transport=object_store",
+            f"directly): set rollout.workers >= 1 or rollout.sync.transport={OBJECT_STORE}",
         )
     yield from _engine_placement_problems(cfg)
     if ro.colocate.sleep:

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Literal
 
 from agentrl.algorithms import registry
 from agentrl.dataclass_tree import HasSections, knob, registered_sections
+from agentrl.sync.registry import OBJECT_STORE, TRANSPORTS
 
 
 @dataclass
@@ -129,8 +130,8 @@ class SyncConfig:
     """Length of the probe sequence whose log-probs the engine and the trainer compare."""
     probe_atol: float | None = knob(None, gt=0)
     """Largest allowed |engine − trainer| probe log-prob difference. None = 1e-3 when the engine and the trainer's probe forward both compute in float32, 0.5 when either computes in a 16-bit dtype (a bfloat16 engine, FSDP2's bf16 mixed precision: on SmolLM2-135M a correct bf16 engine differs from the fp32 trainer by up to 0.36, measured by bench/bf16_numerics.py)."""
-    transport: Literal["object_store", "broadcast", "cuda_ipc"] = "object_store"
-    """How the buckets reach Ray rollout workers (``rollout.workers`` > 0; with in-process engines it is an error): ``object_store`` = each bucket is put in Ray's object store once and every worker copies it (any placement); ``broadcast`` = a collective broadcast from the trainer (rank 0) to the workers (ranks 1..N) in a process group of the sync's own, built at the first sync from a TCPStore the trainer hosts (torch.distributed's default group is not touched): gloo when the trainer's weights are on the CPU, NCCL on a GPU, where every member needs a GPU of its own (NCCL refuses two ranks on one device). The group is rebuilt when a worker is replaced; its timeout is ``timeouts.weight_sync_s``, and the workers must join within half of it; ``cuda_ipc`` = the workers copy each bucket straight from the trainer's GPU memory through CUDA IPC handles (workers that share trainer rank 0's GPU, ``rollout.worker_gpus`` < 1 on a machine whose GPUs all hold a trainer rank). ``agentrl plan`` refuses a transport the placement cannot use. The NCCL and CUDA IPC paths have not yet run on a GPU."""
+    transport: str = knob(OBJECT_STORE, choices=lambda: list(TRANSPORTS))
+    """How the buckets reach Ray rollout workers (``rollout.workers`` > 0; with in-process engines any other than the default is an error); each is a registered transport (``agentrl/sync/registry.py``, one file in ``sync/transports/``): ``object_store`` = each bucket is put in Ray's object store once and every worker copies it (any placement); ``broadcast`` = a collective broadcast from the trainer (rank 0) to the workers (ranks 1..N) in a process group of the sync's own, built at the first sync from a TCPStore the trainer hosts (torch.distributed's default group is not touched): gloo when the trainer's weights are on the CPU, NCCL on a GPU, where every member needs a GPU of its own (NCCL refuses two ranks on one device). The group is rebuilt when a worker is replaced; its timeout is ``timeouts.weight_sync_s``, and the workers must join within half of it; ``cuda_ipc`` = the workers copy each bucket straight from the trainer's GPU memory through CUDA IPC handles (workers that share trainer rank 0's GPU, ``rollout.worker_gpus`` < 1 on a machine whose GPUs all hold a trainer rank). ``agentrl plan`` refuses a transport the placement cannot use. Which paths have run on a GPU: docs/scaling.md."""
 
 
 @dataclass

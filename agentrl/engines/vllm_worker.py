@@ -13,7 +13,7 @@ arrive as nested lists). One update is:
   layout; on CPU the linear layers are prepacked) and copied into its kernel tensors as soon as all
   its elements have arrived, whichever buckets they came in. On CUDA, with the trainer's tensors on
   a GPU of the same node, ``agentrl_load_bucket_ipc`` takes CUDA IPC handles instead of a blob (the
-  worker copies from the trainer's GPU memory; not yet run on a GPU);
+  worker copies from the trainer's GPU memory; what has run on a GPU: docs/scaling.md);
 - ``agentrl_finish_weights``: ``finalize_layerwise_reload`` (layers that received nothing get their
   kernel tensors back; attention layers are processed last).
 
@@ -76,7 +76,7 @@ class WeightSyncExtension:
         """A bucket as CUDA IPC handles (``cuda_ipc_blob``, from a trainer on this node): the
         trainer's GPU memory is opened here and the model's loaders copy from it, with no host round
         trip. The handles name the sender's device by its index there; it is replaced by the index of
-        the same GPU (by UUID) in this worker. Not yet run on a GPU."""
+        the same GPU (by UUID) in this worker."""
         state = open_cuda_ipc_blob(blob)
         n = self._load(state)
         torch.cuda.synchronize()  # copied before the sender may free or overwrite its tensors
@@ -159,7 +159,7 @@ def open_cuda_ipc_blob(blob: bytes) -> dict[str, torch.Tensor]:
     of several lists, for an engine's tensor-parallel workers): this process opens the copy on its
     own current GPU, else the first it can see, so no worker opens memory on another worker's GPU
     (which would make a CUDA context of its own there). The handles name the sender's device by its
-    index there; it is replaced by the index of the same GPU (by UUID) here. Not yet run on a GPU."""
+    index there; it is replaced by the index of the same GPU (by UUID) here."""
     copies = pickle.loads(blob)
     local = {str(torch.cuda.get_device_properties(i).uuid): i for i in range(torch.cuda.device_count())}
     mine = str(torch.cuda.get_device_properties(torch.cuda.current_device()).uuid)
@@ -181,7 +181,7 @@ def open_cuda_ipc_blob(blob: bytes) -> dict[str, torch.Tensor]:
 def cuda_ipc_blob(*copies: list[tuple[str, torch.Tensor]]) -> bytes:
     """Each list of CUDA tensors (one list per GPU: the same tensors' copies) as pickled CUDA IPC
     handles (``torch.multiprocessing.reductions.reduce_tensor``) with its GPU's UUID. The caller keeps
-    the tensors alive (and unchanged) until every receiver has copied them. Not yet run on a GPU."""
+    the tensors alive (and unchanged) until every receiver has copied them."""
     from torch.multiprocessing.reductions import reduce_tensor
 
     out = []

@@ -24,9 +24,10 @@ The rules, each a consequence of how the pieces run:
   or, when the trainer uses them all, the trainer's own GPUs (then only a fraction of a GPU per worker
   fits beside the trainer). On a cluster, Ray places the workers on its own GPUs. Trainer rank 0 owns
   the pool and runs every episode; the other ranks receive them.
-- **Weights to the workers** (``rollout.sync.transport``): ``object_store`` works for any map;
-  ``broadcast`` over NCCL needs every member of its group on a GPU of its own (NCCL refuses two ranks
-  on one device); ``cuda_ipc`` needs every worker on trainer rank 0's GPU.
+- **Weights to the workers** (``rollout.sync.transport``): what a transport needs is its record's
+  (``sync/registry.py``): ``own_gpu_each`` (``broadcast`` over NCCL: every member of its group on a
+  GPU of its own, as NCCL refuses two ranks on one device), ``trainer_gpu`` (``cuda_ipc``: every
+  worker on trainer rank 0's GPU); ``object_store`` needs neither and works for any map.
 
 A CPU run (``gpus_per_node`` 0) has no GPU rules; its broadcast group uses gloo.
 """
@@ -35,8 +36,11 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
+
+from agentrl.sync.registry import OBJECT_STORE, TRANSPORTS, TransportRecord, transport_record
 
 
 @dataclass(frozen=True)
@@ -81,7 +85,8 @@ class Rollouts:
     worker_gpus: float = 0.0
     """GPUs per Ray worker, resolved (``rollout.worker_gpus``)."""
     worker_placement: Literal["pack", "spread"] = "pack"
-    transport: Literal["object_store", "broadcast", "cuda_ipc"] = "object_store"
+    transport: str = OBJECT_STORE
+    """``rollout.sync.transport``: a name in ``sync/registry.py``'s ``TRANSPORTS``."""
     cluster: bool = False
     """``rollout.ray_address`` is set: the workers run on a Ray cluster's GPUs."""
 
@@ -256,11 +261,7 @@ def _workers(p: Placement) -> None:
         p.engines.append(EngineSite(f"{kind} engine of {s.name}", kind, s.name, s.node, s.gpus))
     p.problems += _transport_problems(p)
     members = ("trainer rank 0", *(s.name for s in p.workers))
-    backend = {
-        "object_store": "Ray object store (host memory)",
-        "broadcast": "NCCL broadcast" if launch.cuda else "gloo broadcast",
-        "cuda_ipc": "CUDA IPC (the worker copies from rank 0's GPU memory)",
-    }[ro.transport]
+    backend = transport_record(ro.transport).route_for(launch.cuda)
     p.groups.append(Group("weight sync: trainer rank 0 to the workers", members, backend))
 
 
@@ -331,39 +332,44 @@ def _assign(n: int, w: float, gpus: tuple[int, ...], how: str) -> list[tuple[int
 
 
 def _transport_problems(p: Placement) -> list[Problem]:
+    """What the transport's record asks of the GPUs (``own_gpu_each``, ``trainer_gpu``) that this map
+    does not give; the other transports that would do are named."""
     ro, launch = p.rollouts, p.launch
     if not launch.cuda or ro.cluster:
         return []
-    rank0 = set(p.trainers[0].gpus)
-    out = []
-    if ro.transport == "broadcast":
+    record, rank0 = transport_record(ro.transport), set(p.trainers[0].gpus)
+    key, out = "rollout.sync.transport", []
+    if record.own_gpu_each:
         seen: dict[int, str] = {g: "trainer rank 0" for g in rank0}
         for s in p.workers:
             for g in s.gpus:
                 if g in seen:
                     out.append(
                         Problem(
-                            "rollout.sync.transport",
-                            f"rollout.sync.transport=broadcast over NCCL needs every member on a GPU of its own, "
-                            f"but {s.name} shares GPU {g} with {seen[g]} (NCCL refuses two ranks on one "
-                            "device): use rollout.sync.transport=cuda_ipc for workers on the trainer's GPU, "
-                            "object_store, or rollout.worker_gpus=1",
+                            key,
+                            f"{key}={ro.transport} ({record.route_for(True)}) needs every member on a GPU of its "
+                            f"own, but {s.name} shares GPU {g} with {seen[g]}: use {key}="
+                            f"{_others(lambda r: not r.own_gpu_each)}, or rollout.worker_gpus=1",
                         )
                     )
                     break
                 seen[g] = s.name
-    if ro.transport == "cuda_ipc":
+    if record.trainer_gpu:
         away = [s.name for s in p.workers if not set(s.gpus) <= rank0 or not s.gpus]
         if away:
             out.append(
                 Problem(
-                    "rollout.sync.transport",
-                    f"rollout.sync.transport=cuda_ipc hands the workers handles to trainer rank 0's GPU memory, "
-                    f"which only a process on that GPU can open; {', '.join(away)} run(s) elsewhere: use "
-                    "rollout.sync.transport=broadcast (NCCL) or object_store",
+                    key,
+                    f"{key}={ro.transport} ({record.route_for(True)}) needs every worker on trainer rank 0's "
+                    f"GPU; {', '.join(away)} run(s) elsewhere: use {key}={_others(lambda r: not r.trainer_gpu)}",
                 )
             )
     return out
+
+
+def _others(fits: Callable[[TransportRecord], bool]) -> str:
+    """The registered transports that ``fits``, as a message names them."""
+    return " or ".join(name for name, r in TRANSPORTS.items() if fits(r))
 
 
 def _span(values: list[int]) -> str:

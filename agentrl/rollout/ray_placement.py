@@ -24,7 +24,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from agentrl.sync.ray_broadcast import LOOPBACK
+from agentrl.sync.transports.broadcast import LOOPBACK
 from agentrl.timeouts import WaitTimeout
 
 LAUNCHER_ENV = (

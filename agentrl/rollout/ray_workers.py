@@ -4,13 +4,12 @@
 engine. The pool starts N ``RolloutWorker`` actors (on a local loopback Ray, or on the cluster at
 ``rollout.ray_address``); each loads the policy, builds its own engine (``rollout.engine``: HF or vLLM)
 and runs episodes with the same runner an in-process run uses. The trainer sees the same interface:
-a weight sync (``weight_sync.py``) puts each bucket in Ray's object store once, every worker copies it
-in place, and the ref is dropped (the sender and the store hold one bucket at a time); the pool holds
-a lock from the first bucket to the last, and no shard or generation is submitted meanwhile, so none
-runs on half-updated weights (``rollout.sync.transport: broadcast`` sends the buckets by a collective
-broadcast instead: ``weight_group.py``, ``sync/ray_broadcast.py``); ``fingerprint`` asks every
-worker; ``version`` is the weight version; ``build.build_runner`` returns a ``RayEpisodeRunner`` that
-splits a step's episodes across the workers.
+a weight sync (``weight_sync.py``) sends each bucket to every worker by the transport
+``rollout.sync.transport`` names (``sync/transports/``: by default Ray's object store, one bucket at a
+time); the pool holds a lock from the first bucket to the last, and no shard or generation is
+submitted meanwhile, so none runs on half-updated weights; ``fingerprint`` asks every worker;
+``version`` is the weight version; ``build.build_runner`` returns a ``RayEpisodeRunner`` that splits a
+step's episodes across the workers.
 
 Faults: a worker that dies (its process crashed, its node was lost) fails the call running on it with
 a ``RayActorError``. Its episodes are resubmitted to a live worker, up to ``max_retries`` times (the
@@ -48,6 +47,8 @@ from agentrl.rollout import components
 from agentrl.rollout.ray_placement import Reservation, init_ray, report, scrub_launcher_env
 from agentrl.rollout.runner import EpisodeRequest
 from agentrl.sync.ray_pool import PoolWeights
+from agentrl.sync.registry import OBJECT_STORE, make_transport
+from agentrl.sync.transports.base import Transport
 from agentrl.timeouts import WaitTimeout
 
 
@@ -74,9 +75,8 @@ class RolloutWorker:
         # the engine reads the checkpoint itself: vLLM from the path, the HF engine straight into its
         # dtype on its device (no copy of the policy in model.dtype, which vLLM would never use)
         self.engine = components.local_engine(self.cfg, None, self.tokenizer, model_path)
-        self._group: Any = None
-        """This worker's member of the weight-sync group (``rollout.sync.transport: broadcast``)."""
-        self._group_device, self._group_timeout_s = torch.device("cpu"), 0.0
+        self._transports: dict[str, Transport] = {}
+        """This worker's end of each weight transport the trainer has used (``sync/transports/``)."""
 
     def pid(self) -> int:
         return os.getpid()
@@ -104,67 +104,19 @@ class RolloutWorker:
     def begin_weight_update(self) -> None:
         self.engine.begin_weight_update()  # type: ignore[attr-defined]
 
-    def load_weight_bucket(self, blob: bytes) -> int:
-        """One bucket (a safetensors blob Ray has fetched from the object store) copied in place;
-        returns how many tensors."""
-        from safetensors.torch import load
+    def receive_weights(self, transport: str, payload: Any) -> int:
+        """One bucket sent by ``rollout.sync.transport=transport`` copied into the engine by that
+        transport's worker end (``sync/transports/``); returns how many tensors."""
+        return self._transport(transport).receive(self.engine, payload)  # type: ignore[arg-type]
 
-        bucket = load(blob)
-        self.engine.load_weight_bucket(bucket.items())  # type: ignore[attr-defined]
-        return len(bucket)
+    def join_weight_group(self, transport: str, *args: Any) -> Any:
+        """Join the group the transport's trainer end set up (``Transport.join``)."""
+        return self._transport(transport).join(*args)
 
-    def load_weight_bucket_ipc(self, blob: bytes) -> int:
-        """One bucket as CUDA IPC handles to the trainer's GPU memory (``rollout.sync.transport:
-        cuda_ipc``; this worker shares the trainer's GPU): copied into the engine, and the copy
-        finished, before this returns and the trainer may free them. A vLLM engine takes a copy of
-        its own first (its worker process cannot reopen memory this process opened). Run on an H200
-        with the HF engine (the GPU check, 2026-11-30); with vLLM not yet run on a GPU."""
-        import torch
-
-        from agentrl.engines.vllm_worker import open_cuda_ipc_blob
-
-        bucket = open_cuda_ipc_blob(blob)
-        if not isinstance(self.engine, HFEngine):
-            bucket = {n: t.clone() for n, t in bucket.items()}
-        self.engine.load_weight_bucket(bucket.items())  # type: ignore[attr-defined]
-        torch.cuda.synchronize()
-        return len(bucket)
-
-    def join_weight_group(
-        self, host: str, port: int, rank: int, size: int, device_type: str, timeout_s: float
-    ) -> int:
-        """Join the trainer's weight-sync group (``weight_group.py``) as ``rank``, leaving the one
-        this worker was in; the tensors arrive on the CPU (gloo) or this process's GPU (NCCL)."""
-        from agentrl.sync import weight_group
-
-        self.leave_weight_group()
-        device = (
-            torch.device("cuda", torch.cuda.current_device())
-            if device_type == "cuda"
-            else torch.device("cpu")
-        )
-        store = weight_group.client_store(host, port, rank, timeout_s)
-        self._group = weight_group.make_group(store, rank, size, device, timeout_s)
-        self._group_device, self._group_timeout_s = device, timeout_s
-        return rank
-
-    def leave_weight_group(self) -> None:
-        from agentrl.sync import weight_group
-
-        if self._group is not None:
-            weight_group.leave(self._group)
-            self._group = None
-
-    def receive_weight_bucket(self, spec: list[tuple[str, tuple[int, ...], str]]) -> int:
-        """One bucket broadcast by the trainer (laid out as ``spec``) copied in place; returns how
-        many tensors. The trainer starts this call before it broadcasts."""
-        from agentrl.sync import weight_group
-
-        if self._group is None:
-            raise RuntimeError("this worker is in no weight-sync group: the trainer did not join it")
-        bucket = weight_group.receive_bucket(self._group, spec, self._group_device, self._group_timeout_s)
-        self.engine.load_weight_bucket(bucket)  # type: ignore[attr-defined]
-        return len(bucket)
+    def _transport(self, name: str) -> Transport:
+        if name not in self._transports:
+            self._transports[name] = make_transport(name)
+        return self._transports[name]
 
     def finish_weight_update(self, version: int) -> int:
         """The update is complete: take the pool's version (as ``load_weights`` does)."""
@@ -360,11 +312,11 @@ class RolloutPool:
         return out
 
     def shutdown(self) -> None:
-        """Leave the weight broadcast and kill the workers (also on a pool whose workers never
-        finished starting: the constructor's own timeout is then the error raised)."""
+        """Let go of the weight transports' groups and kill the workers (also on a pool whose workers
+        never finished starting: the constructor's own timeout is then the error raised)."""
         import ray
 
-        self.weights.broadcast.leave()
+        self.weights.close()
         for w in self.workers:
             if w is not None:  # a worker of a wave that never started
                 ray.kill(w)
@@ -448,7 +400,7 @@ class RolloutPool:
             if bucket and size + n > limit:
                 with self.weights.lock:  # not while an update is half done
                     self._answers(
-                        [dst.load_weight_bucket.remote(src.weight_bucket.remote(bucket))],
+                        [dst.receive_weights.remote(OBJECT_STORE, src.weight_bucket.remote(bucket))],
                         f"copying weights from worker {live[0]}",
                     )
                 bucket, size = [], 0

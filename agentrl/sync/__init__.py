@@ -1,1 +1,1 @@
-"""Weights from the learner to the engines: bucketed sync with proof, Ray broadcast groups, colocated sleep/wake."""
+"""Weights from the learner to the engines: bucketed sync with proof, the weight transports to Ray workers, colocated sleep/wake."""

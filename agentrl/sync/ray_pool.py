@@ -1,8 +1,8 @@
 """A pool of Ray rollout workers as a weight receiver (``engines/base.py``: ``WeightReceiver``): the
 bucketed update into every worker, under a lock that keeps episodes and generations off
-half-updated weights, within ``timeouts.weight_sync_s``. Buckets travel through Ray's object store
-(one safetensors blob per bucket) or, with ``rollout.sync.transport: broadcast``, by a collective
-(``ray_broadcast.py``). ``RolloutPool`` (``rollout/ray_workers.py``) owns one and delegates to it."""
+half-updated weights, within ``timeouts.weight_sync_s``. Each bucket travels by the transport
+``rollout.sync.transport`` names (``sync/transports/``; its trainer end is called here).
+``RolloutPool`` (``rollout/ray_workers.py``) owns one and delegates to it."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from agentrl.engines.base import Bucket
-from agentrl.engines.vllm import safetensors_blob
-from agentrl.sync.ray_broadcast import Answers, BroadcastGroup
+from agentrl.sync import registry
+from agentrl.sync.transports.base import Answers, Link, Transport
 from agentrl.timeouts import WaitTimeout
 
 
@@ -34,15 +34,16 @@ class PoolWeights:
         self.dtype = dtype
         """The workers' engines' dtype: floating tensors travel in it (half the bytes for a bfloat16
         engine fed by a float32 trainer; the engine would cast them on arrival anyway)."""
-        self._workers, self._answers, self._events = workers, answers, events
+        self._workers, self._answers = workers, answers
         self.version = 0
         self.lock = threading.Lock()  # held by a weight update (begin .. finish)
         self.behind: set[int] = set()
         """Replacement workers that could not copy the current weights: they run nothing until the
         next weight sync (which sends every weight the trainer changes) brings them up to date."""
         self._start = 0.0  # when the current weight update began
-        self.broadcast = BroadcastGroup(timeout_s, cluster)
-        """The weight-sync group with the workers, when ``transport`` is broadcast."""
+        self.link = Link(timeout_s, cluster, answers, self.left, self.setting, events)
+        self._ends: dict[str, Transport] = {}  # the trainer's end of each transport used
+        registry.transport_record(transport)  # an unknown name fails here, naming the choices
 
     def begin(self) -> None:
         """Takes the lock until ``finish``: no shard or generation is submitted in between, so none
@@ -54,52 +55,21 @@ class PoolWeights:
             lambda: self._answers([w.begin_weight_update.remote() for w in workers], "begin_weight_update")
         )
 
+    def end(self, name: str | None = None) -> Transport:
+        """The trainer's end of transport ``name`` (default: ``transport``), made at its first use."""
+        name = name or self.transport
+        if name not in self._ends:
+            self._ends[name] = registry.make_transport(name)
+        return self._ends[name]
+
     def load_bucket(self, bucket: Bucket) -> None:
-        """With ``transport: broadcast``, ``BroadcastGroup.send``. Else ``ray.put`` the bucket once, as
-        a safetensors blob, every worker copies it in place, and the ref is dropped: the sender and the
-        object store hold about one bucket at a time. A blob rather than the tensors: measured, eight
-        32 MiB buckets of tensors put and loaded this way grew the sender's heap by about 120 MiB,
-        still growing at the eighth; blobs levelled off at about 65 MiB."""
-        import ray
-
+        """One bucket, its floating tensors in the engines' dtype, into every worker by the transport."""
         workers = self._workers()
-        bucket = [(n, self._wire(t)) for n, t in bucket]
-        if self.transport == "cuda_ipc":
-            self._guarded(lambda: self._ipc(workers, bucket))
-            return
-        if self.transport == "broadcast":
-            self._guarded(
-                lambda: self.broadcast.send(
-                    workers, list(bucket), self.left, self._answers, self.setting(), self._events
-                )
-            )
-            return
-
-        def load() -> None:
-            ref = ray.put(safetensors_blob(dict(bucket)))
-            self._answers([w.load_weight_bucket.remote(ref) for w in workers], "load_weight_bucket")
-
-        self._guarded(load)
+        wired = [(n, self._wire(t)) for n, t in bucket]
+        self._guarded(lambda: self.end().send(self.link, workers, wired))
 
     def _wire(self, t: torch.Tensor) -> torch.Tensor:
         return t.to(self.dtype) if self.dtype is not None and t.is_floating_point() else t
-
-    def _ipc(self, workers: list, bucket: list[tuple[str, torch.Tensor]]) -> None:
-        """``transport: cuda_ipc``: the workers (on this process's GPU, ``placement.py``) open CUDA IPC
-        handles to the bucket's tensors and copy from them; the tensors stay referenced here until every
-        worker has answered. Run on an H200 (the GPU check, 2026-11-30: an HF engine's worker sharing the
-        trainer's GPU, every sync verified)."""
-        from agentrl.engines.vllm_worker import cuda_ipc_blob
-
-        alive = [(n, t.contiguous()) for n, t in bucket]
-        if not all(t.is_cuda for _, t in alive):
-            raise ValueError(
-                "rollout.sync.transport=cuda_ipc needs the trainer's weights on a GPU; these are on "
-                f"{alive[0][1].device}: use rollout.sync.transport=object_store"
-            )
-        blob = cuda_ipc_blob(alive)
-        self._answers([w.load_weight_bucket_ipc.remote(blob) for w in workers], "load_weight_bucket_ipc")
-        del alive
 
     def finish(self) -> int:
         try:
@@ -112,6 +82,11 @@ class PoolWeights:
             return version
         finally:
             self.lock.release()
+
+    def close(self) -> None:
+        """Let go of what the transports' ends hold (the pool shuts down)."""
+        for end in self._ends.values():
+            end.close()
 
     def setting(self) -> str:
         return f"timeouts.weight_sync_s={self.timeout_s:g}s for the whole sync"

@@ -1,13 +1,13 @@
 """The weight sync's own process group: the trainer (rank 0) broadcasts buckets to N Ray workers.
 
-``rollout.sync.transport: broadcast`` (``ray_workers.RolloutPool``) sends each bucket by a collective
+``rollout.sync.transport: broadcast`` (``sync/transports/broadcast.py``) sends each bucket by a collective
 broadcast instead of Ray's object store. The group exists for the sync only: it is built from a
 ``TCPStore`` the trainer hosts and the backend's process group constructed directly
 (``ProcessGroupGloo`` / ``ProcessGroupNCCL``), so torch.distributed's default group is never read
 or touched (the trainer may run under torchrun with its own; a worker has none). Gloo when the
 trainer's tensors are on the CPU, NCCL when they are on a GPU; the group's timeout is
-``timeouts.weight_sync_s``. Only gloo on CPU is tested here (no GPU): the NCCL path is written
-against torch's API but has not run.
+``timeouts.weight_sync_s``. Which of the two has run where: docs/scaling.md ("Beyond one process
+per GPU").
 
 A bucket travels as its layout (name, shape, dtype per tensor, sent with the Ray call that starts
 the receive) and one flat buffer per dtype, in the order the dtypes first appear in the bucket.

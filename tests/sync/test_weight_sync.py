@@ -499,7 +499,8 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
         report = sync_weights(pool, params(trainer_model), settings, probe_of(trainer_model))
         assert report.verified and report.buckets > 1 and pool.version == 1
         assert (
-            pool.weights.broadcast.group is not None and pool.weights.broadcast.members == pool.workers
+            pool.weights.end("broadcast").group is not None
+            and pool.weights.end("broadcast").members == pool.workers
         )  # it went by the group
         broadcast = pool.fingerprint(names, ids)
         pool.weights.transport = "object_store"  # the same weights through Ray's object store
@@ -513,7 +514,7 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
         assert len(stored) == 2 and len(stored[0].checksums) == len(names)
         # worker 1 dies and is replaced: the next broadcast sync builds a new group that includes it
         pool.weights.transport = "broadcast"
-        dead, old_group = pool.workers[1], pool.weights.broadcast.group
+        dead, old_group = pool.workers[1], pool.weights.end("broadcast").group
         ray.kill(dead, no_restart=True)
         deadline = time.monotonic() + 60  # ray.kill is asynchronous: a call may still land before the death
         with pytest.raises(ray.exceptions.RayActorError):
@@ -526,8 +527,8 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
         again = sync_weights(pool, params(second), settings, probe_of(second))
         assert again.verified and again.tensors == len(names) and pool.version == 4
         assert (
-            pool.weights.broadcast.group is not old_group
-            and pool.weights.broadcast.members[1] is pool.workers[1]
+            pool.weights.end("broadcast").group is not old_group
+            and pool.weights.end("broadcast").members[1] is pool.workers[1]
         )
         moved = pool.fingerprint(names, ids)
         assert moved[0].checksums == moved[1].checksums != stored[1].checksums
@@ -565,7 +566,7 @@ def test_ray_pool_broadcast_names_a_worker_that_never_joins(ray_local, tmp_path,
         msg = str(err.value)
         assert "rollout workers [1] joining the weight-sync group" in msg, msg
         assert "half of timeouts.weight_sync_s=10s" in msg and "killed them" in msg, msg
-        assert pool.weights.broadcast.group is None and pool.version == 0  # nothing half-built is kept
+        assert pool.weights.end("broadcast").group is None and pool.version == 0  # nothing half-built is kept
         assert pool.weights.lock.acquire(blocking=False)  # the failed update let go of the lock
         pool.weights.lock.release()
         # the pool is not wedged: the killed worker is replaced by one that joins, and the next sync
@@ -576,7 +577,7 @@ def test_ray_pool_broadcast_names_a_worker_that_never_joins(ray_local, tmp_path,
         report = sync_weights(
             pool, params(model), SyncSettings(bucket_mb=SMALL, timeout_s=60), probe_of(model)
         )
-        assert report.verified and pool.version == 1 and pool.weights.broadcast.members == pool.workers
+        assert report.verified and pool.version == 1 and pool.weights.end("broadcast").members == pool.workers
     finally:
         pool.shutdown()
 

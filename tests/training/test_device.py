@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from agentrl import algorithms as alg
-from agentrl.assembly.records import make_learner
+from agentrl.assembly.records import learner_settings
 from agentrl.models import load_policy
 from agentrl.training.learner import Learner
 from tests.helpers.batches import synthetic_batch
@@ -24,7 +24,9 @@ from tests.helpers.configs import small_config
 def _meta_learner(tmp_path, tiny_model_dir, *extra: str) -> Learner:
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.share_prefix=false", *extra)
     model, tokenizer = load_policy(tiny_model_dir)
-    learner = make_learner(cfg, model, tokenizer.pad_token_id or 0, log=lambda *_: None)
+    reference = load_policy(tiny_model_dir)[0].requires_grad_(False)  # used with algorithm.kl_coef > 0
+    settings = learner_settings(cfg)
+    learner = Learner(settings, model, tokenizer.pad_token_id or 0, log=lambda *_: None, reference=reference)
     # the optimizer is built on the CPU (fused AdamW has no meta kernel); the model then moves, as
     # a policy loaded on a GPU would be there from the start
     for m in (model, learner.ref_model):

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from agentrl.cli import main
+from tests.helpers import envs as _envs  # noqa: F401  (registers test_chatter, the fixture run's environment)
 from tests.helpers.user_files import one_turn_env
 
 
@@ -271,3 +272,24 @@ def test_a_run_being_trained_by_another_process_is_refused_untouched(run, capsys
     second.release()
     # free again: the kernel dropped the killed holder's lock
     assert main(["train", "--resume", str(run_dir), "trainer.total_steps=3"]) == 0
+
+
+PRE_ASSEMBLY = Path(__file__).parents[1] / "data" / "checkpoints" / "pre_assembly"
+
+
+def test_a_checkpoint_written_before_the_assembly_floor_resumes(tmp_path, tiny_model_dir, capsys):
+    """A LoRA + STARE run checkpointed at step 1 by the code before ``agentrl/assembly/`` existed
+    (``tests/data/checkpoints/make_pre_assembly.py`` at c6743ac) resumes here and trains step 2: its
+    adapters, optimizer state and STARE controller load, and the metrics keep the old step's row."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(PRE_ASSEMBLY, run_dir)
+    (run_dir / "transcripts.jsonl").touch()
+    # its base model was a tiny model built in a temporary directory: the same one (seed 0) is here
+    args = [f"model.path={tiny_model_dir}", f"run.output_dir={run_dir}", "trainer.total_steps=2"]
+    assert main(["train", "--resume", str(run_dir), "--force", *args]) == 0, capsys.readouterr().err
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [0, 1]
+    history = [json.loads(x) for x in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert [(h["event"], h["step"]) for h in history] == [("start", 0), ("resume", 1)]
+    assert history[1]["checkpoint"] == "step_1"
+    assert (run_dir / "checkpoints" / "step_2" / "adapter" / "adapter_model.safetensors").is_file()
