@@ -187,7 +187,7 @@ def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
     not the steady state: AdamW creates its moments in its first step, after the backward pass has
     freed the activations (on an H100, 2026-11-27, FSDP2's first update peaked at 0.56x the plan)."""
     from agentrl.models import build_tiny_model, train_tokenizer
-    from agentrl.training.plan import plan
+    from agentrl.plan import plan
     from agentrl.training.trainer import Trainer
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
@@ -342,7 +342,7 @@ def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
     GPU's peak by no more than that (a whole extra copy on the GPU first would double it)."""
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.parallel import sharding
-    from agentrl.training.plan import plan
+    from agentrl.plan import plan
     from agentrl.training.policy_setup import reference_model
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)

@@ -231,7 +231,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     cfg = _config(args)
-    from agentrl.training.plan import plan, render
+    from agentrl.plan import plan, render
 
     p = plan(
         cfg,

@@ -76,7 +76,7 @@ per engine (tp must divide a node's GPUs: an engine's GPUs are on one node):
   number holds for them, so the engine's check is a lower bound and a share that only just holds
   may still be too small.
 
-Activations are an estimate (tests/training/test_plan.py checks the formula against the tensors autograd
+Activations are an estimate (tests/plan/test_plan.py checks the formula against the tensors autograd
 actually saves, on the CPU); the rest is counted. docs/scaling.md shows the terms for configs/gpu.
 """
 
