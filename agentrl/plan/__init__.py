@@ -1,19 +1,10 @@
 """``agentrl plan``: the memory one GPU needs for a config, term by term, in the budget each term
-must fit, and whether every budget holds (``budgets.py``'s docstring: the terms and their formulas)."""
+must fit, and whether every budget holds (``budgets.py``: the budgets; ``terms.py``: the terms and
+their formulas)."""
 
 from agentrl.plan.architecture import Architecture, architecture
-from agentrl.plan.budgets import (
-    CHUNK_COPIES,
-    GIB,
-    Budget,
-    Plan,
-    Term,
-    hf_engine_terms,
-    plan,
-    render,
-    sizes,
-    verdict,
-)
+from agentrl.plan.budgets import Budget, Plan, plan, render, verdict
+from agentrl.plan.terms import CHUNK_COPIES, GIB, Term, hf_engine_terms, sizes
 
 __all__ = [
     "CHUNK_COPIES",
