@@ -4,7 +4,8 @@ their formulas)."""
 
 from agentrl.plan.architecture import Architecture, architecture
 from agentrl.plan.budgets import Budget, Plan, plan, render, verdict
-from agentrl.plan.terms import CHUNK_COPIES, GIB, Term, hf_engine_terms, sizes
+from agentrl.plan.engine_terms import hf_engine_terms
+from agentrl.plan.terms import CHUNK_COPIES, GIB, Term, sizes
 
 __all__ = [
     "CHUNK_COPIES",

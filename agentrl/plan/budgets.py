@@ -21,7 +21,8 @@ The plan fits when every budget holds. It does not credit ``rollout.colocate.sle
 could then use the engine's freed share): the budgets are those of the generate phase, which the
 sleep cycle does not change.
 
-Every term, with its formula, is in ``terms.py``.
+Every term, with its formula, is in ``terms.py`` (the trainer's and the host's) and
+``engine_terms.py`` (the engines').
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from agentrl.config import Config
 from agentrl.parallel.placement import Launch, Placement
 from agentrl.parallel.placement import render as render_placement
 from agentrl.plan.architecture import Architecture, architecture
+from agentrl.plan.engine_terms import colocated_hf_terms, hf_engine_terms, vllm_engine_terms
 from agentrl.plan.terms import (
     GIB,
     OVERHEAD_GIB,
@@ -40,11 +42,9 @@ from agentrl.plan.terms import (
     Term,
     activation_bytes,
     dtype_bytes,
-    hf_engine_terms,
     host_terms,
     sizes,
     trainer_terms,
-    vllm_engine_terms,
 )
 
 
@@ -254,7 +254,8 @@ def plan(
     where = placement(cfg, Launch(nodes=nodes, gpus_per_node=gpus, ranks_per_node=ranks))
     a = architecture(cfg)
     s = sizes(cfg, a, ranks, nodes)
-    trainer = trainer_terms(cfg, a, s)
+    in_process = r.engine == "hf" and r.workers == 0
+    trainer = trainer_terms(cfg, a, s, colocated_hf_terms(cfg, a, s) if in_process else [])
     notes, hints = [], []
     shared, alone = _worker_loads(where)
     if r.engine == "vllm" and r.workers == 0:
