@@ -459,7 +459,7 @@ def _header_lines(
     """The report's title, machine and definitions."""
     import platform
 
-    docs = os.path.relpath(Path(__file__).resolve().parents[2] / "docs", out.resolve())  # links below
+    docs = os.path.relpath(Path(__file__).resolve().parents[3] / "docs", out.resolve())  # links below
     k = study.eval_k
     pass_k = study.pass_k or k
     return [
