@@ -1,7 +1,5 @@
-"""``agentrl plan``: the memory one GPU needs for a config, term by term, in the budget each term
-must fit, and whether every budget holds.
-
-The model's size comes from its config.json, counted on the meta device (``architecture.py``).
+"""The plan of a config: its memory terms in the budget each must fit, and whether every budget
+holds. The model's size comes from ``architecture.py``.
 
 Budgets. A GPU is shared by components that do not borrow from each other, so a plan checks each
 against its own share instead of one total against the whole GPU:
