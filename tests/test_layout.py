@@ -39,6 +39,7 @@ FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core mo
     ("agentrl.rollout",),
     ("agentrl.training",),
     ("agentrl.assembly",),
+    ("agentrl.plan",),  # agentrl plan: reads the whole Config, like the assembly below it
     ("agentrl.views",),
     ("agentrl.study",),
     ("agentrl.cli",),

@@ -77,7 +77,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     cfg = command_config(args)
-    from agentrl.training.plan import plan, render
+    from agentrl.plan import plan, render
 
     p = plan(
         cfg,

@@ -9,8 +9,8 @@ import pytest
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.parallel.placement import Launch, Rollouts, place, render
+from agentrl.plan import plan
 from agentrl.rollout import components
-from agentrl.training.plan import plan
 from tests.helpers import ROOT
 from tests.helpers.configs import header_plans
 

@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentrl import plan as planner
 from agentrl.config import load_config
 from agentrl.parallel.placement import Launch, Rollouts, place, start_waves
 from agentrl.rollout import ray_workers
 from agentrl.rollout.ray_workers import RolloutPool, RolloutWorker
-from agentrl.training import plan as planner
 from tests.helpers import fake_vllm
 
 
