@@ -31,6 +31,7 @@ FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core mo
     ("agentrl.models",),
     ("agentrl.env", "agentrl.agents"),  # agents.py: the documented ``agentrl.agents`` import
     ("environments",),
+    ("agentrl.engines.registry",),
     ("agentrl.config",),
     ("agentrl.engines",),
     ("agentrl.parallel",),
