@@ -78,6 +78,7 @@ def build_hf(spec: EngineSpec, tokenizer: Any, model: torch.nn.Module | None) ->
     exactly like vLLM's, so both paths behave the same."""
     from agentrl.engines.hf import HFEngine
 
+    engine_model: torch.nn.Module
     if model is None:
         extra = {"attn_implementation": spec.attn_implementation} if spec.attn_implementation else {}
         engine_model = load_policy(
