@@ -329,8 +329,9 @@ def engine_dtype(cfg: Config) -> torch.dtype:
 
 
 def vllm_engine(cfg: Config, path: str) -> VLLMEngine:
-    """The vLLM engine of a run whose ``rollout.engine`` is vllm (``local_engine``)."""
-    return cast("VLLMEngine", local_engine(cfg, None, None, path))
+    """The vLLM engine of ``rollout.vllm`` (``local_engine`` with ``rollout.engine`` vllm)."""
+    vllm = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine="vllm"))
+    return cast("VLLMEngine", local_engine(vllm, None, None, path))
 
 
 def sampling_params(cfg: Config, seed: int | None = None, temperature: float | None = None) -> SamplingParams:
