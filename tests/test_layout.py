@@ -32,6 +32,7 @@ FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core mo
     ("agentrl.env", "agentrl.agents"),  # agents.py: the documented ``agentrl.agents`` import
     ("environments",),
     ("agentrl.sync.registry",),  # the weight transports' names and needs, read by the config
+    ("agentrl.engines.registry",),  # the engines' names and what each supports, read by the config
     ("agentrl.config",),
     ("agentrl.engines",),
     ("agentrl.parallel",),

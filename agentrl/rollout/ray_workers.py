@@ -32,49 +32,44 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from agentrl.config import Config
 from agentrl.engines.base import Bucket, Completion, Fingerprint, SamplingParams, Weights, weight_items
+from agentrl.engines.factory import make_engine, weight_dtype
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.vllm import safetensors_blob
 from agentrl.episode import Episode
 from agentrl.errors import Failure
+from agentrl.models import resolve_model_path
+from agentrl.models.tokenizer import load_tokenizer
 from agentrl.parallel.placement import Placement, start_waves
-from agentrl.rollout import components
 from agentrl.rollout.ray_placement import Reservation, init_ray, report, scrub_launcher_env
 from agentrl.rollout.runner import EpisodeRequest
+from agentrl.rollout.worker_spec import WorkerSpec, make_runner
 from agentrl.sync.ray_pool import PoolWeights
 from agentrl.sync.registry import OBJECT_STORE, make_transport
 from agentrl.sync.transports.base import Transport
 from agentrl.timeouts import WaitTimeout
 
-
-def worker_config(cfg: Config) -> Config:
-    """The config a worker runs with: the same run, rollouts in-process (no nested workers), and no
-    token-weighting settings (rollouts never read them, and a method registered in a module the
-    worker cannot import would make the whole config fail to unpickle there)."""
-    return dataclasses.replace(
-        cfg,
-        rollout=dataclasses.replace(cfg.rollout, workers=0),
-        algorithm=dataclasses.replace(cfg.algorithm, settings={}),
-    )
+if TYPE_CHECKING:
+    from agentrl.config import Config
 
 
 class RolloutWorker:
-    """One Ray actor's state: policy weights in an engine, an environment factory, a tokenizer.
-    Plain class so it can also be used (and tested) without Ray."""
+    """One Ray actor's state: policy weights in an engine, an environment factory, a tokenizer, all
+    built from a ``WorkerSpec`` (no config: this module imports none). Plain class so it can also be
+    used (and tested) without Ray."""
 
-    def __init__(self, cfg: Config, model_path: str) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         # started from the environment of the process that started Ray (torchrun's rank 0): not a rank
         self.scrubbed = scrub_launcher_env()
-        self.cfg = worker_config(cfg)
-        self.tokenizer = components.load_run_tokenizer(self.cfg, model_path)
+        self.spec = spec
+        self.tokenizer = load_tokenizer(resolve_model_path(spec.tokenizer_path))
         # the engine reads the checkpoint itself: vLLM from the path, the HF engine straight into its
         # dtype on its device (no copy of the policy in model.dtype, which vLLM would never use)
-        self.engine = components.local_engine(self.cfg, None, self.tokenizer, model_path)
+        self.engine = make_engine(spec.engine, self.tokenizer)
         self._transports: dict[str, Transport] = {}
         """This worker's end of each weight transport the trainer has used (``sync/transports/``)."""
 
@@ -150,7 +145,7 @@ class RolloutWorker:
         ]
 
     def run(self, requests: Sequence[EpisodeRequest], seed: int | None, temperature: float | None) -> list:
-        runner = components.local_runner(self.cfg, self.engine, self.tokenizer, seed, temperature)
+        runner = make_runner(self.spec, self.engine, self.tokenizer, seed, temperature)
         try:
             return runner.run(requests)
         finally:
@@ -175,11 +170,15 @@ class RolloutPool:
     ) -> None:
         import ray
 
+        from agentrl.rollout import components  # the config's reader, on the trainer's side only
+
         where = where or components.placement(cfg)
         init_ray(
             address, num_cpus=None if address else max(os.cpu_count() or 1, workers), gpus=where.ray_gpus
         )
         self.cfg, self.model_path, self.max_retries = cfg, model_path, max_retries
+        self.spec = components.worker_spec(cfg, model_path)
+        """What every worker, a replacement too, is built from."""
         self.call_timeout_s = cfg.timeouts.ray_call_s
         """How long any call to a worker may go unanswered before the worker counts as dead."""
         self._actor_cls = ray.remote(max_restarts=0)(RolloutWorker)
@@ -202,7 +201,7 @@ class RolloutPool:
             workers=lambda: self.workers,
             answers=self._answers,
             events=self.events,
-            dtype=components.engine_dtype(worker_config(cfg)),
+            dtype=weight_dtype(self.spec.engine),
         )
         self.workers: list[Any] = []
         self._start(start_waves(where), model_path)
@@ -241,7 +240,7 @@ class RolloutPool:
     def _spawn(self, bundle: int) -> Any:
         """Worker ``bundle``'s actor, on its bundle (and so its GPUs) of the placement group."""
         options = self.reservation.options(bundle)
-        return self._actor_cls.options(**options).remote(worker_config(self.cfg), self.model_path)
+        return self._actor_cls.options(**options).remote(self.spec)
 
     def placements(self) -> list[dict[str, Any]]:
         """Each worker's GPUs and engine device (``RolloutWorker.placement``)."""
