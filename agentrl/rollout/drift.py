@@ -1,5 +1,5 @@
 """Drift: where an episode's stored token ids differ from a full chat-template render of its
-messages, and why. The agent runner checks a client's edited history with these (``agent_runner``);
+messages, and why. The agent runner checks a client's edited history with these (``agent_ledger``);
 ``agentrl doctor`` reports them for whole transcripts.
 
 The runner never re-tokenizes: it keeps the ids the engine sampled and renders observations as
