@@ -41,7 +41,8 @@ from agentrl.models.chat import reads_enable_thinking
 from agentrl.models.chat_templates import tool_call_format
 from agentrl.rollout.agent_ledger import Fresh, Ledger, as_shown, canonical, for_template
 from agentrl.rollout.runner import EpisodeRunner, RunnerSettings
-from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult
+from agentrl.serve.openai_errors import APIError
+from agentrl.serve.openai_request import ChatRequest, ChatResult
 from agentrl.timeouts import wait_for
 
 

@@ -23,7 +23,7 @@ from agentrl.models.chat import ChatRenderer
 from agentrl.rollout.drift import drift_kind, rebase
 from agentrl.rollout.runner import EpisodeRequest, jsonable
 from agentrl.rollout.turns import LiveEpisode
-from agentrl.serve.openai_request import APIError
+from agentrl.serve.openai_errors import APIError
 from agentrl.tools import format_tool_call, parse_tool_calls, strip_tool_calls
 
 
