@@ -132,8 +132,9 @@ class AgentEndpoint(EpisodeRunner):
         # tool_choice "none": no tools shown, none parsed; no tools: the template's own format, if any
         fmt = None if req.tool_choice == "none" else (self.text_format if req.tools else self.tool_format)
         message = lv.record_reply(fmt, self.tool_format, self.budgets.max_turns)
-        tokens = [self.tokenizer.decode([t], skip_special_tokens=False) for t in comp.token_ids]
-        return chat_result(lv, message, comp, prompt_len, tokens if req.logprobs else [])
+        decode = self.tokenizer.decode
+        tokens = [decode([t], skip_special_tokens=False) for t in comp.token_ids] if req.logprobs else []
+        return chat_result(lv, message, comp, prompt_len, tokens)
 
     def _extend(self, lv: Ledger, req: ChatRequest, thinking: dict) -> None:
         """Bring the ledger up to the request's history: the prompt on the first turn, the new
