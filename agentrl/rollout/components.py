@@ -31,6 +31,7 @@ from agentrl.env.data import HeldOut, load_tasks_from_source
 from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.parallel.placement import Launch, Placement, Rollouts, launch_from_env, place
+from agentrl.rollout.ray_workers import PoolSettings, RolloutPool
 from agentrl.rollout.runner import Budgets, EpisodeRunner, RunnerSettings
 from agentrl.rollout.worker_spec import EnvSpec, WorkerSpec, make_runner
 from sandboxes import SANDBOXES, SandboxSpec
@@ -393,3 +394,23 @@ def local_runner(
     """The EpisodeRunner of ``rollout.runner`` (lockstep or async) over ``engine``; the agent runner
     when the environment is an agent (``worker_spec.make_runner``)."""
     return make_runner(worker_spec(cfg, cfg.model.path), engine, tokenizer, seed, temperature)
+
+
+def pool_settings(cfg: Config, workers: int | None = None) -> PoolSettings:
+    r, t = cfg.rollout, cfg.timeouts
+    return PoolSettings(
+        workers=r.workers if workers is None else workers,
+        ray_address=r.ray_address,
+        worker_placement=r.worker_placement,
+        transport=r.sync.transport,
+        bucket_mb=r.sync.bucket_mb,
+        weight_sync_s=t.weight_sync_s,
+        ray_call_s=t.ray_call_s,
+    )
+
+
+def rollout_pool(
+    cfg: Config, path: str, where: Placement | None = None, workers: int | None = None
+) -> RolloutPool:
+    """A pool of ``rollout.workers`` (or ``workers``) Ray workers serving the checkpoint at ``path``."""
+    return RolloutPool(worker_spec(cfg, path), pool_settings(cfg, workers), where or placement(cfg))

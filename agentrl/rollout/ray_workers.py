@@ -32,7 +32,8 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -52,9 +53,6 @@ from agentrl.sync.ray_pool import PoolWeights
 from agentrl.sync.registry import OBJECT_STORE, make_transport
 from agentrl.sync.transports.base import Transport
 from agentrl.timeouts import WaitTimeout
-
-if TYPE_CHECKING:
-    from agentrl.config import Config
 
 
 class RolloutWorker:
@@ -155,56 +153,71 @@ class RolloutWorker:
         return self.engine.generate(prompts, params)
 
 
+@dataclass(frozen=True)
+class PoolSettings:
+    """What a pool reads of the config (``assembly``'s ``rollout_pool`` fills it)."""
+
+    workers: int
+    """from ``rollout.workers``"""
+    ray_address: str | None
+    """from ``rollout.ray_address``"""
+    worker_placement: str
+    """from ``rollout.worker_placement``"""
+    transport: str
+    """from ``rollout.sync.transport``"""
+    bucket_mb: float
+    """from ``rollout.sync.bucket_mb``"""
+    weight_sync_s: float
+    """from ``timeouts.weight_sync_s``"""
+    ray_call_s: float
+    """from ``timeouts.ray_call_s``"""
+    max_retries: int = 1
+    """How often a batch's episodes are resubmitted after their worker died."""
+
+    @property
+    def start_limit_s(self) -> float:
+        """The longest a pool may take to start: Ray's reservation of the workers' bundles, then the
+        workers loading their engines, each bounded by ``timeouts.ray_call_s``."""
+        return 2 * self.ray_call_s
+
+
 class RolloutPool:
     """N ``RolloutWorker`` actors behind the Engine protocol (``version``, ``load_weights``,
-    ``generate``) plus ``run_episodes`` for whole episodes."""
+    ``generate``) plus ``run_episodes`` for whole episodes. Each worker is built from ``spec``;
+    ``where``: the run's placement (the workers' GPUs)."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        model_path: str,
-        workers: int,
-        address: str | None = None,
-        max_retries: int = 1,
-        where: Placement | None = None,
-    ) -> None:
+    def __init__(self, spec: WorkerSpec, settings: PoolSettings, where: Placement) -> None:
         import ray
 
-        from agentrl.rollout import components  # the config's reader, on the trainer's side only
-
-        where = where or components.placement(cfg)
+        workers, address = settings.workers, settings.ray_address
         init_ray(
             address, num_cpus=None if address else max(os.cpu_count() or 1, workers), gpus=where.ray_gpus
         )
-        self.cfg, self.model_path, self.max_retries = cfg, model_path, max_retries
-        self.spec = components.worker_spec(cfg, model_path)
+        self.settings, self.model_path, self.max_retries = settings, spec.model_path, settings.max_retries
+        self.spec = spec
         """What every worker, a replacement too, is built from."""
-        self.call_timeout_s = cfg.timeouts.ray_call_s
+        self.call_timeout_s = settings.ray_call_s
         """How long any call to a worker may go unanswered before the worker counts as dead."""
         self._actor_cls = ray.remote(max_restarts=0)(RolloutWorker)
         # one bundle per worker, with its GPUs (rollout.worker_gpus; ray_placement.py)
         self.reservation = Reservation(
-            workers,
-            where.rollouts.worker_gpus,
-            cfg.rollout.worker_placement,
-            self.call_timeout_s,
-            bool(address),
+            workers, where.rollouts.worker_gpus, settings.worker_placement, self.call_timeout_s, bool(address)
         )
         self.events: list[str] = []
         """Worker deaths, retries and replacements, for logs and tests."""
         # built before the workers start (it only records settings), so that ``shutdown`` works on a
         # pool whose workers never finished starting
         self.weights = PoolWeights(
-            cfg.rollout.sync.transport,
-            cfg.timeouts.weight_sync_s,
-            cluster=bool(cfg.rollout.ray_address),
+            settings.transport,
+            settings.weight_sync_s,
+            cluster=bool(address),
             workers=lambda: self.workers,
             answers=self._answers,
             events=self.events,
-            dtype=weight_dtype(self.spec.engine),
+            dtype=weight_dtype(spec.engine),
         )
         self.workers: list[Any] = []
-        self._start(start_waves(where), model_path)
+        self._start(start_waves(where), spec.model_path)
 
     def _start(self, waves: list[list[int]], model_path: str) -> None:
         """Start the workers wave by wave (``placement.start_waves``: workers that share a GPU one after
@@ -226,16 +239,6 @@ class RolloutPool:
                     note="; stopped the pool",
                 )
             ray.get([self.workers[i].pid.remote() for i in wave])  # raises a worker's start error
-
-    @staticmethod
-    def start_limit_s(cfg: Config) -> float:
-        """The longest a pool may take to start: Ray's reservation of the workers' bundles, then the
-        workers loading their engines, each bounded by ``timeouts.ray_call_s``."""
-        return 2 * cfg.timeouts.ray_call_s
-
-    @classmethod
-    def from_config(cls, cfg: Config, path: str, where: Placement | None = None) -> RolloutPool:
-        return cls(cfg, path, cfg.rollout.workers, cfg.rollout.ray_address, where=where)
 
     def _spawn(self, bundle: int) -> Any:
         """Worker ``bundle``'s actor, on its bundle (and so its GPUs) of the placement group."""
@@ -394,7 +397,7 @@ class RolloutPool:
         src, dst = self.workers[live[0]], self.workers[to]
         (sizes,) = self._answers([src.weight_sizes.remote()], "weight_sizes")
         self._answers([dst.begin_weight_update.remote()], "begin_weight_update")
-        limit, bucket, size = self.cfg.rollout.sync.bucket_mb * MiB, list[str](), 0
+        limit, bucket, size = self.settings.bucket_mb * MiB, list[str](), 0
         for name, n in [*sizes, ("", math.inf)]:  # the sentinel flushes the last bucket
             if bucket and size + n > limit:
                 with self.weights.lock:  # not while an update is half done
