@@ -275,7 +275,7 @@ class DaemonThreads(concurrent.futures.Executor):
 class LoopThread:
     """A coroutine on an event loop of its own, on a daemon thread, with a task the driving thread can
     cancel (``asyncio.run`` gives no handle to do that from another thread): the agents' loop of
-    ``rollout.agent_runner``."""
+    ``rollout.agent_loop``."""
 
     def __init__(self, coro: Any, name: str = "agentrl-agents") -> None:
         self.loop = asyncio.new_event_loop()

@@ -39,7 +39,8 @@ from agentrl.serve.openai_api import (
     parse_json,
     stream_chunks,
 )
-from agentrl.serve.openai_request import APIError, ChatBackend, bad, episode_key, kind, parse_chat_request
+from agentrl.serve.openai_errors import APIError, bad, kind
+from agentrl.serve.openai_request import ChatBackend, episode_key, parse_chat_request
 
 logger = logging.getLogger(__name__)
 

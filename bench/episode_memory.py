@@ -6,7 +6,7 @@
 
 Episodes of a 512-token prompt and one policy reply of ``--policy-tokens`` tokens with a log-prob each
 (random ids below ``--vocab``), pickled as ``all_gather_object`` pickles them, then unpickled under
-``tracemalloc``. ``agentrl plan`` counts the unpickled figure per token (``training/plan.py``,
+``tracemalloc``. ``agentrl plan`` counts the unpickled figure per token (``plan/terms.py``,
 ``EPISODE_BYTES_PER_TOKEN``).
 """
 

@@ -87,11 +87,12 @@ def one(engine_kind: str, bucket_mb: float, stream_kind: str, repeats: int, pres
         engine = HFEngine(copy.deepcopy(model), tok)
     else:
         from agentrl.config import load_config
-        from agentrl.rollout.ray_workers import RolloutPool, init_ray
+        from agentrl.rollout import components
+        from agentrl.rollout.ray_workers import init_ray
 
         init_ray(num_cpus=2)
         cfg = load_config(None, [f"model.path={path}", "run.device=cpu", "rollout.workers=1"])
-        engine = RolloutPool(cfg, str(path), workers=1)
+        engine = components.rollout_pool(cfg, str(path), workers=1)
     probe = PolicyProbe(model, torch.device("cpu"), "float32", lambda m: None)
 
     def stream():

@@ -128,16 +128,26 @@ def solutions_for(
     return all_solutions(key, use_all) if len(key) <= 4 else sampled_solutions(key, use_all, rng)
 
 
-def make_countdown(rng: random.Random, num_numbers: int = 3, max_number: int = 12, min_target: int = 2,
-                   max_target: int = 60, min_solutions: int = 2, use_all: bool = False,
-                   show_steps: bool = False) -> Draw:  # fmt: skip
+def make_countdown(
+    rng: random.Random,
+    num_numbers: int = 3,
+    max_number: int = 12,
+    min_target: int = 2,
+    max_target: int = 60,
+    min_solutions: int = 2,
+    use_all: bool = False,
+    show_steps: bool = False,
+) -> Draw:
     for _ in range(1000):
         numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
         key = tuple(sorted(numbers))
         sampled = sampled_solutions(key, use_all, rng) if len(key) > 4 else None
         counts = _counts(key, use_all) if sampled is None else {v: len(f) for v, f in sampled.items()}
-        targets = [v for v in sorted(counts) if min_target <= v <= max_target and v not in numbers
-                   and counts[v] >= min_solutions]  # fmt: skip
+        targets = [
+            v
+            for v in sorted(counts)
+            if min_target <= v <= max_target and v not in numbers and counts[v] >= min_solutions
+        ]
         if targets:
             break
     else:
@@ -147,8 +157,14 @@ def make_countdown(rng: random.Random, num_numbers: int = 3, max_number: int = 1
     target = rng.choice(targets)
     rule = "all the numbers once" if use_all else "each number at most once"
     prompt = f"Numbers: {' '.join(map(str, numbers))}. Target: {target}. Use {rule} with + - * /."
-    meta = {"family": "countdown", "numbers": numbers, "target": target, "use_all": use_all,
-            "num_solutions": counts[target], "show_steps": show_steps}  # fmt: skip
+    meta = {
+        "family": "countdown",
+        "numbers": numbers,
+        "target": target,
+        "use_all": use_all,
+        "num_solutions": counts[target],
+        "show_steps": show_steps,
+    }
     if sampled is not None:  # kept for the demos, whose own random search may miss the target
         example = next(iter(sampled[target].values()))[0]
         meta["example"] = [*example.steps, example.text]

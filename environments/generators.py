@@ -87,8 +87,9 @@ _NAMES = ("Ann", "Ben", "Cal", "Dee", "Eli", "Fay", "Gus", "Ivy", "Jo", "Kim")
 _THINGS = ("apple", "card", "coin", "shell", "stamp", "marble", "pen", "book", "egg", "cup")
 
 
-def make_word_problem(rng: random.Random, steps: int = 2, max_value: int = 20, max_factor: int = 5,
-                      ops: str = "+-*") -> Draw:  # fmt: skip
+def make_word_problem(
+    rng: random.Random, steps: int = 2, max_value: int = 20, max_factor: int = 5, ops: str = "+-*"
+) -> Draw:
     """A short story: a start amount, then ``steps`` changes (``+`` gets k, ``-`` gives away k,
     ``*`` buys a packs of b, ``x`` gives a friends b each). The count never goes negative.
     Metadata ``terms`` holds the start and the changes as (sign, a, b): the change is sign*a*b."""
@@ -157,8 +158,9 @@ def _nonnegative_order(values: list[int], rng: random.Random) -> list[int]:
 
 
 # -- arithmetic with code (code_interpreter) ----------------------------------------------------
-def make_code_arithmetic(rng: random.Random, num_terms: int = 3, digits: int = 3, max_n: int = 200,
-                         kinds: str = "expr,range_sum") -> Draw:  # fmt: skip
+def make_code_arithmetic(
+    rng: random.Random, num_terms: int = 3, digits: int = 3, max_n: int = 200, kinds: str = "expr,range_sum"
+) -> Draw:
     """``expr``: "What is 482 * 37 + 911?" (``num_terms`` numbers of ``digits`` digits);
     ``range_sum``: "What is the sum of the numbers from 1 to 57 that are divisible by 3?"."""
     kind = rng.choice(kinds.split(","))
@@ -194,11 +196,14 @@ def code_for(task: Task, rng: random.Random) -> str:
     meta = task.metadata
     if meta["kind"] == "range_sum":
         hi, d = meta["hi"], meta["d"]
-        return rng.choice([
-            f"print(sum(i for i in range(1, {hi + 1}) if i % {d} == 0))",
-            f"print(sum(range({d}, {hi + 1}, {d})))",
-            f"total = 0\nfor i in range(1, {hi + 1}):\n    if i % {d} == 0:\n        total += i\nprint(total)",
-        ])  # fmt: skip
+        return rng.choice(
+            [
+                f"print(sum(i for i in range(1, {hi + 1}) if i % {d} == 0))",
+                f"print(sum(range({d}, {hi + 1}, {d})))",
+                f"total = 0\nfor i in range(1, {hi + 1}):\n"
+                f"    if i % {d} == 0:\n        total += i\nprint(total)",
+            ]
+        )
     expr = _commute(meta["expression"], rng)
     return rng.choice([f"print({expr})", f"result = {expr}\nprint(result)", f"x = {expr}\nprint(x)"])
 
@@ -220,9 +225,12 @@ def run_trusted(code: str) -> str:
     return buf.getvalue()
 
 
-def code_arithmetic_demos(tasks: Sequence[Task], seed: int = 0,
-                          first: Callable[[Task], list[Message]] | None = None,
-                          render_output: Callable[[str], str] = str.rstrip) -> list[list[Message]]:  # fmt: skip
+def code_arithmetic_demos(
+    tasks: Sequence[Task],
+    seed: int = 0,
+    first: Callable[[Task], list[Message]] | None = None,
+    render_output: Callable[[str], str] = str.rstrip,
+) -> list[list[Message]]:
     """Tool-using demonstrations for a code interpreter: write a ```python block, read what it
     prints (a ``tool`` message), answer in ``\\boxed{}``. ``first`` gives the opening messages (pass
     the environment's ``reset``); ``render_output`` turns stdout into the tool message text (pass

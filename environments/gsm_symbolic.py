@@ -329,9 +329,13 @@ def instance_task(template: Template, values: dict[str, Any]) -> Task:
         id=task_id(FAMILY, key),
         prompt=question,
         answer=answer_of(template, values, solution),
-        metadata={"template": template.number, "gsm8k_id": template.gsm8k_id, "solution": solution,
-                  "values": {k: _shown(v) for k, v in values.items()}},
-    )  # fmt: skip
+        metadata={
+            "template": template.number,
+            "gsm8k_id": template.gsm8k_id,
+            "solution": solution,
+            "values": {k: _shown(v) for k, v in values.items()},
+        },
+    )
 
 
 def original_task(template: Template) -> Task:
@@ -339,13 +343,22 @@ def original_task(template: Template) -> Task:
         id=f"gsm8k-test-{template.gsm8k_id}",
         prompt=template.question,
         answer=template.answer,
-        metadata={"template": template.number, "gsm8k_id": template.gsm8k_id, "solution": template.solution,
-                  "original": True},
-    )  # fmt: skip
+        metadata={
+            "template": template.number,
+            "gsm8k_id": template.gsm8k_id,
+            "solution": template.solution,
+            "original": True,
+        },
+    )
 
 
-def gsm_symbolic_tasks(split: str, n: int | None = None, seed: int = 0, templates: str | None = None,
-                       test_set: Literal["variants", "originals"] = "variants") -> list[Task]:  # fmt: skip
+def gsm_symbolic_tasks(
+    split: str,
+    n: int | None = None,
+    seed: int = 0,
+    templates: str | None = None,
+    test_set: Literal["variants", "originals"] = "variants",
+) -> list[Task]:
     """Tasks of ``split`` (see the module docstring); ``n`` defaults to 1000 (train) / 200 (test)."""
     if split not in ("train", "test"):
         raise ValueError(f"split must be 'train' or 'test', got {split!r}")

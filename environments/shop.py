@@ -29,8 +29,14 @@ def money(cents: int) -> str:
     return str(cents // 100) if cents % 100 == 0 else f"{cents // 100}.{cents % 100:02d}"
 
 
-def make_order(rng: random.Random, num_items: int = 2, max_qty: int = 5, max_price: int = 9, cents: bool = False,
-               num_distractors: int = 2) -> Draw:  # fmt: skip
+def make_order(
+    rng: random.Random,
+    num_items: int = 2,
+    max_qty: int = 5,
+    max_price: int = 9,
+    cents: bool = False,
+    num_distractors: int = 2,
+) -> Draw:
     names = rng.sample(_ITEMS, num_items + num_distractors)
     prices = {
         n: rng.randint(1, max_price) * 100 + (rng.choice((0, 25, 50, 75)) if cents else 0) for n in names
@@ -113,8 +119,10 @@ def _demo(env: Shop, task: Task, rng: random.Random, seed: int) -> list[Message]
     order = rng.sample(list(task.metadata["order"]), len(task.metadata["order"]))
     strategy = rng.choice(("lookup_together", "lookup_each", "cart"))
     if strategy == "cart":
-        turns = [[format_tool_call("add_to_cart", {"item": n, "qty": q}) for n, q in order],
-                 [format_tool_call("cart_total", {})]]  # fmt: skip
+        turns = [
+            [format_tool_call("add_to_cart", {"item": n, "qty": q}) for n, q in order],
+            [format_tool_call("cart_total", {})],
+        ]
     else:
         calls = [format_tool_call("lookup_price", {"item": n}) for n, _ in order]
         turns = [calls] if strategy == "lookup_together" else [[c] for c in calls]

@@ -20,21 +20,30 @@ from sandboxes.base import (
     SessionPool,
     format_result,
 )
-from sandboxes.factory import BACKENDS, close_shared_pools, make_sandbox, shared_pool
+from sandboxes.factory import (
+    SANDBOXES,
+    SandboxRecord,
+    close_shared_pools,
+    make_sandbox,
+    register_sandbox,
+    shared_pool,
+)
 
 __all__ = [
-    "BACKENDS",
+    "SANDBOXES",
     "ExecError",
     "ExecResult",
     "IsolationUnavailable",
     "Limits",
     "Sandbox",
     "SandboxError",
+    "SandboxRecord",
     "SandboxSpec",
     "Session",
     "SessionPool",
     "close_shared_pools",
     "format_result",
     "make_sandbox",
+    "register_sandbox",
     "shared_pool",
 ]

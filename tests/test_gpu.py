@@ -188,7 +188,7 @@ def test_plan_matches_the_peak_memory_of_an_update(tmp_path, strategy):
     freed the activations (on an H100, 2026-11-27, FSDP2's first update peaked at 0.56x the plan)."""
     from agentrl.assembly import make_trainer
     from agentrl.models import build_tiny_model, train_tokenizer
-    from agentrl.training.plan import plan
+    from agentrl.plan import plan
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
     extra = [f"trainer.strategy={strategy}", "trainer.bf16=true", "model.gradient_checkpointing=false"]
@@ -343,7 +343,7 @@ def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
     from agentrl.assembly.build import reference_model
     from agentrl.models import build_tiny_model, train_tokenizer
     from agentrl.parallel import sharding
-    from agentrl.training.plan import plan
+    from agentrl.plan import plan
 
     model_dir = build_tiny_model(tmp_path / "m60", "h640-L12", tokenizer=train_tokenizer(), seed=0)
     cfg = load_config(

@@ -32,6 +32,7 @@ FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core mo
     ("agentrl.env", "agentrl.agents"),  # agents.py: the documented ``agentrl.agents`` import
     ("environments",),
     ("agentrl.sync.registry",),  # the weight transports' names and needs, read by the config
+    ("agentrl.engines.registry",),  # the engines' names and what each supports, read by the config
     ("agentrl.config",),
     ("agentrl.engines",),
     ("agentrl.parallel",),
@@ -39,6 +40,7 @@ FLOORS: list[tuple[str, ...]] = [  # bottom to top; each entry a unit: a core mo
     ("agentrl.rollout",),
     ("agentrl.training",),
     ("agentrl.assembly",),
+    ("agentrl.plan",),  # agentrl plan: reads the whole Config, like the assembly below it
     ("agentrl.views",),
     ("agentrl.study",),
     ("agentrl.cli",),
@@ -172,8 +174,6 @@ takes its own sections of the config or a settings record of plain values (``Lea
 
 STILL_TAKING_THE_CONFIG = {  # issue 67: being moved into agentrl/assembly/ or converted; may only shrink
     "agentrl.rollout.components",  # its builders move into agentrl/assembly/
-    "agentrl.rollout.ray_workers",  # its workers are to be built from a WorkerSpec
-    "agentrl.training.plan",  # the memory plan reads the whole run's settings; its package sits with the assembly
 }
 
 

@@ -10,6 +10,7 @@ micro-batch losses then gives exactly the full-batch loss (and gradient) in ever
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -210,9 +211,7 @@ def policy_loss(
 
     Returns ``PolicyLoss(loss, stats, clip_status)``; its fields say what the statistics are.
     """
-    if advantages.dim() == 1:
-        advantages = advantages.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]
-    advantages = advantages.to(logp.dtype)
+    advantages = per_token_advantages(advantages, logp)
     ratio = importance_ratio(logp, logp_old)
     if clip:
         per_token = clipped_surrogate(ratio, advantages, clip_low, clip_high, dual_clip)
@@ -222,13 +221,22 @@ def policy_loss(
         per_token = per_token * weights
     if abs_kl_weights is not None:
         per_token = per_token + abs_kl_weights * (logp - logp_old).abs()
-    pg = aggregate(per_token, mask, agg_mode, normaliser)
+    agg = functools.partial(aggregate, mask=mask, agg_mode=agg_mode, normaliser=normaliser)
+    pg = agg(per_token)
     with torch.no_grad():
         status = clip_status(ratio.detach(), advantages, clip_low, clip_high, dual_clip)
         values = _surrogate_stats(pg, status, ratio, logp, logp_old, mask) if stats else {}
-    loss = _regularised(pg, values, logp, mask, lambda x: aggregate(x, mask, agg_mode, normaliser),
-                        (logp_ref, kl_coef, kl_estimator), (entropy, entropy_coef), stats)  # fmt: skip
+    loss = _regularised(
+        pg, values, logp, mask, agg, (logp_ref, kl_coef, kl_estimator), (entropy, entropy_coef), stats
+    )
     return PolicyLoss(loss, values, status)
+
+
+def per_token_advantages(advantages: Tensor, logp: Tensor) -> Tensor:
+    """Advantages given per sequence ([B]) or per token ([B, T]) as [B, T], in ``logp``'s dtype."""
+    if advantages.dim() == 1:
+        advantages = advantages.unsqueeze(-1).expand_as(logp)  # [B] -> [B, T]
+    return advantages.to(logp.dtype)
 
 
 def _regularised(

@@ -223,11 +223,11 @@ def build_engine(
     where = where or components.placement(cfg)
     if cfg.rollout.workers > 0:  # every rank waits for the pool, bounded by the pool's own limits
         runs = rank in where.episode_ranks
-        limit = RolloutPool.start_limit_s(cfg)
+        limit = components.pool_settings(cfg).start_limit_s
         setting = f"2 × timeouts.ray_call_s={cfg.timeouts.ray_call_s:g}s (the workers' reservation, then their start)"
         pool = ranks.builders_first(
             runs,
-            lambda: RolloutPool.from_config(cfg, path, where),
+            lambda: components.rollout_pool(cfg, path, where),
             limit,
             "starting the Ray rollout workers",
             setting,

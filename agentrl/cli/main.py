@@ -7,57 +7,14 @@ Every command that takes a config accepts dotted overrides after it:
 from __future__ import annotations
 
 import argparse
-import atexit
-import difflib
-import json
 import os
 import sys
-import threading
-import time
-import traceback
 from pathlib import Path
 from typing import Any
 
-EXIT_GRACE_S = float(os.environ.get("AGENTRL_EXIT_GRACE_S", "10"))
-"""How long ``agentrl`` waits, once its command has returned, for threads it did not start as
-daemons (user code: a tool's own thread pool, a library's worker) before exiting without them
-(environment variable ``AGENTRL_EXIT_GRACE_S``, default 10)."""
-
-
-def _only_overrides(args: argparse.Namespace) -> None:
-    """``agentrl train a.b=1 c=2``: the first override landed in ``config``; move it back."""
-    if args.config and "=" in args.config and not os.path.exists(args.config):
-        args.overrides, args.config = [args.config, *args.overrides], None
-
-
-def _config(args: argparse.Namespace, extra: list[str] = ()):  # type: ignore[assignment]
-    from agentrl.config import load_config
-
-    _only_overrides(args)
-    return load_config(args.config, list(args.overrides) + list(extra))
-
-
-def train_config(args: argparse.Namespace):
-    """The config ``agentrl train`` runs: with ``--resume RUN`` and no config file, the run's own
-    resolved config, then any overrides (e.g. a larger ``trainer.total_steps``)."""
-    _only_overrides(args)
-    extra = []
-    if args.resume:
-        from agentrl.config import ConfigError
-
-        if args.overwrite:
-            raise ConfigError(
-                "--resume continues the run in RUN_DIR and --overwrite moves it aside: give one of them"
-            )
-        if not Path(args.resume).is_dir():
-            what = "a file" if Path(args.resume).exists() else "no such directory"
-            raise ConfigError(
-                f"--resume {args.resume}: {what}; --resume takes a run directory (run.output_dir)"
-            )
-        extra = ["run.resume=true", f"run.output_dir={args.resume}"]
-        if args.config is None:
-            args.config = args.resume  # a run directory holds its resolved config
-    return _config(args, extra)
+from agentrl.cli.args import checked_inputs, command_config, train_config
+from agentrl.cli.envs import cmd_envs
+from agentrl.cli.evaluation import cmd_eval
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -93,24 +50,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked(cfg, **what):  # type: ignore[no-untyped-def]
-    """``preflight.check_inputs`` (every input checked before any work), its notes printed."""
-    from agentrl.assembly.preflight import check_inputs
-    from agentrl.rollout.components import apply_threads
-
-    checked = check_inputs(cfg, **what)
-    for note in checked.notes:
-        print(note, file=sys.stderr)
-    apply_threads(cfg, lambda line: print(line, file=sys.stderr))
-    return checked
-
-
 def cmd_sft(args: argparse.Namespace) -> int:
-    cfg = _config(args, ["sft.enabled=true"])
+    cfg = command_config(args, ["sft.enabled=true"])
     from agentrl.assembly.build import policy_path
     from agentrl.training.trainer import sigterm_as_interrupt
 
-    _checked(cfg, train=True, sft=True)
+    checked_inputs(cfg, train=True, sft=True)
     try:
         with sigterm_as_interrupt("the SFT warm start", lambda line: print(line, file=sys.stderr)):
             path = policy_path(cfg)
@@ -122,106 +67,6 @@ def cmd_sft(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_eval(args: argparse.Namespace) -> int:
-    cfg = _config(args)
-    from agentrl.assembly import evaluate
-    from agentrl.assembly.policy import chosen_policy, policy_engine
-    from agentrl.training.checkpoint import latest_checkpoint
-    from agentrl.training.metrics import failure_summary
-
-    against = _baseline_outcomes(args.against) if args.against else None  # a bad file: before any work
-    run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
-    newest = latest_checkpoint(run_dir) if run_dir and not args.checkpoint else None
-    held_out = cfg.eval.split == "test"
-    checked = _checked(
-        cfg, train=True, test=held_out, sft=cfg.sft.enabled and not (args.checkpoint or newest)
-    )
-    if not held_out:
-        print(
-            f"note: eval.split={cfg.eval.split!r}: these are training tasks, not held-out ones",
-            file=sys.stderr,
-        )
-    policy = chosen_policy(args.config, args.checkpoint, cfg, "evaluating")
-    path, label = policy.path, policy.label
-    print(f"evaluating {path}", file=sys.stderr)
-    engine, tokenizer = policy_engine(cfg, policy)
-    tasks = (checked.test_tasks if held_out else checked.train_tasks) or []
-    if cfg.eval.num_tasks:
-        tasks = tasks[: cfg.eval.num_tasks]
-    metrics, episodes = evaluate(cfg, engine, tokenizer, tasks)
-    trained = {t.prompt for t in checked.train_tasks or []}
-    metrics["tasks_also_in_training"] = float(sum(t.prompt in trained for t in tasks))
-    shown: dict[str, float | None] = {k: None if v != v else v for k, v in metrics.items()}  # NaN: JSON null
-    out = Path(args.output or (run_dir or Path(cfg.run.output_dir or "runs/eval")) / "eval" / f"{label}.json")
-    _write_eval(out, args, cfg, path, shown, episodes, against)
-    print(json.dumps(shown, indent=2))
-    print(f"written to {out}")
-    failure = failure_summary(episodes)
-    if failure is not None and failure.fraction == 1.0:  # the scores say nothing: say so in the status
-        print(
-            f"every episode failed, most at the '{failure.boundary}' boundary: {failure.message}",
-            file=sys.stderr,
-        )
-        return 3
-    return 0
-
-
-def _write_eval(
-    out: Path,
-    args: argparse.Namespace,
-    cfg: Any,
-    path: str,
-    shown: dict[str, float | None],
-    episodes: list[Any],
-    against: dict[str, list[bool]] | None,
-) -> None:
-    """The evaluation's JSON record (per-task outcomes, the paired comparison) and its transcripts."""
-    from agentrl.training.evaluation import outcomes
-
-    out.parent.mkdir(parents=True, exist_ok=True)
-    by_task = outcomes(episodes)
-    record: dict[str, Any] = {"checkpoint": str(path), "split": cfg.eval.split, **shown}
-    record["per_task"] = {t: [sum(v), len(v)] for t, v in by_task.items()}  # correct of n samples
-    if against is not None:
-        record["compared_with"] = {"file": args.against, **_compare(against, by_task, args.against)}
-    out.write_text(json.dumps(record, indent=2))
-    if args.transcripts:
-        from agentrl.transcripts import TranscriptWriter
-
-        with TranscriptWriter(args.transcripts) as w:
-            w.write(episodes)
-
-
-def _baseline_outcomes(path: str) -> dict[str, list[bool]]:
-    """``--against FILE``: per task, the outcomes of an earlier ``agentrl eval`` JSON."""
-    from agentrl.config import ConfigError
-
-    try:
-        per_task = json.loads(Path(path).read_text())["per_task"]
-        return {t: [True] * int(c) + [False] * (int(n) - int(c)) for t, (c, n) in per_task.items()}
-    except FileNotFoundError:
-        raise ConfigError(f"--against {path}: no such file (an earlier agentrl eval's JSON)") from None
-    except (KeyError, ValueError, TypeError) as e:
-        raise ConfigError(
-            f"--against {path}: not an agentrl eval JSON with per-task results ({type(e).__name__}: {e}); "
-            "evaluations written before per_task existed need to be run again"
-        ) from None
-
-
-def _compare(before: dict[str, list[bool]], after: dict[str, list[bool]], label: str) -> dict[str, Any]:
-    """The paired bootstrap of ``after`` against ``before``, printed and returned."""
-    from agentrl.training.evaluation import paired_bootstrap
-
-    result = paired_bootstrap(before, after)
-    for name, r in result.items():
-        print(
-            f"{name}: {r['before']:.3f} ({label}) -> {r['after']:.3f}: {r['change']:+.3f} "
-            f"(95% interval {r['ci_low']:+.3f} to {r['ci_high']:+.3f}, paired bootstrap over "
-            f"{int(r['tasks'])} tasks)"
-        )
-    return result
-
-
 def cmd_export(args: argparse.Namespace) -> int:
     from agentrl.assembly.export import export
 
@@ -231,8 +76,8 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    cfg = _config(args)
-    from agentrl.training.plan import plan, render
+    cfg = command_config(args)
+    from agentrl.plan import plan, render
 
     p = plan(
         cfg,
@@ -246,13 +91,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_rollout(args: argparse.Namespace) -> int:
-    cfg = _config(args)
+    cfg = command_config(args)
     from agentrl.assembly import build
     from agentrl.assembly.policy import policy_engine, start_policy
     from agentrl.rollout.runner import EpisodeRequest
     from agentrl.transcripts import TranscriptWriter
 
-    checked = _checked(cfg, train=args.split == "train", test=args.split == "test")
+    checked = checked_inputs(cfg, train=args.split == "train", test=args.split == "test")
     engine, tokenizer = policy_engine(cfg, start_policy(cfg))
     tasks = (checked.train_tasks if args.split == "train" else checked.test_tasks or [])[: args.tasks]
     runner = build.build_runner(cfg, engine, tokenizer, seed=cfg.run.seed)
@@ -285,13 +130,15 @@ def cmd_rollout(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    cfg = _config(args)
+    cfg = command_config(args)
     from agentrl.assembly.policy import chosen_policy
     from agentrl.assembly.preflight import bind_problem
     from agentrl.config import ConfigError
 
     run_dir = Path(args.config) if args.config and Path(args.config).is_dir() else None
-    _checked(cfg, sft=cfg.sft.enabled and not (args.checkpoint or (run_dir and _has_checkpoint(run_dir))))
+    checked_inputs(
+        cfg, sft=cfg.sft.enabled and not (args.checkpoint or (run_dir and _has_checkpoint(run_dir)))
+    )
     port = cfg.proxy.port if args.port is None else args.port
     problem = bind_problem("--host/--port", args.host or cfg.proxy.host, port)
     if problem:
@@ -340,96 +187,6 @@ def cmd_plot(args: argparse.Namespace) -> int:
     for p in plot_run(Path(args.run_dir)):
         print(p)
     return 0
-
-
-def cmd_envs(args: argparse.Namespace) -> int:
-    from agentrl.env import entry_point_errors, import_environment_module, registered
-
-    if args.module:
-        try:
-            import_environment_module(args.module)
-        except Exception as e:  # FileNotFoundError, ModuleNotFoundError, the module itself raising
-            print(f"--module {args.module!r} cannot be imported: {type(e).__name__}: {e}", file=sys.stderr)
-            return 2
-
-    envs = registered()
-    if args.action == "list":
-        for name, cls in sorted(envs.items()):
-            doc = (cls.__doc__ or sys.modules[cls.__module__].__doc__ or "").strip().splitlines()
-            print(f"{name:20s} {doc[0] if doc else ''}")
-        for name, why in sorted(entry_point_errors().items()):
-            print(f"{name:20s} NOT LOADED: {why}")
-        return 0
-    from agentrl.cli.env_tasks import given_tasks
-    from agentrl.config import ConfigError
-    from agentrl.env.check import check_environment, format_report
-
-    config, *overrides = args.config or [None]  # --config FILE [key=value ...]
-    try:
-        given = given_tasks(config, overrides, args.data)
-    except (ConfigError, ValueError) as e:
-        print(e, file=sys.stderr)
-        return 2
-    envs = registered()  # --config may have imported env.module
-    names = args.names or given.names or (sorted(envs) if args.all else [])
-    problem = _env_names_problem(args, names, envs) or _env_options_problem(args, names, envs)
-    if problem:
-        print(problem, file=sys.stderr)
-        return 2
-    options = json.loads(args.options) if args.options else given.options
-    failed = 0
-    for name in names:
-        report = check_environment(
-            name, options, limit_s=args.timeout_s, tasks=given.tasks, source=given.source
-        )
-        report.calls.close()  # its helper thread
-        if args.all and report.missing:  # an adapter whose package is not installed
-            print(f"environment {name!r}: SKIPPED: {report.missing}")
-            continue
-        print(format_report(report))
-        failed += not report.ok
-    return 1 if failed else 0
-
-
-def _env_names_problem(args: argparse.Namespace, names: list[str], envs: dict[str, type]) -> str | None:
-    """Why ``agentrl envs check`` cannot check these names (none given, unknown, not loaded), or None."""
-    from agentrl.env import entry_point_errors
-
-    if not names:
-        return "name an environment, or pass --all"
-    broken = entry_point_errors()
-    for name in names:
-        if name in broken:
-            return f"environment {name!r} is installed but could not be loaded: {broken[name]}"
-        if name not in envs:
-            guess = difflib.get_close_matches(name, list(envs), n=1)
-            did = f" — did you mean '{guess[0]}'?" if guess else "."
-            hint = (
-                ""
-                if args.module
-                else " If it is defined in your own file or package, pass --module path/to/file.py (or pkg.module)."
-            )
-            return f"unknown environment {name!r}{did} Registered: {', '.join(sorted(envs))}.{hint}"
-    return None
-
-
-def _env_options_problem(args: argparse.Namespace, names: list[str], envs: dict[str, type]) -> str | None:
-    """Why ``--options`` does not fit these environments (not JSON, not an object, an unknown key), or None."""
-    from agentrl.env import option_problem
-
-    try:
-        options = json.loads(args.options) if args.options else {}
-    except json.JSONDecodeError as e:
-        return f"--options must be a JSON object, e.g. '{{\"max_turns\": 4}}': {e}"
-    for name in names:
-        problem = (
-            option_problem(envs[name], options)
-            if isinstance(options, dict)
-            else "--options is not a JSON object"
-        )
-        if problem:
-            return f"--options: {problem}"
-    return None
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
@@ -690,52 +447,3 @@ def main(argv: list[str] | None = None) -> int:
         mcp = sys.modules.get("agentrl.env.mcp_tools")  # loaded only when an environment declared servers
         if mcp is not None:
             mcp.close_all()
-
-
-def entry() -> None:
-    """The ``agentrl`` command (and ``python -m agentrl.cli``): ``main``, then an exit that no
-    thread left running by user code can delay past ``EXIT_GRACE_S`` (``exit_past_stuck_threads``).
-    The exit status says how the command itself ended: 0 done, 2 bad input, 3 training failed,
-    130 interrupted, 1 an unexpected error (its traceback printed)."""
-    code = 1
-    try:
-        code = main()
-    except SystemExit as e:  # argparse's errors and --help
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        if isinstance(e.code, str):
-            print(e.code, file=sys.stderr)
-    except KeyboardInterrupt:
-        code = 130
-    except BaseException:
-        traceback.print_exc()
-        code = 1
-    exit_past_stuck_threads(code)
-    sys.exit(code)
-
-
-def exit_past_stuck_threads(code: int, grace_s: float = EXIT_GRACE_S) -> None:
-    """Exit with ``code`` within ``grace_s`` even when user code still runs in a thread Python would
-    wait for at exit. agentrl runs tools, rewards, environment calls and agents in daemon threads,
-    which end with the process; a thread the user's code started itself is not a daemon, and
-    CPython joins it before exiting, so one that never returns would hold the process (and a rented
-    GPU node) forever. Such threads get ``grace_s`` to finish; then the exit handlers run, the
-    streams are flushed and the process ends with ``code``, saying which threads it left."""
-    stuck = [t for t in threading.enumerate() if not t.daemon and t is not threading.current_thread()]
-    deadline = time.monotonic() + grace_s
-    for t in stuck:
-        t.join(max(0.0, deadline - time.monotonic()))
-    stuck = [t for t in stuck if t.is_alive()]
-    if not stuck:
-        return
-    names = ", ".join(sorted(t.name for t in stuck))
-    print(
-        f"agentrl: exiting with status {code} although {len(stuck)} thread(s) of user code still run "
-        f"({names}): they did not end within {grace_s:g}s of the command's end",
-        file=sys.stderr,
-    )
-    try:
-        atexit._run_exitfuncs()  # what a normal exit would run: sandboxes reaped, servers stopped
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)

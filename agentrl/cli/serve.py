@@ -28,7 +28,8 @@ from agentrl.env import Task
 from agentrl.episode import Episode
 from agentrl.rollout.agent_runner import AgentRunner
 from agentrl.rollout.runner import EpisodeRequest, close_quietly
-from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult
+from agentrl.serve.openai_errors import APIError
+from agentrl.serve.openai_request import ChatRequest, ChatResult
 
 
 class ServedEpisode(AgentEnvironment):

@@ -10,9 +10,11 @@ from pathlib import Path
 
 from agentrl.algorithms import registry
 from agentrl.config.schema import Config, weighting_name, weighting_settings
+from agentrl.engines.registry import ENGINES, engine_record
 from agentrl.env import entry_point_errors, import_environment_module, registered
 from agentrl.env.demos import load_demonstrations
 from agentrl.sync.registry import OBJECT_STORE
+from sandboxes import SANDBOXES
 
 
 def cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
@@ -21,7 +23,8 @@ def cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     yield from _batch_problems(cfg)
     yield from _mode_problems(cfg)
     ro = cfg.rollout
-    if ro.cpu_gemm == "onednn" and (ro.engine != "hf" or (ro.dtype or cfg.model.dtype) != "float32"):
+    reads_gemm = "rollout.cpu_gemm" in engine_record(ro.engine).keys
+    if ro.cpu_gemm == "onednn" and (not reads_gemm or (ro.dtype or cfg.model.dtype) != "float32"):
         yield (
             "rollout.cpu_gemm",
             (
@@ -36,12 +39,14 @@ def cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
 
 def _source_problems(cfg: Config) -> Iterator[tuple[str, str]]:
     """Where code runs and where the data comes from."""
-    if cfg.sandbox.backend == "unisolated" and not cfg.sandbox.allow_unisolated:
+    s = cfg.sandbox
+    if not SANDBOXES[s.backend].isolated and not s.allow_unisolated:
+        isolated = ", ".join(sorted(n for n, r in SANDBOXES.items() if r.isolated))
         yield (
             "sandbox.backend",
             (
-                "sandbox.backend='unisolated' runs model-written code with no isolation; set "
-                "sandbox.allow_unisolated=true to accept that risk, or use bwrap, docker or e2b"
+                f"sandbox.backend={s.backend!r} runs model-written code with no isolation; set "
+                f"sandbox.allow_unisolated=true to accept that risk, or use one of {isolated}"
             ),
         )
     if cfg.data.source != "builtin" and not cfg.data.path:
@@ -139,7 +144,8 @@ def _engine_placement_problems(cfg: Config) -> Iterator[tuple[str, str]]:
     """Engine settings that only some engines or placements use: the HF engine's poll interval, the
     workers' GPU share, tensor parallelism's limits."""
     ro = cfg.rollout
-    if ro.poll_every is not None and ro.engine != "hf":
+    record = engine_record(ro.engine)
+    if ro.poll_every is not None and "rollout.poll_every" not in record.keys:
         yield (
             "rollout.poll_every",
             f"rollout.poll_every={ro.poll_every} sets the HF engine's decode loop, but rollout.engine="
@@ -153,14 +159,14 @@ def _engine_placement_problems(cfg: Config) -> Iterator[tuple[str, str]]:
             "rollout.worker_gpus unset",
         )
     u, w = ro.vllm.gpu_memory_utilization, ro.worker_gpus
-    if ro.workers > 0 and ro.engine == "vllm" and w is not None and 0 < w < 1 and u > w:
+    if ro.workers > 0 and record.settings == "vllm" and w is not None and 0 < w < 1 and u > w:
         yield (
             "rollout.vllm.gpu_memory_utilization",
             f"rollout.vllm.gpu_memory_utilization={u:g} is the share of a GPU each worker's vLLM engine "
             f"reserves, but rollout.worker_gpus={w:g} gives each worker only {w:g} of one (the others on the "
             f"GPU would find no memory): set gpu_memory_utilization <= {w:g}",
         )
-    tp = ro.vllm.tensor_parallel_size if ro.engine == "vllm" else 1
+    tp = ro.vllm.tensor_parallel_size if record.tensor_parallel else 1
     if tp > 1 and ro.sync.verify != "off":
         yield (
             "rollout.sync.verify",
@@ -181,9 +187,10 @@ def _colocate_problems(cfg: Config) -> Iterator[tuple[str, str]]:
     """``rollout.colocate.sleep`` needs vLLM's sleep mode (GPU only), an engine in the trainer's
     process, and updates that no rollout overlaps."""
     ro, problems = cfg.rollout, []
-    if ro.engine != "vllm":
+    if not engine_record(ro.engine).sleeps:
+        sleepers = ", ".join(sorted(n for n, r in ENGINES.items() if r.sleeps))
         problems.append(
-            "rollout.colocate.sleep needs an engine with sleep mode, rollout.engine=vllm on a GPU; "
+            f"rollout.colocate.sleep needs an engine with sleep mode, rollout.engine={sleepers} on a GPU; "
             f"rollout.engine={ro.engine!r} has none: set rollout.colocate.sleep=false"
         )
     if cfg.trainer.mode == "async":

@@ -17,7 +17,9 @@ from typing import Any, ClassVar, Literal
 
 from agentrl.algorithms import registry
 from agentrl.dataclass_tree import HasSections, knob, registered_sections
+from agentrl.engines.registry import ENGINES
 from agentrl.sync.registry import OBJECT_STORE, TRANSPORTS
+from sandboxes import SANDBOXES
 
 
 @dataclass
@@ -144,8 +146,8 @@ class ColocateConfig:
 
 @dataclass
 class RolloutConfig:
-    engine: Literal["hf", "vllm"] = "hf"
-    """Generation backend: ``hf`` = transformers in-process, ``vllm`` = vLLM (the ``vllm`` extra)."""
+    engine: str = knob("hf", choices=lambda: list(ENGINES))
+    """Generation backend (a record in ``agentrl/engines/registry.py``): ``hf`` = transformers in-process, ``vllm`` = vLLM (the ``vllm`` extra)."""
     dtype: Literal["float32", "bfloat16"] | None = None
     """The engine's weight dtype. None = ``model.dtype``; ``bfloat16`` with fp32 master weights (``trainer.bf16``) halves the engine's memory (vLLM on CPU always runs float32)."""
     group_size: int = knob(8, ge=1)
@@ -380,8 +382,8 @@ class LimitsConfig:
 
 @dataclass
 class SandboxConfig:
-    backend: Literal["bwrap", "docker", "e2b", "unisolated"] = "bwrap"
-    """Code execution: ``bwrap`` = bubblewrap on this machine, ``docker``, ``e2b`` (cloud), ``unisolated`` = plain subprocess."""
+    backend: str = knob("bwrap", choices=lambda: list(SANDBOXES))
+    """Code execution (a record in ``sandboxes/factory.py``): ``bwrap`` = bubblewrap on this machine, ``docker``, ``e2b`` (cloud), ``unisolated`` = plain subprocess."""
     allow_unisolated: bool = False
     """DANGEROUS: permit ``backend: unisolated``, which runs model-written code as your user with your files and network. Only for trusted code in a throwaway machine."""
     warm_sessions: int = knob(0, ge=0)

@@ -153,7 +153,7 @@ def llm_args(
         )
     if enable_sleep_mode:
         kwargs["enable_sleep_mode"] = True
-    if distributed_executor_backend:  # components.vllm_distributed: external_launcher, mp
+    if distributed_executor_backend:  # factory.vllm_distributed: external_launcher, mp
         kwargs["distributed_executor_backend"] = distributed_executor_backend
         if device == "cpu":
             kwargs["tensor_parallel_size"] = tensor_parallel_size

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from agentrl.env.data import read_utf8
+from agentrl.env.data.rows import read_utf8
 
 Message = dict[str, Any]
 ROLES = ("system", "user", "assistant", "tool")

@@ -40,6 +40,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
+from agentrl.engines.registry import EngineRecord, engine_record
 from agentrl.sync.registry import OBJECT_STORE, TRANSPORTS, TransportRecord, transport_record
 
 
@@ -78,9 +79,10 @@ def launch_from_env(cuda: bool) -> Launch:
 class Rollouts:
     """The rollout settings placement reads (``rollout.*``, resolved)."""
 
-    engine: Literal["hf", "vllm"] = "hf"
+    engine: str = "hf"
+    """``rollout.engine``: a name in ``engines/registry.py``."""
     tensor_parallel: int = 1
-    """``rollout.vllm.tensor_parallel_size`` (vLLM only)."""
+    """``rollout.vllm.tensor_parallel_size`` (an engine whose record splits it, ``tp``)."""
     workers: int = 0
     worker_gpus: float = 0.0
     """GPUs per Ray worker, resolved (``rollout.worker_gpus``)."""
@@ -92,7 +94,11 @@ class Rollouts:
 
     @property
     def tp(self) -> int:
-        return self.tensor_parallel if self.engine == "vllm" else 1
+        return self.tensor_parallel if self.record.tensor_parallel else 1
+
+    @property
+    def record(self) -> EngineRecord:
+        return engine_record(self.engine)
 
 
 @dataclass(frozen=True)
@@ -204,7 +210,7 @@ def _colocated(p: Placement) -> None:
             )
         )
         tp = 1
-    kind = "vLLM" if ro.engine == "vllm" else "HF"
+    kind = ro.record.label
     leaders = []
     for k in range(p.launch.world // tp):
         ranks = tuple(range(k * tp, (k + 1) * tp))
@@ -214,7 +220,7 @@ def _colocated(p: Placement) -> None:
         leaders.append(ranks[0])
         if tp > 1:
             names = tuple(p.trainers[r].name for r in ranks)
-            p.groups.append(Group(f"vLLM tensor parallel {k}", names, "NCCL" if p.launch.cuda else "gloo"))
+            p.groups.append(Group(f"{kind} tensor parallel {k}", names, "NCCL" if p.launch.cuda else "gloo"))
     p.episode_ranks = tuple(leaders)
     p.groups.append(Group("weight sync: each rank into its own engine", (), "in process"))
 
@@ -223,7 +229,7 @@ def _workers(p: Placement) -> None:
     """N Ray workers in one placement group; trainer rank 0 owns them."""
     ro, launch = p.rollouts, p.launch
     w, n = ro.worker_gpus, ro.workers
-    kind = "vLLM" if ro.engine == "vllm" else "HF"
+    kind = ro.record.label
     p.problems += _worker_gpu_problems(launch, ro)
     p.episode_ranks = (0,)
     if ro.cluster or not launch.cuda or w == 0:  # the cluster places them; or no GPUs to place
@@ -303,7 +309,7 @@ def _worker_gpu_problems(launch: Launch, ro: Rollouts) -> list[Problem]:
                 f"rollout.worker_gpus={w:g}: a worker takes a fraction of one GPU or a whole number of GPUs",
             )
         )
-    if ro.engine == "vllm" and ro.tensor_parallel > 1 and w != ro.tensor_parallel:
+    if ro.tp > 1 and w != ro.tensor_parallel:
         out.append(
             Problem(
                 "rollout.worker_gpus",
@@ -395,7 +401,7 @@ def render(p: Placement, command: str | None = None) -> list[str]:
             f"leaders {_span(list(p.episode_ranks))} run the episodes, the others follow their generation calls"
             if tp > 1
             else f"one {p.engines[0].kind if p.engines else ''} engine per rank, on the rank's GPU"
-            + (" (vLLM external_launcher)" if ro.engine == "vllm" and L.world > 1 else "")
+            + (f" ({ro.record.rank_launcher})" if ro.record.rank_launcher and L.world > 1 else "")
             + "; each rank runs its share of the episodes"
         )
         lines.append(f"  engines: {len(p.engines)}: {how}")

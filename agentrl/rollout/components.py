@@ -7,24 +7,23 @@ and the SFT warm start use them directly, so nothing here imports either.
 
 from __future__ import annotations
 
-import copy
-import functools
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
 from agentrl.agents import AgentEnvironment
 from agentrl.config import Config, ConfigError
 from agentrl.engines.base import Engine, SamplingParams
-from agentrl.engines.hf import HFEngine
+from agentrl.engines.factory import EngineSpec, host_device, make_engine, weight_dtype
+from agentrl.engines.registry import engine_record
 from agentrl.env import (
     Environment,
     Task,
     import_environment_module,
-    make_env,
     registered,
     task_loading_options,
 )
@@ -32,9 +31,10 @@ from agentrl.env.data import HeldOut, load_tasks_from_source
 from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.parallel.placement import Launch, Placement, Rollouts, launch_from_env, place
-from agentrl.rollout.async_runner import AsyncEpisodeRunner
+from agentrl.rollout.ray_workers import PoolSettings, RolloutPool
 from agentrl.rollout.runner import Budgets, EpisodeRunner, RunnerSettings
-from sandboxes import SandboxSpec
+from agentrl.rollout.worker_spec import EnvSpec, WorkerSpec, make_runner
+from sandboxes import SANDBOXES, SandboxSpec
 
 if TYPE_CHECKING:
     from agentrl.engines.vllm import VLLMEngine
@@ -59,7 +59,16 @@ def worker_gpus(cfg: Config, cuda: bool) -> float:
         return float(ro.worker_gpus)
     if not cuda:
         return 0.0
-    return float(ro.vllm.tensor_parallel_size if ro.engine == "vllm" else 1)
+    return float(engine_tp(cfg))
+
+
+def engine_tp(cfg: Config) -> int:
+    """GPUs one engine spans: its section's ``tensor_parallel_size`` for an engine that splits
+    (``EngineRecord.tensor_parallel``), else 1."""
+    record = engine_record(cfg.rollout.engine)
+    if not record.tensor_parallel or record.settings is None:
+        return 1
+    return int(getattr(cfg.rollout, record.settings).tensor_parallel_size)
 
 
 def placement(cfg: Config, launch: Launch | None = None) -> Placement:
@@ -156,12 +165,9 @@ def sandbox_spec(cfg: Config) -> SandboxSpec:
             "file_bytes": lim.file_size_mb * 2**20,
         },
     }
-    if s.backend == "unisolated":
-        options["allow_unisolated"] = s.allow_unisolated
-    if s.backend == "docker":
-        options["image"] = s.docker_image
-    if s.backend == "e2b" and s.e2b_template:
-        options["template"] = s.e2b_template
+    for option, key in SANDBOXES[s.backend].keys.items():  # the backend's own keys (its record)
+        if getattr(s, key) is not None:
+            options[option] = getattr(s, key)
     return SandboxSpec(
         backend=s.backend,
         options=options,
@@ -170,19 +176,19 @@ def sandbox_spec(cfg: Config) -> SandboxSpec:
     )
 
 
+def env_spec(cfg: Config) -> EnvSpec:
+    """The ``env`` section as an ``EnvSpec``."""
+    return EnvSpec(cfg.env.name, cfg.env.module, dict(cfg.env.options))
+
+
 def env_class(cfg: Config) -> type[Environment]:
     """The registered environment class ``env.name`` (importing ``env.module`` first)."""
-    if cfg.env.module:
-        import_environment_module(cfg.env.module)
-    if cfg.env.name not in registered():
-        make_env(cfg.env.name)  # raises with a did-you-mean and the registered names
-    return registered()[cfg.env.name]
+    return env_spec(cfg).env_class()
 
 
 def env_factory(cfg: Config) -> Callable[[], Environment]:
     """Makes one fresh environment per episode: ``env.options`` and the run's sandbox."""
-    env_class(cfg)
-    return functools.partial(make_env, cfg.env.name, sandbox=sandbox_spec(cfg), **cfg.env.options)
+    return env_spec(cfg).factory(sandbox_spec(cfg))
 
 
 def load_tasks(
@@ -281,89 +287,52 @@ def meta_model(path: str, dtype: str, **kwargs: Any) -> torch.nn.Module:
         return AutoModelForCausalLM.from_config(config, dtype=torch_dtype(dtype))
 
 
-def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, path: str) -> Engine:
-    """A generation engine in this process, in ``rollout.dtype``. The HF engine gets its own copy of
-    the weights (of ``model``, or read from ``path`` when the trainer's model is sharded), synced
-    after each update through ``load_weights`` exactly like vLLM's, so both paths behave the same."""
-    if cfg.rollout.engine == "hf":
-        dtype = cfg.rollout.dtype or cfg.model.dtype
-        if model is None:
-            engine_model = load_model(cfg, path, dtype=dtype)[0]
-        else:
-            engine_model = copy.deepcopy(model).to(torch_dtype(dtype))
-        engine_model.eval()
-        for p in engine_model.parameters():
-            p.requires_grad_(False)
-        return HFEngine(
-            engine_model,
-            tokenizer=tokenizer,
-            device=device_of(cfg),
-            poll_every=cfg.rollout.poll_every,
-            cpu_gemm=cfg.rollout.cpu_gemm,
-        )
-    return vllm_engine(cfg, path)
-
-
-def vllm_device(cfg: Config) -> str:
-    """Where a vLLM engine runs: the GPU unless ``run.device`` is cpu or none is available."""
-    return "cuda" if torch.cuda.is_available() and cfg.run.device != "cpu" else "cpu"
-
-
-def engine_dtype(cfg: Config) -> torch.dtype:
-    """The dtype the rollout engine holds its weights in, so the one a weight sync sends them in:
-    ``rollout.dtype``, else ``model.dtype``; a vLLM engine on the CPU always float32. The same on
-    every rank and in every Ray worker (the same config), as a collective gather needs."""
-    if cfg.rollout.engine == "vllm" and vllm_device(cfg) == "cpu":
-        return torch.float32
-    return torch_dtype(cfg.rollout.dtype or cfg.model.dtype)
-
-
-def vllm_engine(cfg: Config, path: str) -> VLLMEngine:
-    """The vLLM engine (the optional vllm extra) of ``rollout.vllm``, on the GPU unless ``run.device``
-    is cpu or none is available."""
-    from agentrl.engines.vllm import VLLMEngine
-
-    v = cfg.rollout.vllm
-    device = vllm_device(cfg)
-    if cfg.rollout.colocate.sleep and device == "cpu":  # load_config says so first; this is the fallback
-        raise ConfigError(
-            "rollout.colocate.sleep needs a GPU: vLLM's sleep mode runs on CUDA and ROCm only, and "
-            f"this run's engine would run on the CPU (run.device={cfg.run.device!r}, CUDA available: "
-            f"{torch.cuda.is_available()}); set rollout.colocate.sleep=false"
-        )
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return VLLMEngine(
-        path,
-        **vllm_distributed(v.tensor_parallel_size, world),
-        dtype=(cfg.rollout.dtype or cfg.model.dtype) if device == "cuda" else "float32",
-        device=device,
+def engine_spec(cfg: Config, path: str) -> EngineSpec:
+    """The plain record ``make_engine`` builds this run's engine from (``rollout.engine``) for the
+    checkpoint at ``path``."""
+    ro, m = cfg.rollout, cfg.model
+    section = engine_record(ro.engine).settings
+    return EngineSpec(
+        name=ro.engine,
+        model_path=path,
+        dtype=ro.dtype or m.dtype,
+        device=str(device_of(cfg)),
+        tokenizer=m.tokenizer,
+        attn_implementation=m.attn_implementation,
         seed=cfg.run.seed,
-        gpu_memory_utilization=v.gpu_memory_utilization,
-        tensor_parallel_size=v.tensor_parallel_size,
-        enforce_eager=v.enforce_eager or device == "cpu",
-        kv_cache_space_gib=v.kv_cache_space_gib,
-        enable_sleep_mode=cfg.rollout.colocate.sleep,
-        # the longest sequence a rollout makes; left unset, vLLM takes the model's whole context
-        # (131,072 positions for Qwen2.5-32B) and refuses to start when one such sequence's KV
-        # cache does not fit its share (agentrl plan counts exactly this)
-        max_model_len=cfg.rollout.max_episode_tokens,
+        max_model_len=ro.max_episode_tokens,
+        poll_every=ro.poll_every,
+        cpu_gemm=ro.cpu_gemm,
+        sleep=ro.colocate.sleep,
+        options=dataclasses.asdict(getattr(ro, section)) if section else {},
     )
 
 
-def vllm_distributed(tp: int, world: int) -> dict[str, Any]:
-    """How a vLLM engine joins this run's processes. Under torchrun (``world`` > 1) every rank's
-    engine joins the ranks through vLLM's ``external_launcher``: the engine runs in the rank's own
-    process on its ``LOCAL_RANK`` GPU, reuses torch's process group, and with tp > 1 forms its
-    tensor-parallel groups from tp consecutive ranks (``parallel/engine_group.py`` keeps their calls
-    in step). In one process with tp > 1 (a Ray worker given tp GPUs, ``rollout.worker_gpus``),
-    vLLM's multiprocessing executor starts one process per GPU among those Ray made visible (its Ray
-    executor would start actors of its own outside the worker's bundle). Otherwise vLLM's default,
-    one process."""
-    if world > 1:
-        return {"distributed_executor_backend": "external_launcher"}
-    if tp > 1:
-        return {"distributed_executor_backend": "mp"}
-    return {}
+def local_engine(cfg: Config, model: torch.nn.Module | None, tokenizer: Any, path: str) -> Engine:
+    """A generation engine in this process (``engines/factory.py``), in ``rollout.dtype``, with its
+    own copy of the weights: of ``model``, or read from ``path`` (the trainer's model is sharded, or
+    the engine reads its checkpoint itself), synced after each update through ``load_weights``."""
+    spec = engine_spec(cfg, path)
+    if spec.sleep and host_device(spec) == "cpu":  # load_config says so first; this is the fallback
+        raise ConfigError(
+            f"rollout.colocate.sleep needs a GPU: {engine_record(spec.name).label}'s sleep mode runs on CUDA and "
+            f"ROCm only, and this run's engine would run on the CPU (run.device={cfg.run.device!r}, CUDA "
+            f"available: {torch.cuda.is_available()}); set rollout.colocate.sleep=false"
+        )
+    return make_engine(spec, tokenizer, model)
+
+
+def engine_dtype(cfg: Config) -> torch.dtype:
+    """The dtype the rollout engine holds its weights in, so the one a weight sync sends them in
+    (``factory.weight_dtype``). The same on every rank and in every Ray worker (the same config), as a
+    collective gather needs."""
+    return weight_dtype(engine_spec(cfg, cfg.model.path))
+
+
+def vllm_engine(cfg: Config, path: str) -> VLLMEngine:
+    """The vLLM engine of ``rollout.vllm`` (``local_engine`` with ``rollout.engine`` vllm)."""
+    vllm = dataclasses.replace(cfg, rollout=dataclasses.replace(cfg.rollout, engine="vllm"))
+    return cast("VLLMEngine", local_engine(vllm, None, None, path))
 
 
 def sampling_params(cfg: Config, seed: int | None = None, temperature: float | None = None) -> SamplingParams:
@@ -402,16 +371,46 @@ def endpoint(cfg: Config, host: str | None = None, port: int | None = None) -> E
     return Endpoint(host or p.host, p.port if port is None else port, p.model_name, p.on_drift)
 
 
+def worker_spec(cfg: Config, path: str) -> WorkerSpec:
+    """Everything a rollout process builds its engine and runner from, for the checkpoint at ``path``:
+    the plain record a Ray worker is handed instead of the config."""
+    env = env_spec(cfg)
+    agent = issubclass(env.env_class(), AgentEnvironment)
+    return WorkerSpec(
+        model_path=path,
+        tokenizer_path=cfg.model.tokenizer or path,
+        engine=engine_spec(cfg, path),
+        runner=runner_settings(cfg),
+        runner_kind=cfg.rollout.runner,
+        env=env,
+        sandbox=sandbox_spec(cfg),
+        endpoint=endpoint(cfg) if agent else None,
+    )
+
+
 def local_runner(
     cfg: Config, engine: Engine, tokenizer: Any, seed: int | None = None, temperature: float | None = None
 ) -> EpisodeRunner:
     """The EpisodeRunner of ``rollout.runner`` (lockstep or async) over ``engine``; the agent runner
-    when the environment is an agent."""
-    settings = runner_settings(cfg, seed, temperature)
-    if issubclass(env_class(cfg), AgentEnvironment):
-        from agentrl.rollout.agent_runner import AgentRunner
+    when the environment is an agent (``worker_spec.make_runner``)."""
+    return make_runner(worker_spec(cfg, cfg.model.path), engine, tokenizer, seed, temperature)
 
-        return AgentRunner(engine, tokenizer, env_factory(cfg), settings, endpoint(cfg))
-    if cfg.rollout.runner == "async":
-        return AsyncEpisodeRunner(engine, tokenizer, env_factory(cfg), settings)
-    return EpisodeRunner(engine, tokenizer, env_factory(cfg), settings)
+
+def pool_settings(cfg: Config, workers: int | None = None) -> PoolSettings:
+    r, t = cfg.rollout, cfg.timeouts
+    return PoolSettings(
+        workers=r.workers if workers is None else workers,
+        ray_address=r.ray_address,
+        worker_placement=r.worker_placement,
+        transport=r.sync.transport,
+        bucket_mb=r.sync.bucket_mb,
+        weight_sync_s=t.weight_sync_s,
+        ray_call_s=t.ray_call_s,
+    )
+
+
+def rollout_pool(
+    cfg: Config, path: str, where: Placement | None = None, workers: int | None = None
+) -> RolloutPool:
+    """A pool of ``rollout.workers`` (or ``workers``) Ray workers serving the checkpoint at ``path``."""
+    return RolloutPool(worker_spec(cfg, path), pool_settings(cfg, workers), where or placement(cfg))

@@ -1,5 +1,5 @@
 """Drift: where an episode's stored token ids differ from a full chat-template render of its
-messages, and why. The agent runner checks a client's edited history with these (``agent_runner``);
+messages, and why. The agent runner checks a client's edited history with these (``agent_ledger``);
 ``agentrl doctor`` reports them for whole transcripts.
 
 The runner never re-tokenizes: it keeps the ids the engine sampled and renders observations as
@@ -207,9 +207,16 @@ def drift_kind(
 
 
 def rebase(
-    ep: Episode, action: str, kind: str, renderer: Any, messages: list[dict[str, Any]], turn: int,
-    before: list[dict[str, Any]], tools_before: Any, tokenizer: Any,
-) -> dict[str, int]:  # fmt: skip
+    ep: Episode,
+    action: str,
+    kind: str,
+    renderer: Any,
+    messages: list[dict[str, Any]],
+    turn: int,
+    before: list[dict[str, Any]],
+    tools_before: Any,
+    tokenizer: Any,
+) -> dict[str, int]:
     """Continue an episode from a client's edited history (``proxy.on_drift``): ``split`` starts a new
     training sample prompted with ``messages`` (the earlier sample keeps its own history, ``before``,
     and its tools when they changed); ``retokenize`` re-renders them into the current sample."""
@@ -226,7 +233,9 @@ def retokenize(tokenizer: Any, ep: Episode, renderer: Any, messages: list[dict[s
     policy's tokens (role, log-prob, version, turn) wherever they survive unchanged (aligned by
     ``difflib``); every other token becomes prompt (or tool, for tool outputs)."""
     start = ep.sample_breaks[-1]["segment"] if ep.sample_breaks else 0
-    old: list[tuple[int, Segment, int]] = [(t, s, k) for s in ep.segments[start:] for k, t in enumerate(s.token_ids)]  # fmt: skip
+    old: list[tuple[int, Segment, int]] = [
+        (t, s, k) for s in ep.segments[start:] for k, t in enumerate(s.token_ids)
+    ]
     new: list[tuple[int, str]] = [
         (t, p.role) for p in history_pieces(renderer, messages) for t in p.token_ids
     ]

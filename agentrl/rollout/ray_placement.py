@@ -14,7 +14,7 @@
   that started Ray (torchrun's rank 0), so ``scrub_launcher_env`` removes torchrun's variables
   (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``...) before the worker builds its engine:
   its engine takes ``cuda:0``, the first GPU Ray made visible, and vLLM starts as a process of its own
-  (``components.vllm_distributed``), not as a member of the trainer's group.
+  (``engines/factory.py: vllm_distributed``), not as a member of the trainer's group.
 """
 
 from __future__ import annotations

@@ -32,49 +32,42 @@ import math
 import os
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from agentrl.config import Config
 from agentrl.engines.base import Bucket, Completion, Fingerprint, SamplingParams, Weights, weight_items
+from agentrl.engines.factory import make_engine, weight_dtype
 from agentrl.engines.hf import HFEngine
 from agentrl.engines.vllm import safetensors_blob
 from agentrl.episode import Episode
 from agentrl.errors import Failure
+from agentrl.models import resolve_model_path
+from agentrl.models.tokenizer import load_tokenizer
 from agentrl.parallel.placement import Placement, start_waves
-from agentrl.rollout import components
 from agentrl.rollout.ray_placement import Reservation, init_ray, report, scrub_launcher_env
 from agentrl.rollout.runner import EpisodeRequest
+from agentrl.rollout.worker_spec import WorkerSpec, make_runner
 from agentrl.sync.ray_pool import PoolWeights
 from agentrl.sync.registry import OBJECT_STORE, make_transport
 from agentrl.sync.transports.base import Transport
 from agentrl.timeouts import WaitTimeout
 
 
-def worker_config(cfg: Config) -> Config:
-    """The config a worker runs with: the same run, rollouts in-process (no nested workers), and no
-    token-weighting settings (rollouts never read them, and a method registered in a module the
-    worker cannot import would make the whole config fail to unpickle there)."""
-    return dataclasses.replace(
-        cfg,
-        rollout=dataclasses.replace(cfg.rollout, workers=0),
-        algorithm=dataclasses.replace(cfg.algorithm, settings={}),
-    )
-
-
 class RolloutWorker:
-    """One Ray actor's state: policy weights in an engine, an environment factory, a tokenizer.
-    Plain class so it can also be used (and tested) without Ray."""
+    """One Ray actor's state: policy weights in an engine, an environment factory, a tokenizer, all
+    built from a ``WorkerSpec`` (no config: this module imports none). Plain class so it can also be
+    used (and tested) without Ray."""
 
-    def __init__(self, cfg: Config, model_path: str) -> None:
+    def __init__(self, spec: WorkerSpec) -> None:
         # started from the environment of the process that started Ray (torchrun's rank 0): not a rank
         self.scrubbed = scrub_launcher_env()
-        self.cfg = worker_config(cfg)
-        self.tokenizer = components.load_run_tokenizer(self.cfg, model_path)
+        self.spec = spec
+        self.tokenizer = load_tokenizer(resolve_model_path(spec.tokenizer_path))
         # the engine reads the checkpoint itself: vLLM from the path, the HF engine straight into its
         # dtype on its device (no copy of the policy in model.dtype, which vLLM would never use)
-        self.engine = components.local_engine(self.cfg, None, self.tokenizer, model_path)
+        self.engine = make_engine(spec.engine, self.tokenizer)
         self._transports: dict[str, Transport] = {}
         """This worker's end of each weight transport the trainer has used (``sync/transports/``)."""
 
@@ -150,7 +143,7 @@ class RolloutWorker:
         ]
 
     def run(self, requests: Sequence[EpisodeRequest], seed: int | None, temperature: float | None) -> list:
-        runner = components.local_runner(self.cfg, self.engine, self.tokenizer, seed, temperature)
+        runner = make_runner(self.spec, self.engine, self.tokenizer, seed, temperature)
         try:
             return runner.run(requests)
         finally:
@@ -160,52 +153,71 @@ class RolloutWorker:
         return self.engine.generate(prompts, params)
 
 
+@dataclass(frozen=True)
+class PoolSettings:
+    """What a pool reads of the config (``assembly``'s ``rollout_pool`` fills it)."""
+
+    workers: int
+    """from ``rollout.workers``"""
+    ray_address: str | None
+    """from ``rollout.ray_address``"""
+    worker_placement: str
+    """from ``rollout.worker_placement``"""
+    transport: str
+    """from ``rollout.sync.transport``"""
+    bucket_mb: float
+    """from ``rollout.sync.bucket_mb``"""
+    weight_sync_s: float
+    """from ``timeouts.weight_sync_s``"""
+    ray_call_s: float
+    """from ``timeouts.ray_call_s``"""
+    max_retries: int = 1
+    """How often a batch's episodes are resubmitted after their worker died."""
+
+    @property
+    def start_limit_s(self) -> float:
+        """The longest a pool may take to start: Ray's reservation of the workers' bundles, then the
+        workers loading their engines, each bounded by ``timeouts.ray_call_s``."""
+        return 2 * self.ray_call_s
+
+
 class RolloutPool:
     """N ``RolloutWorker`` actors behind the Engine protocol (``version``, ``load_weights``,
-    ``generate``) plus ``run_episodes`` for whole episodes."""
+    ``generate``) plus ``run_episodes`` for whole episodes. Each worker is built from ``spec``;
+    ``where``: the run's placement (the workers' GPUs)."""
 
-    def __init__(
-        self,
-        cfg: Config,
-        model_path: str,
-        workers: int,
-        address: str | None = None,
-        max_retries: int = 1,
-        where: Placement | None = None,
-    ) -> None:
+    def __init__(self, spec: WorkerSpec, settings: PoolSettings, where: Placement) -> None:
         import ray
 
-        where = where or components.placement(cfg)
+        workers, address = settings.workers, settings.ray_address
         init_ray(
             address, num_cpus=None if address else max(os.cpu_count() or 1, workers), gpus=where.ray_gpus
         )
-        self.cfg, self.model_path, self.max_retries = cfg, model_path, max_retries
-        self.call_timeout_s = cfg.timeouts.ray_call_s
+        self.settings, self.model_path, self.max_retries = settings, spec.model_path, settings.max_retries
+        self.spec = spec
+        """What every worker, a replacement too, is built from."""
+        self.call_timeout_s = settings.ray_call_s
         """How long any call to a worker may go unanswered before the worker counts as dead."""
         self._actor_cls = ray.remote(max_restarts=0)(RolloutWorker)
         # one bundle per worker, with its GPUs (rollout.worker_gpus; ray_placement.py)
         self.reservation = Reservation(
-            workers,
-            where.rollouts.worker_gpus,
-            cfg.rollout.worker_placement,
-            self.call_timeout_s,
-            bool(address),
+            workers, where.rollouts.worker_gpus, settings.worker_placement, self.call_timeout_s, bool(address)
         )
         self.events: list[str] = []
         """Worker deaths, retries and replacements, for logs and tests."""
         # built before the workers start (it only records settings), so that ``shutdown`` works on a
         # pool whose workers never finished starting
         self.weights = PoolWeights(
-            cfg.rollout.sync.transport,
-            cfg.timeouts.weight_sync_s,
-            cluster=bool(cfg.rollout.ray_address),
+            settings.transport,
+            settings.weight_sync_s,
+            cluster=bool(address),
             workers=lambda: self.workers,
             answers=self._answers,
             events=self.events,
-            dtype=components.engine_dtype(worker_config(cfg)),
+            dtype=weight_dtype(spec.engine),
         )
         self.workers: list[Any] = []
-        self._start(start_waves(where), model_path)
+        self._start(start_waves(where), spec.model_path)
 
     def _start(self, waves: list[list[int]], model_path: str) -> None:
         """Start the workers wave by wave (``placement.start_waves``: workers that share a GPU one after
@@ -228,20 +240,10 @@ class RolloutPool:
                 )
             ray.get([self.workers[i].pid.remote() for i in wave])  # raises a worker's start error
 
-    @staticmethod
-    def start_limit_s(cfg: Config) -> float:
-        """The longest a pool may take to start: Ray's reservation of the workers' bundles, then the
-        workers loading their engines, each bounded by ``timeouts.ray_call_s``."""
-        return 2 * cfg.timeouts.ray_call_s
-
-    @classmethod
-    def from_config(cls, cfg: Config, path: str, where: Placement | None = None) -> RolloutPool:
-        return cls(cfg, path, cfg.rollout.workers, cfg.rollout.ray_address, where=where)
-
     def _spawn(self, bundle: int) -> Any:
         """Worker ``bundle``'s actor, on its bundle (and so its GPUs) of the placement group."""
         options = self.reservation.options(bundle)
-        return self._actor_cls.options(**options).remote(worker_config(self.cfg), self.model_path)
+        return self._actor_cls.options(**options).remote(self.spec)
 
     def placements(self) -> list[dict[str, Any]]:
         """Each worker's GPUs and engine device (``RolloutWorker.placement``)."""
@@ -395,7 +397,7 @@ class RolloutPool:
         src, dst = self.workers[live[0]], self.workers[to]
         (sizes,) = self._answers([src.weight_sizes.remote()], "weight_sizes")
         self._answers([dst.begin_weight_update.remote()], "begin_weight_update")
-        limit, bucket, size = self.cfg.rollout.sync.bucket_mb * MiB, list[str](), 0
+        limit, bucket, size = self.settings.bucket_mb * MiB, list[str](), 0
         for name, n in [*sizes, ("", math.inf)]:  # the sentinel flushes the last bucket
             if bucket and size + n > limit:
                 with self.weights.lock:  # not while an update is half done

@@ -12,7 +12,6 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -297,19 +296,10 @@ class EpisodeRunner:
             lv.episode.add(Segment(piece.role, lv.turn, piece.token_ids, piece.text))  # type: ignore[arg-type]
 
     def _stop(self, lv: LiveEpisode, reason: str) -> None:
-        if not lv.done:
-            lv.episode.stop_reason = reason  # type: ignore[assignment]
-            lv.done = True
+        lv.stop(reason)
 
     def _fail(self, lv: LiveEpisode, boundary: Boundary, exc: BaseException) -> None:
-        if lv.episode.failure is None:
-            tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
-            cause = exc.__cause__ or exc.__context__
-            if cause is not None and boundary == "agent":  # "Connection error." needs its reason
-                tb += " (from " + "".join(traceback.format_exception_only(type(cause), cause)).strip() + ")"
-            lv.episode.failure = Failure(boundary, tb)
-        lv.episode.stop_reason = "error"
-        lv.done = True
+        lv.fail(boundary, exc)
 
     def _finish(self, lv: LiveEpisode) -> Episode:
         ep = lv.episode

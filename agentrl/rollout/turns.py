@@ -7,6 +7,7 @@ of a running episode (``LiveEpisode``) and its limits (``Budgets``)."""
 from __future__ import annotations
 
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 from agentrl.engines.base import Completion, SamplingParams
 from agentrl.env import Environment, Message
 from agentrl.episode import Episode
+from agentrl.errors import Boundary, Failure
 from agentrl.models.chat import ChatRenderer
 from agentrl.models.stopping import cut_at_condition
 
@@ -51,6 +53,23 @@ class LiveEpisode:
         """Tokens in the model's context: the current sample (all of an unsplit episode)."""
         start = self.episode.sample_breaks[-1]["segment"] if self.episode.sample_breaks else 0
         return sum(len(s.token_ids) for s in self.episode.segments[start:])
+
+    def stop(self, reason: str) -> None:
+        """End the episode for ``reason`` (its ``stop_reason``), unless it has already ended."""
+        if not self.done:
+            self.episode.stop_reason = reason  # type: ignore[assignment]
+            self.done = True
+
+    def fail(self, boundary: Boundary, exc: BaseException) -> None:
+        """End the episode as failed at ``boundary``; the first failure recorded is the one kept."""
+        if self.episode.failure is None:
+            tb = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            cause = exc.__cause__ or exc.__context__
+            if cause is not None and boundary == "agent":  # "Connection error." needs its reason
+                tb += " (from " + "".join(traceback.format_exception_only(type(cause), cause)).strip() + ")"
+            self.episode.failure = Failure(boundary, tb)
+        self.episode.stop_reason = "error"
+        self.done = True
 
 
 def turn_sampling(

@@ -34,16 +34,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from agentrl.serve.openai_request import (
-    APIError,
-    ChatBackend,
-    ChatRequest,
-    ChatResult,
-    bad,
-    episode_key,
-    kind,
-    parse_chat_request,
-)
+from agentrl.serve.openai_errors import APIError, bad, kind
+from agentrl.serve.openai_request import ChatBackend, ChatRequest, ChatResult, episode_key, parse_chat_request
 from agentrl.timeouts import start_thread
 
 logger = logging.getLogger(__name__)

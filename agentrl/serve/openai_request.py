@@ -4,7 +4,8 @@ The request is declared as pydantic models (``ChatBody`` and the message, tool a
 holds), strict: a string is never coerced to a number, an unknown field is refused, never dropped.
 ``parse_chat_request`` validates a JSON body with them and turns it into a ``ChatRequest``; a
 validation failure becomes an ``APIError`` whose ``param`` is OpenAI's path to the offending field
-(``messages[2].tool_call_id``) and whose message says what was expected and what came.
+(``messages[2].tool_call_id``) and whose message says what was expected and what came
+(``openai_errors``).
 ``ChatResult`` is what a ``ChatBackend`` returns for one turn; ``agentrl.serve.openai_api`` writes it
 back over HTTP.
 """
@@ -27,7 +28,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_core import PydanticCustomError
+
+from agentrl.serve.openai_errors import APIError, api_error, bad, fail, kind
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
 MAX_STOP = 4  # OpenAI's limit on stop sequences
@@ -37,41 +39,17 @@ ReasoningEffort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
 TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"
 
 
-class APIError(Exception):
-    """An OpenAI-style error: HTTP status + {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",
-        param: str | None = None,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.param = param
-        self.code = code
-
-    def body(self) -> dict:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-
 @dataclass
 class ChatRequest:
     """A validated chat completion request (see ``ChatBody`` for the rules)."""
 
-    key: str  # episode key: the X-Episode-Key header, else the bearer token (the client's api_key)
+    key: str
+    """The episode key: the X-Episode-Key header, else the bearer token (the client's ``api_key``)."""
     model: str
-    messages: list[
-        dict
-    ]  # {"role", "content": str, "tool_calls"?, "tool_call_id"?, "name"?, "reasoning_content"?}
-    tools: (
-        list[dict] | None
-    )  # [{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}]
+    messages: list[dict]
+    """``{"role", "content": str, "tool_calls"?, "tool_call_id"?, "name"?, "reasoning_content"?}``"""
+    tools: list[dict] | None
+    """``[{"type": "function", "function": {"name", "description"?, "parameters"?, "strict"?}}]``"""
     tool_choice: str | None  # "auto" | "none" | None
     max_tokens: int | None  # max_completion_tokens or max_tokens, >= 1
     stop: list[str]
@@ -111,20 +89,6 @@ class ChatBackend(Protocol):
     model_name: str
 
     def chat(self, request: ChatRequest) -> ChatResult: ...
-
-
-def bad(param: str | None, message: str) -> APIError:
-    return APIError(400, message, param=param)
-
-
-def kind(value: Any) -> str:
-    """The JSON type name of a parsed value, for error messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    names = {int: "integer", float: "number", str: "string", list: "array", dict: "object"}
-    return names.get(type(value), type(value).__name__)
 
 
 def episode_key(headers: Mapping[str, str]) -> str:
@@ -171,54 +135,6 @@ def parse_chat_request(body: Any, headers: Mapping[str, str]) -> ChatRequest:
         raw=body,
         reasoning_effort=chat.reasoning_effort,
     )
-
-
-# ---------------------------------------------------------------- validation errors
-
-# pydantic's error types, in OpenAI's words; {where} is the field's path, {got} the JSON type received.
-MESSAGES = {
-    "missing": "{where} is required.",
-    "int_type": "{where} must be an integer, got {got}.",
-    "float_type": "{where} must be a number, got {got}.",
-    "bool_type": "{where} must be a boolean, got {got}.",
-    "string_type": "{where} must be a string, got {got}.",
-    "string_too_short": "{where} must be a non-empty string.",
-    "string_pattern_mismatch": "{where} must match [A-Za-z0-9_-]{{1,64}}.",
-    "list_type": "{where} must be an array, got {got}.",
-    "dict_type": "{where} must be an object, got {got}.",
-    "model_type": "{where} must be an object, got {got}.",
-    "literal_error": "{where} must be {expected}, got {value}.",
-}
-
-
-def fail(message: str, at: str = "") -> PydanticCustomError:
-    """A rule's failure. ``message`` names the field as ``{where}`` (``api_error`` fills it in);
-    ``at`` extends the field's path to the part that failed (``[3].type`` inside a list it checked)."""
-    return PydanticCustomError("agentrl", message, {"at": at})
-
-
-def location(loc: tuple[int | str, ...]) -> str:
-    """pydantic's ``("messages", 0, "content")`` as OpenAI's ``messages[0].content``."""
-    parts = list(loc)
-    if len(parts) > 2 and parts[0] == "messages" and isinstance(parts[1], int):
-        del parts[2]  # the role tag pydantic adds to a path inside the message union
-    return "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in parts).lstrip(".")
-
-
-def api_error(error: ValidationError) -> APIError:
-    """The first failure as a 400 whose ``param`` is the field's path and whose message names it."""
-    first = error.errors(include_url=False)[0]
-    where = location(first["loc"])
-    context = first.get("ctx") or {}
-    param = (where + context.get("at", "")).lstrip(".") or None
-    if first["type"] == "agentrl":
-        text = first["msg"]
-    else:
-        template = MESSAGES.get(first["type"], "{where}: {msg}.")
-        value = json.dumps(first["input"]) if first["type"] == "literal_error" else ""
-        got, expected = kind(first["input"]), str(context.get("expected")).replace("'", '"')
-        text = template.format(where="{where}", got=got, value=value, expected=expected, msg=first["msg"])
-    return bad(param, text.replace("{where}", where or "the request"))
 
 
 # ---------------------------------------------------------------- the schema

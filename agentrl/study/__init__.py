@@ -1,7 +1,7 @@
 """``agentrl study CONFIG``: the entropy-stability study, one command from configs to a report.
 
 Several methods (GRPO-ds, DAPO, STARE variants and controllers, ...) train on the same task families
-with the same seeds, warm starts, data and budgets; the report (``study/report.py``) compares their
+with the same seeds, warm starts, data and budgets; the report (``study/report/``) compares their
 entropy, reward, length and held-out accuracy.
 
 What is shared and what varies:

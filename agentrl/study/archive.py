@@ -63,8 +63,10 @@ def restore_runs(archive_dir: str, runs: Sequence[Any], log: Callable[[str], Non
         config = yaml.safe_load((src / "config.yaml").read_text()) if (src / "config.yaml").exists() else {}
         changed = _changed_settings(json.loads((src / "result.json").read_text()), spec, config or {})
         if changed:
-            log(f"study: the record {src} was trained with other settings than this study gives it "
-                f"({'; '.join(changed)}): not used, the run trains again and its record is replaced")  # fmt: skip
+            log(
+                f"study: the record {src} was trained with other settings than this study gives it "
+                f"({'; '.join(changed)}): not used, the run trains again and its record is replaced"
+            )
             continue
         if run.exists():
             shutil.rmtree(run)
@@ -74,8 +76,10 @@ def restore_runs(archive_dir: str, runs: Sequence[Any], log: Callable[[str], Non
                 shutil.copyfile(src / name, run / name)
         restored.append(spec)
     if restored:
-        log(f"study: {len(restored)} finished runs restored from the archive {archive_dir}: "
-            + ", ".join(f"{s.method} seed {s.seed}" for s in restored))  # fmt: skip
+        log(
+            f"study: {len(restored)} finished runs restored from the archive {archive_dir}: "
+            + ", ".join(f"{s.method} seed {s.seed}" for s in restored)
+        )
     return restored
 
 
@@ -102,8 +106,11 @@ def _changed_settings(recorded: dict[str, Any], spec: Any, config: dict[str, Any
             value = ADDED_SINCE.get(key)
         if value is not None:
             then[key] = str(value).lower() if isinstance(value, bool) else str(value)
-    return [f"{k}: {then.get(k, '(unset)')} -> {now.get(k, '(unset)')}" for k in sorted(then.keys() | now.keys())
-            if then.get(k) != now.get(k)]  # fmt: skip
+    return [
+        f"{k}: {then.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
+        for k in sorted(then.keys() | now.keys())
+        if then.get(k) != now.get(k)
+    ]
 
 
 def archive_prep(archive_dir: str, family: str, prep_file: Path) -> None:

@@ -84,9 +84,11 @@ def prepare_family(
     prep_file.write_text(json.dumps(prep, indent=1))
     if study.archive_dir:
         archive.archive_prep(study.archive_dir, family, prep_file)
-    log(f"{family}: H0 = {h0:.4f} nats (branching {h0_branching:.3f}), H_tgt = {h_tgt:.4f}; probe reward "
+    log(
+        f"{family}: H0 = {h0:.4f} nats (branching {h0_branching:.3f}), H_tgt = {h_tgt:.4f}; probe reward "
         f"{prep['probe_reward']:.3f}; warm start held-out mean@{study.eval_k} {metrics['eval/mean@k']:.3f}, "
-        f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}")  # fmt: skip
+        f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}"
+    )
     return {**prep, "tokenizer": base}
 
 
@@ -121,9 +123,11 @@ def _cached_prep(
         return None
     digest = weights_digest(path)
     if digest is not None and prep.get("policy_sha256", digest) != digest:
-        log(f"WARNING {family}: the warm start rebuilt here ({path}, SHA-256 {digest}) differs from the "
+        log(
+            f"WARNING {family}: the warm start rebuilt here ({path}, SHA-256 {digest}) differs from the "
             f"one the study measured (SHA-256 {prep['policy_sha256']}); the report names the runs that "
-            "start from it")  # fmt: skip
+            "start from it"
+        )
     return {**prep, "policy": path}
 
 
@@ -138,8 +142,11 @@ def _probe_entropy(
     runner = build.build_runner(cfg, engine, tokenizer, seed=study.sft_seed + 7)
     G = cfg.rollout.group_size
     try:
-        reqs = [EpisodeRequest(t, seed=i * G + j, group=f"probe{i}", episode_id=f"probe-{i}-{j}")
-                for i, t in enumerate(tasks) for j in range(G)]  # fmt: skip
+        reqs = [
+            EpisodeRequest(t, seed=i * G + j, group=f"probe{i}", episode_id=f"probe-{i}-{j}")
+            for i, t in enumerate(tasks)
+            for j in range(G)
+        ]
         episodes = [e for e in runner.run(reqs) if not e.failed]
     finally:
         runner.close()

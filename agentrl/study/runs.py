@@ -162,11 +162,15 @@ def _run_all(
                     )
             elif study.archive_dir:
                 status += f", recorded in {archive.archive_run(study.archive_dir, spec)}"
-            log(f"[{done}/{total}] {spec.family} {spec.method} seed {spec.seed}: {status} "
-                f"in {time.perf_counter() - started:.0f} s")  # fmt: skip
+            log(
+                f"[{done}/{total}] {spec.family} {spec.method} seed {spec.seed}: {status} "
+                f"in {time.perf_counter() - started:.0f} s"
+            )
             if full and todo:  # every later run would meet the same disk
-                log(f"study: the disk is full, so {len(todo)} run(s) not started; free space and run the same "
-                    f"command: it continues every run from its newest checkpoint")  # fmt: skip
+                log(
+                    f"study: the disk is full, so {len(todo)} run(s) not started; free space and run the "
+                    "same command: it continues every run from its newest checkpoint"
+                )
                 todo.clear()
 
 

@@ -76,12 +76,12 @@ def _over(failure: FailureSummary | None, limit: float | None) -> bool:
 
 
 def _breaker_message(
-    cfg: LoopSettings, run_dir: Path, step: int, failing: int, failure: FailureSummary | None
+    t: TrainerConfig, run_dir: Path, step: int, failing: int, failure: FailureSummary | None
 ) -> str:
     assert failure is not None
     return (
         f"{failure.fraction:.0%} of step {step}'s episodes failed, and more than "
-        f"trainer.max_failed_fraction={cfg.trainer.max_failed_fraction} failed for {failing} steps in a "
+        f"trainer.max_failed_fraction={t.max_failed_fraction} failed for {failing} steps in a "
         f"row. Most frequent failure ({failure.count} episodes), at the '{failure.boundary}' boundary: "
         f"{failure.message}. Example episode: {failure.example} (agentrl replay {run_dir} "
         f"--episode {failure.example}). Fix the cause, or raise trainer.max_failed_fraction (null: never stop)."
@@ -93,7 +93,7 @@ def _trained(metrics: dict[str, float]) -> bool:
     return metrics.get("advantages/nonzero_frac", 0.0) > 0 and metrics.get("update/steps", 1.0) > 0
 
 
-def _nothing_trained_message(cfg: LoopSettings, run_dir: Path, history: list[dict[str, float]]) -> str:
+def _nothing_trained_message(max_episode_tokens: int, run_dir: Path, history: list[dict[str, float]]) -> str:
     informative = [m for m in history if m.get("advantages/nonzero_frac", 0.0) > 0]
     if informative and all(m.get("update/nonfinite") for m in informative):
         return (
@@ -106,7 +106,7 @@ def _nothing_trained_message(cfg: LoopSettings, run_dir: Path, history: list[dic
         return (
             f"no step trained: in all {len(history)} steps every episode stopped before the model wrote a "
             f"token: the prompt (system prompt, tool schemas, task) is longer than "
-            f"rollout.max_episode_tokens={cfg.max_episode_tokens}; raise it"
+            f"rollout.max_episode_tokens={max_episode_tokens}; raise it"
         )
     why = (
         "episodes failed: see the FAILED part of the progress lines, and agentrl replay "
@@ -213,10 +213,12 @@ class Trainer:
                 self.run_lock.release()
 
     def _train_steps(self) -> list[dict[str, float]]:
-        cfg, history = self.settings, []
-        if self.start_step >= cfg.trainer.total_steps:
+        t: TrainerConfig = self.settings.trainer
+        lg: LoggingConfig = self.settings.logging
+        history: list[dict[str, float]] = []
+        if self.start_step >= t.total_steps:
             self.log(
-                f"nothing to train: {self.root_dir} has run all trainer.total_steps={cfg.trainer.total_steps} "
+                f"nothing to train: {self.root_dir} has run all trainer.total_steps={t.total_steps} "
                 f"steps; to train further, resume with a larger trainer.total_steps"
             )
         t_start = time.perf_counter()
@@ -224,31 +226,33 @@ class Trainer:
         rows = read_metrics(self.run_dir) if self.start_step else []  # the run's first step, when resuming
         with (
             TrainProgress(
-                cfg.trainer.total_steps,
+                t.total_steps,
                 self.start_step,
-                every=cfg.logging.log_every,
+                every=lg.log_every,
                 first_row=rows[0] if rows else None,
                 history=list(run_history.describe(run_history.read(self.root_dir))),
             ) as progress,
             self._closing_pipeline(),
         ):
-            for step in range(self.start_step, cfg.trainer.total_steps):
+            for step in range(self.start_step, t.total_steps):
                 out = self.train_step(step)
                 failing = self._record(step, out, failing)
                 history.append(out.metrics)
                 progress.update(step, out.metrics, failure=str(out.failure) if out.failure else None)
                 if self._should_stop(step, t_start):
                     break
-        done, every = self.start_step + len(history), cfg.trainer.checkpoint_every
+        done, every = self.start_step + len(history), t.checkpoint_every
         if history and not (every and done % every == 0):  # no periodic checkpoint at the last step
             self.checkpoint(done)
         with self.state.after_the_run("the metrics' last events", "metrics.jsonl holds every step"):
             self.metrics.close()
-        if cfg.logging.plots:
+        if lg.plots:
             with self.state.after_the_run("the plots", f"free space, then run agentrl plot {self.run_dir}"):
                 plot_run(self.run_dir)
         if history and not any(_trained(m) for m in history):
-            raise TrainingFailed(_nothing_trained_message(self.settings, self.run_dir, history))
+            raise TrainingFailed(
+                _nothing_trained_message(self.settings.max_episode_tokens, self.run_dir, history)
+            )
         return history
 
     def _record(self, step: int, out: StepOutput, failing: int) -> int:
@@ -256,29 +260,31 @@ class Trainer:
         steps with too many failed episodes, raising ``TrainingFailed`` when the breaker trips (and
         ``DiskFull``, exit 4 with the resume command, when the disk has no room for the records)."""
         with self.state.writing(f"the records of step {step} in {self.run_dir}"):
-            cfg = self.settings
-            if cfg.trainer.eval_every and (step + 1) % cfg.trainer.eval_every == 0:
+            t: TrainerConfig = self.settings.trainer
+            lg: LoggingConfig = self.settings.logging
+            if t.eval_every and (step + 1) % t.eval_every == 0:
                 out.metrics.update(self.evaluate())
             self.metrics.log(step, out.metrics)
             if _prompt_too_long(out.metrics):
                 self.log(
                     f"warning (step {step}): every episode stopped before the model wrote a token: the prompt "
-                    f"is longer than rollout.max_episode_tokens={cfg.max_episode_tokens}"
+                    f"is longer than rollout.max_episode_tokens={self.settings.max_episode_tokens}"
                 )
-            failing = failing + 1 if _over(out.failure, cfg.trainer.max_failed_fraction) else 0
-            tripped = failing >= cfg.trainer.max_failed_steps
-            if cfg.logging.transcripts and (step % cfg.logging.transcript_every == 0 or tripped):
+            failing = failing + 1 if _over(out.failure, t.max_failed_fraction) else 0
+            tripped = failing >= t.max_failed_steps
+            if lg.transcripts and (step % lg.transcript_every == 0 or tripped):
                 self.transcripts.write(out.episodes)
             if tripped:
-                raise TrainingFailed(_breaker_message(cfg, self.run_dir, step, failing, out.failure))
-            if cfg.trainer.checkpoint_every and (step + 1) % cfg.trainer.checkpoint_every == 0:
+                raise TrainingFailed(_breaker_message(t, self.run_dir, step, failing, out.failure))
+            if t.checkpoint_every and (step + 1) % t.checkpoint_every == 0:
                 self.checkpoint(step + 1)
             return failing
 
     def _should_stop(self, step: int, t_start: float) -> bool:
         """``trainer.max_wall_minutes`` reached (rank 0's clock decides, so every rank stops after the
         same step), or a signal on any rank."""
-        limit = self.settings.trainer.max_wall_minutes
+        t: TrainerConfig = self.settings.trainer
+        limit = t.max_wall_minutes
         if limit and ranks.broadcast_from_rank0((time.perf_counter() - t_start) / 60 > limit):
             self.log(f"stopping: trainer.max_wall_minutes={limit} reached after step {step}")
             return True

@@ -127,8 +127,13 @@ def print_report(console: Any, diags: list[Diagnosis], verbose: bool) -> None:
         console.print("[green]no policy token would differ.[/green]")
 
 
-def _summary_table(diags: list[Diagnosis], regions: Counter[str], policy_regions: Counter[str],
-                   episodes: Counter[str], skipped: int) -> Any:  # fmt: skip
+def _summary_table(
+    diags: list[Diagnosis],
+    regions: Counter[str],
+    policy_regions: Counter[str],
+    episodes: Counter[str],
+    skipped: int,
+) -> Any:
     from rich.table import Table
 
     table = Table(

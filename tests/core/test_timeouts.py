@@ -160,7 +160,7 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
     """One worker. A shard whose environment hangs: after ``ray_call_s`` = 2 s the worker is killed
     and the episodes fail at the worker boundary naming it; the next run replaces it and succeeds.
     Then a ``generate`` queued behind a stuck call raises ``WaitTimeout`` after 2 s."""
-    from agentrl.rollout.ray_workers import RolloutPool
+    from agentrl.rollout import components
 
     cfg = load_config(
         None,
@@ -176,7 +176,7 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
             "timeouts.ray_call_s=180",  # starting a worker (imports, the policy) takes 15-60 s on 2 busy cores
         ],
     )
-    pool = RolloutPool.from_config(cfg, str(tiny_model_dir))
+    pool = components.rollout_pool(cfg, str(tiny_model_dir))
     try:
         pool.call_timeout_s = 2.0  # the same setting, tightened once the worker is up
         t0 = time.monotonic()
@@ -217,7 +217,7 @@ def test_workers_too_slow_to_start_stop_the_pool_with_the_timeout(ray_local, tmp
     """No worker can load the policy within ``ray_call_s``: the pool kills its workers and raises the
     timeout naming them and the setting (it raised an AttributeError from its own cleanup, found when
     a busy machine made a worker take over 60 s to start)."""
-    from agentrl.rollout.ray_workers import RolloutPool
+    from agentrl.rollout import components
 
     cfg = load_config(
         None,
@@ -227,7 +227,7 @@ def test_workers_too_slow_to_start_stop_the_pool_with_the_timeout(ray_local, tmp
     with pytest.raises(
         WaitTimeout, match=r"rollout workers \[0\] loading the policy .*ray_call_s=0.5s.*stopped the pool"
     ):
-        RolloutPool.from_config(cfg, str(tiny_model_dir))
+        components.rollout_pool(cfg, str(tiny_model_dir))
 
 
 # -- sandboxes ---------------------------------------------------------------------------------------

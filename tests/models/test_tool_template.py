@@ -11,7 +11,7 @@ from agentrl.assembly.export import training_chat_template
 from agentrl.config import config_to_yaml, load_config
 from agentrl.models.chat import ChatRenderer
 from agentrl.models.tool_template import with_tools
-from agentrl.rollout.agent_runner import as_shown
+from agentrl.rollout.agent_ledger import as_shown
 from tests.helpers.real_models import smollm2  # at import: the cache `agentrl models install` filled
 
 # SmolLM2's kind of template: ChatML with no tools section (it drops `tools` without a word)

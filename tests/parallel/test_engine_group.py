@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from agentrl.config import load_config
+from agentrl.engines.factory import vllm_distributed
 from agentrl.parallel.engine_group import AbsentEngine
 from agentrl.rollout import components
 from tests.helpers.configs import colocated_tp_overrides, torchrun_record
@@ -27,10 +28,10 @@ def test_each_ranks_engine_is_on_its_own_gpu(monkeypatch):
     for local in ("0", "3"):
         monkeypatch.setenv("LOCAL_RANK", local)
         assert components.device_of(cfg) == torch.device("cuda", int(local))
-    assert components.vllm_distributed(tp=1, world=8) == {"distributed_executor_backend": "external_launcher"}
-    assert components.vllm_distributed(tp=2, world=8) == {"distributed_executor_backend": "external_launcher"}
-    assert components.vllm_distributed(tp=2, world=1) == {"distributed_executor_backend": "mp"}
-    assert components.vllm_distributed(tp=1, world=1) == {}
+    assert vllm_distributed(tp=1, world=8) == {"distributed_executor_backend": "external_launcher"}
+    assert vllm_distributed(tp=2, world=8) == {"distributed_executor_backend": "external_launcher"}
+    assert vllm_distributed(tp=2, world=1) == {"distributed_executor_backend": "mp"}
+    assert vllm_distributed(tp=1, world=1) == {}
 
 
 def test_a_rank_without_an_engine_takes_updates_in_step():

@@ -8,9 +8,10 @@ import pytest
 
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
+from agentrl.engines.factory import vllm_distributed
 from agentrl.parallel.placement import Launch, Rollouts, place, render
+from agentrl.plan import plan
 from agentrl.rollout import components
-from agentrl.training.plan import plan
 from tests.helpers import ROOT
 from tests.helpers.configs import header_plans
 
@@ -30,7 +31,7 @@ def test_7b_tool_use_on_8_gpus_one_engine_per_rank_on_its_gpu():
     assert [(t.node, t.gpus) for t in p.trainers] == [(0, (r,)) for r in range(8)]
     assert [(e.kind, e.ranks, e.gpus) for e in p.engines] == [("vLLM", (r,), (r,)) for r in range(8)]
     assert p.episode_ranks == tuple(range(8)) and p.workers == [] and p.ray_gpus == ()
-    assert components.vllm_distributed(1, 8) == {"distributed_executor_backend": "external_launcher"}
+    assert vllm_distributed(1, 8) == {"distributed_executor_backend": "external_launcher"}
 
 
 def test_32b_on_4_nodes_of_8_h200s_every_rank_on_its_nodes_gpu():

@@ -604,7 +604,7 @@ def test_a_second_ctrl_c_stops_the_run_at_once(tiny_tokenizer, engine_cls, ctrl_
 
 def test_tool_call_arguments_reach_the_template_as_objects():
     """Stock templates apply ``tojson`` to a call's arguments: JSON text would be encoded twice."""
-    from agentrl.rollout.agent_runner import canonical, for_template
+    from agentrl.rollout.agent_ledger import canonical, for_template
 
     msg = {"role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function", "function": {"name": "add", "arguments": '{"a": 1}'}}]}  # fmt: skip
     shown = for_template(msg)

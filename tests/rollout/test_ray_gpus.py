@@ -32,7 +32,6 @@ def test_workers_get_distinct_gpus_from_their_bundles_and_a_replacement_gets_its
     process that started Ray are gone from the workers; a worker killed and replaced comes back on
     the same GPU (its bundle). A pool asking for more GPUs than Ray has is refused at once."""
     ray = pytest.importorskip("ray")
-    from agentrl.rollout.ray_workers import RolloutPool
 
     if ray.is_initialized():
         ray.shutdown()
@@ -51,8 +50,8 @@ def test_workers_get_distinct_gpus_from_their_bundles_and_a_replacement_gets_its
     with pytest.raises(
         ValueError, match=r"rollout.workers=7 .* ask Ray for 7 GPU\(s\), but this Ray cluster has 6"
     ):
-        RolloutPool(cfg, str(tiny_model_dir), 7, where=where)
-    pool = RolloutPool(cfg, str(tiny_model_dir), 2, where=where)
+        components.rollout_pool(cfg, str(tiny_model_dir), where, workers=7)
+    pool = components.rollout_pool(cfg, str(tiny_model_dir), where, workers=2)
     try:
         assert ray.cluster_resources()["GPU"] == 6
         given = pool.placements()

@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from agentrl import plan as planner
 from agentrl.config import load_config
 from agentrl.parallel.placement import Launch, Rollouts, place, start_waves
-from agentrl.rollout import ray_workers
+from agentrl.rollout import components, ray_workers
 from agentrl.rollout.ray_workers import RolloutPool, RolloutWorker
-from agentrl.training import plan as planner
 from tests.helpers import fake_vllm
 
 
@@ -51,7 +51,7 @@ def test_a_vllm_worker_builds_no_hf_model(tmp_path, tiny_model_dir, loads, monke
     GPU while vLLM measures the memory it may take (30 GB for a 7 B fp32 policy)."""
     monkeypatch.setitem(sys.modules, "vllm", fake_vllm.install())
     cfg = worker_cfg(tmp_path, tiny_model_dir, "rollout.engine=vllm", "model.dtype=float32")
-    worker = RolloutWorker(cfg, str(tiny_model_dir))
+    worker = RolloutWorker(components.worker_spec(cfg, str(tiny_model_dir)))
     assert loads == []
     assert fake_vllm.RECORD["llm"]["kwargs"]["model"] == str(tiny_model_dir)
     assert worker.tokenizer.encode("hello") == worker.tokenizer.encode("hello") != []
@@ -61,7 +61,7 @@ def test_an_hf_worker_loads_one_copy_in_its_engines_dtype(tmp_path, tiny_model_d
     """No policy in ``model.dtype`` first and a cast copy of it after: one load, in ``rollout.dtype``,
     exactly the bytes ``agentrl plan`` counts for a worker's HF engine."""
     cfg = worker_cfg(tmp_path, tiny_model_dir, "model.dtype=float32", "rollout.dtype=bfloat16")
-    worker = RolloutWorker(cfg, str(tiny_model_dir))
+    worker = RolloutWorker(components.worker_spec(cfg, str(tiny_model_dir)))
     assert loads == [torch.bfloat16]
     held = sum(p.numel() * p.element_size() for p in worker.engine.model.parameters())
     a = planner.architecture(cfg)

@@ -25,7 +25,8 @@ import openai
 import pytest
 
 from agentrl.serve.openai_api import OpenAIServer
-from agentrl.serve.openai_request import APIError, ChatRequest, ChatResult, parse_chat_request
+from agentrl.serve.openai_errors import APIError
+from agentrl.serve.openai_request import ChatRequest, ChatResult, parse_chat_request
 
 TOOLS = [
     {

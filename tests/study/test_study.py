@@ -335,11 +335,11 @@ def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_d
 
 
 def test_a_cell_shows_its_spread_without_a_sign():
-    from agentrl.study.report import _cell
+    from agentrl.study.report.comparison import cell
 
-    assert _cell([-0.035, -0.040], "{:+.4f}") == "-0.0375 ± 0.0035"  # the slope's sign, not the spread's
-    assert _cell([0.5], "{:+.4f}") == "+0.5000"
-    assert _cell([0.1, 0.3], pct=True) == "20 % ± 14"
+    assert cell([-0.035, -0.040], "{:+.4f}") == "-0.0375 ± 0.0035"  # the slope's sign, not the spread's
+    assert cell([0.5], "{:+.4f}") == "+0.5000"
+    assert cell([0.1, 0.3], pct=True) == "20 % ± 14"
 
 
 def test_token_text_stays_inside_its_table_cell():

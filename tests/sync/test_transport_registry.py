@@ -16,6 +16,7 @@ import torch
 from agentrl.config import ConfigError, load_config
 from agentrl.config.schema import SyncConfig
 from agentrl.parallel.placement import Launch, Rollouts, place
+from agentrl.rollout import components
 from agentrl.rollout.ray_workers import RolloutWorker
 from agentrl.sync.ray_pool import PoolWeights
 from agentrl.sync.registry import TRANSPORTS, TransportRecord, register_transport
@@ -65,7 +66,7 @@ def test_a_transport_registered_in_a_test_carries_an_update_into_a_worker(
     recording, tmp_path, tiny_model_dir
 ):
     cfg = worker_config(tmp_path, tiny_model_dir, "recording")
-    worker = RolloutWorker(cfg, str(tiny_model_dir))
+    worker = RolloutWorker(components.worker_spec(cfg, str(tiny_model_dir)))
     answered: list[str] = []
 
     def answers(calls: list, what: str, limit_s: float | None = None, setting: str | None = None) -> list:

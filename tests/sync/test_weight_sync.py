@@ -386,10 +386,10 @@ def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(
     ray_local, tmp_path, tiny_model_dir
 ):
     ray = ray_local
-    from agentrl.rollout.ray_workers import RolloutPool
+    from agentrl.rollout import components
 
     cfg = ray_config(tmp_path, tiny_model_dir)
-    pool = RolloutPool(cfg, str(tiny_model_dir), workers=2)
+    pool = components.rollout_pool(cfg, str(tiny_model_dir), workers=2)
     try:
         trainer_model = perturbed(tiny_model_dir)
         names = [n for n, _ in trainer_model.named_parameters()]
@@ -485,12 +485,12 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
     ray_local, tmp_path, tiny_model_dir
 ):
     ray = ray_local
-    from agentrl.rollout.ray_workers import RolloutPool
+    from agentrl.rollout import components
 
     cfg = ray_config(
         tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast", "timeouts.weight_sync_s=120"
     )
-    pool = RolloutPool(cfg, str(tiny_model_dir), workers=2)
+    pool = components.rollout_pool(cfg, str(tiny_model_dir), workers=2)
     try:
         trainer_model = perturbed(tiny_model_dir)
         names = [n for n, _ in trainer_model.named_parameters()]
@@ -540,7 +540,8 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
 @pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_ray_pool_broadcast_names_a_worker_that_never_joins(ray_local, tmp_path, tiny_model_dir):
     ray = ray_local
-    from agentrl.rollout.ray_workers import RolloutPool, RolloutWorker
+    from agentrl.rollout import components
+    from agentrl.rollout.ray_workers import RolloutWorker
 
     class NeverJoins(RolloutWorker):  # defined here, so Ray ships it to the worker by value
         def join_weight_group(self, *args: object) -> int:
@@ -551,7 +552,7 @@ def test_ray_pool_broadcast_names_a_worker_that_never_joins(ray_local, tmp_path,
     cfg = ray_config(
         tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast", f"timeouts.weight_sync_s={limit}"
     )
-    pool = RolloutPool(cfg, str(tiny_model_dir), workers=2)
+    pool = components.rollout_pool(cfg, str(tiny_model_dir), workers=2)
     try:
         pool._actor_cls = ray.remote(num_cpus=1, max_restarts=0)(NeverJoins)
         ray.kill(pool.workers[1], no_restart=True)

@@ -68,7 +68,7 @@ def test_the_plan_counts_the_warm_start_and_a_full_one_of_a_7b_model_does_not_fi
     """configs/gpu/tool_use_qwen2.5-7b_lora.yaml: its plan said "fits" counting LoRA's AdamW moments
     only, while SFT trained every weight of the 7 B model (in forwards of 32 demonstrations); the warm
     start is now a budget of its own, with the adapters by default."""
-    from agentrl.training.plan import plan, verdict
+    from agentrl.plan import plan, verdict
 
     path = "configs/gpu/tool_use_qwen2.5-7b_lora.yaml"
     lora = plan(load_config(path, []), gpus=1, gpu_memory_gib=78)

@@ -47,16 +47,24 @@ def summarize(d: dict[str, Any], offset: int) -> dict[str, Any]:
     sel = ov.get("selected") or []
     failure = d.get("failure") or None
     return {
-        "id": d.get("id"), "step": d.get("step"), "env": d.get("env"), "task": d.get("task_id"),
-        "group": d.get("group"), "reward": d.get("reward"), "stop": d.get("stop_reason"),
-        "failure": failure["boundary"] if failure else None, "failure_msg": failure["message"] if failure else None,
+        "id": d.get("id"),
+        "step": d.get("step"),
+        "env": d.get("env"),
+        "task": d.get("task_id"),
+        "group": d.get("group"),
+        "reward": d.get("reward"),
+        "stop": d.get("stop_reason"),
+        "failure": failure["boundary"] if failure else None,
+        "failure_msg": failure["message"] if failure else None,
         "turns": sum(1 for s in segs if s.get("role") == "policy"),
         "tokens": sum(len(s.get("token_ids") or []) for s in segs),
         "policy_tokens": sum(len(s.get("token_ids") or []) for s in segs if s.get("role") == "policy"),
         "entropy": _r(sum(ent) / len(ent)) if ent else None,
-        "selected": sum(1 for x in sel if x), "weighting": (d.get("metrics") or {}).get("weighting"),
-        "components": d.get("reward_components") or {}, "_offset": offset,
-    }  # fmt: skip
+        "selected": sum(1 for x in sel if x),
+        "weighting": (d.get("metrics") or {}).get("weighting"),
+        "components": d.get("reward_components") or {},
+        "_offset": offset,
+    }
 
 
 def sample_rows(rows: list[dict[str, Any]], max_n: int) -> tuple[list[dict[str, Any]], str]:
@@ -158,12 +166,16 @@ def episode_payload(ep: Episode, decoder: PieceDecoder) -> dict[str, Any]:
         if isinstance(v, list) and len(v) == n:
             overlays[k] = [_r(x) if isinstance(x, (int, float)) else None for x in v]
     return {
-        "id": ep.id, "pieces": pieces, "segments": segs, "engine_logp": [_r(x) for x in ep.engine_logprobs()],
-        "overlays": overlays, "messages_n": len(ep.messages),
+        "id": ep.id,
+        "pieces": pieces,
+        "segments": segs,
+        "engine_logp": [_r(x) for x in ep.engine_logprobs()],
+        "overlays": overlays,
+        "messages_n": len(ep.messages),
         "failure": {"boundary": ep.failure.boundary, "message": ep.failure.message} if ep.failure else None,
         "metrics": {k: v for k, v in ep.metrics.items() if k not in ("tools", "task")},
         "task": ep.metrics.get("task"),
-    }  # fmt: skip
+    }
 
 
 def selection_cutoffs(
@@ -222,7 +234,11 @@ def build_data(run_dir: str, max_episodes: int = 2000) -> dict[str, Any]:
     numeric = [m for m in metrics if isinstance(m, dict)]
     return {
         "format": 1,
-        "run": {"name": Path(run or tpath.parent).resolve().name, "path": str(run or tpath), "config": load_run_config(run)},
+        "run": {
+            "name": Path(run or tpath.parent).resolve().name,
+            "path": str(run or tpath),
+            "config": load_run_config(run),
+        },
         "metrics": numeric or step_curves(rows),
         "metrics_source": "metrics.jsonl" if numeric else "computed from transcripts",
         "important": IMPORTANT,
@@ -234,7 +250,7 @@ def build_data(run_dir: str, max_episodes: int = 2000) -> dict[str, Any]:
         "cutoffs": selection_cutoffs(payloads, kept),
         "warnings": [str(w.message) for w in caught],
         "history": list(run_history.describe(run_history.read(run))) if run is not None else [],
-    }  # fmt: skip
+    }
 
 
 def inspect_command(run_dir: str, output: str | None = None, max_episodes: int = 2000) -> int:

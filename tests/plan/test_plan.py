@@ -14,7 +14,7 @@ import torch
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.models.checkpointing import checkpointing as enable_checkpointing
-from agentrl.training.plan import CHUNK_COPIES, GIB, architecture, plan, render, sizes
+from agentrl.plan import CHUNK_COPIES, GIB, architecture, plan, render, sizes
 from tests.helpers import ROOT
 from tests.helpers.configs import header_plans
 

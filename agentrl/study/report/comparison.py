@@ -1,0 +1,140 @@
+"""The methods compared over seeds: mean ± sd cells, differences paired by seed against the
+baseline, when the seeds support one, and the study's answers drawn from them."""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+
+def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
+    xs = [x for x in xs if not math.isnan(x)]
+    if not xs:
+        return math.nan, math.nan
+    return statistics.fmean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
+
+
+def cell(xs: Sequence[float], fmt: str = "{:.3f}", pct: bool = False) -> str:
+    m, sd = _mean_sd(xs)
+    if math.isnan(m):
+        return "–"
+    if pct:
+        return f"{100 * m:.0f} % ± {100 * sd:.0f}" if len(xs) > 1 else f"{100 * m:.0f} %"
+    # a spread has no sign, even where the mean's format shows one ("+0.040 ± 0.003")
+    return (fmt.format(m) + " ± " + fmt.replace("+", "").format(sd)) if len(xs) > 1 else fmt.format(m)
+
+
+def paired_differences(by_method: dict[str, list[dict]], base: str, key: str) -> dict[str, list[float]]:
+    """Per method, ``key`` minus the baseline's on the same seed, for the seeds both finished."""
+    ref = {r["seed"]: r[key] for r in by_method.get(base, [])}
+    out = {}
+    for method, runs in by_method.items():
+        if method == base:
+            continue
+        diffs = [r[key] - ref[r["seed"]] for r in runs if r["seed"] in ref]
+        out[method] = [d for d in diffs if not math.isnan(d)]
+    return out
+
+
+def supported(diffs: Sequence[float]) -> bool:
+    """A paired difference the seeds support: at least two seeds, the same sign on every seed, and
+    the mean more than two standard errors from zero. Anything else is reported as seed noise."""
+    if len(diffs) < 2:
+        return False
+    same_sign = all(d > 0 for d in diffs) or all(d < 0 for d in diffs)
+    m, sd = statistics.fmean(diffs), statistics.stdev(diffs)
+    return same_sign and abs(m) > 2 * sd / math.sqrt(len(diffs))
+
+
+def diff_cell(diffs: Sequence[float], pct: bool = False) -> str:
+    """A paired difference as a table cell: mean ± sd over the seeds, how many are above zero, and
+    **supported** where ``supported`` says so."""
+    if not diffs:
+        return "–"
+    scale, unit = (100.0, " pp") if pct else (1.0, "")
+    m = statistics.fmean(diffs) * scale
+    sd = (statistics.stdev(diffs) if len(diffs) > 1 else 0.0) * scale
+    pos = sum(d > 0 for d in diffs)
+    mark = " **supported**" if supported(diffs) else ""
+    fmt = "{:+.0f}" if pct else "{:+.3f}"
+    return f"{fmt.format(m)}{unit} ± {sd:.{0 if pct else 3}f} ({pos}/{len(diffs)} seeds > 0){mark}"
+
+
+COMPARED = (  # (summary key, column title, percentage)
+    ("h_ratio", "final entropy / H0", False),
+    ("in_band", "in band", True),
+    ("final_entropy_branching", "branching entropy", False),
+    ("mean_at_k", "mean@k", False),
+    ("pass_at_k", "pass@k", False),
+)
+
+
+def comparison_lines(by_method: dict[str, list[dict]], base: str, k: int, pass_k: int) -> list[str]:
+    """Every method against the baseline, paired by seed: mean ± sd of the difference, how many
+    seeds it is positive on, and whether the seeds support it (``supported``)."""
+    if base not in by_method or len(by_method) < 2:
+        return []
+    titles = [t.replace("mean@k", f"mean@{k}").replace("pass@k", f"pass@{pass_k}") for _, t, _ in COMPARED]
+    lines = [
+        "",
+        f"Paired by seed against `{base}` (method minus `{base}` on the same seed: mean ± standard "
+        "deviation of the differences, and on how many seeds it is positive). **supported** marks a "
+        "difference with the same sign on every seed and a mean more than two standard errors from "
+        "zero; every other difference is within seed noise and the text claims nothing from it.",
+        "",
+        "| method | " + " | ".join(f"Δ {t}" for t in titles) + " |",
+        "|---|" + "---|" * len(titles),
+    ]
+    diffs = {key: paired_differences(by_method, base, key) for key, _, _ in COMPARED}
+    for method in by_method:
+        if method == base:
+            continue
+        cells = [diff_cell(diffs[key][method], pct) for key, _, pct in COMPARED]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def verdict_lines(by_method: dict[str, list[dict]], base: str, study: Any, pass_k: int) -> list[str]:
+    """The study's questions, answered from the per-seed numbers: did the baseline collapse on every
+    seed, which methods held the band on ≥ 80 % of post-warm-up steps on every seed, and which
+    paired pass@k / mean@k differences the seeds support."""
+    if base not in by_method:
+        return []
+    floor = study.band[0]
+    ratios = [r["h_ratio"] for r in by_method[base]]
+    collapsed = sum(x < floor for x in ratios)
+    lines = [
+        "",
+        "**Answers, per seed.**",
+        "",
+        f"- `{base}` collapsed (final entropy < {floor} × H0) on **{collapsed}/{len(ratios)}** seeds "
+        f"(final / H0: {', '.join(f'{x:.2f}' for x in ratios)})",
+    ]
+    if collapsed == len(ratios):
+        lines[-1] += ". The setup is a test of entropy control."
+    else:
+        lines[-1] += ". Where it did not collapse, holding the band says nothing about entropy control."
+    held = []
+    for method, runs in by_method.items():
+        n_ok = sum(r["in_band"] >= 0.8 for r in runs if not math.isnan(r["in_band"]))
+        held.append(f"`{method}` {n_ok}/{len(runs)}")
+    lines.append("- In band on ≥ 80 % of post-warm-up steps, seeds: " + ", ".join(held) + ".")
+    slopes = [f"`{m}` {cell([r['entropy_slope'] for r in rs], '{:+.4f}')}" for m, rs in by_method.items()]
+    lines.append(
+        f"- Entropy trend after step {study.warmup_steps} (least-squares slope, nats per 10 steps, "
+        "mean ± sd over seeds): " + ", ".join(slopes) + "."
+    )
+    for key, name in (("pass_at_k", f"pass@{pass_k}"), ("mean_at_k", f"mean@{study.eval_k}")):
+        diffs = paired_differences(by_method, base, key)
+        better = [m for m, d in diffs.items() if supported(d) and statistics.fmean(d) > 0]
+        worse = [m for m, d in diffs.items() if supported(d) and statistics.fmean(d) < 0]
+        lines.append(
+            f"- Held-out {name} against `{base}`: supported higher for "
+            + (", ".join(f"`{m}`" for m in better) or "none")
+            + "; supported lower for "
+            + (", ".join(f"`{m}`" for m in worse) or "none")
+            + "; every other difference is within seed noise."
+        )
+    return lines
