@@ -352,9 +352,13 @@ class ShardedRun:
     """One ``RolloutPool.run_episodes`` call: its shards, which worker runs each, retries, results."""
 
     def __init__(
-        self, pool: RolloutPool, requests: Sequence[EpisodeRequest], use: list[int], seed: int | None,
+        self,
+        pool: RolloutPool,
+        requests: Sequence[EpisodeRequest],
+        use: list[int],
+        seed: int | None,
         temperature: float | None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.pool, self.requests, self.seed, self.temperature = pool, requests, seed, temperature
         n, total = len(use), len(requests)
         self.shards = [list(range(k * total // n, (k + 1) * total // n)) for k in range(n)]

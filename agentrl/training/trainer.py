@@ -368,8 +368,10 @@ def stop_after_step_on_signal(trainer: Trainer, log=print) -> Iterator[None]:
 
     def _graceful(signum, frame):
         if trainer.stop_requested:
-            log(f"{signal.Signals(signum).name} again: stopping now; step {trainer.step} is lost, and a resume starts "
-                "from the last checkpoint")  # fmt: skip
+            name = signal.Signals(signum).name
+            log(
+                f"{name} again: stopping now; step {trainer.step} is lost, and a resume starts from the last checkpoint"
+            )
             raise KeyboardInterrupt
         trainer.stop_requested = True
         log(
