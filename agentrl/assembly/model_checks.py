@@ -17,6 +17,7 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model",
 
 
 def model_problems(cfg: Config) -> Iterator[str]:
+    """``model.path``, ``model.tokenizer``, and ``model.ref_path`` when the KL term reads it."""
     m = cfg.model
     yield from path_problems("model.path", m.path, tokenizer=m.tokenizer is None)
     if m.tokenizer:
