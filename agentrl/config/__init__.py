@@ -36,13 +36,10 @@ from agentrl.config.schema import (
     DataConfig,
     EnvConfig,
     EvalConfig,
-    LimitsConfig,
-    LoggingConfig,
     ModelConfig,
     OverlongConfig,
     RolloutConfig,
     RunConfig,
-    SandboxConfig,
     SFTConfig,
     TrainerConfig,
     VLLMConfig,
@@ -50,6 +47,7 @@ from agentrl.config.schema import (
     weighting_name,
     weighting_settings,
 )
+from agentrl.config.schema_runtime import LimitsConfig, LoggingConfig, SandboxConfig
 
 __all__ = [
     "CONFIG_FILE",
