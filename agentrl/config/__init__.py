@@ -2,11 +2,12 @@
 
     cfg = load_config("configs/quickstart.yaml", ["trainer.total_steps=20", "algorithm.name=grpo"])
 
-The schema lives in ``schema.py``, a docstring under every field; ``describe_config()`` (``describe.py``)
-turns them into the table in ``docs/configuration.md``. Loading (``loading.py``) is strict and happens
-before any work: an unknown key, a wrong type, an invalid choice or an out-of-range value raises
-``ConfigError`` naming the key, what was expected, and (for typos) the closest valid name. All problems
-are reported at once; the rules that tie keys together are in ``checks.py``.
+The schema lives in ``schema.py`` (the run's machinery, ``sandbox`` to ``logging``, in ``schema_runtime.py``),
+a docstring under every field; ``describe_config()`` (``describe.py``) turns them into the table in
+``docs/configuration.md``. Loading (``loading.py``) is strict and happens before any work: an unknown
+key, a wrong type, an invalid choice or an out-of-range value raises ``ConfigError`` naming the key,
+what was expected, and (for typos) the closest valid name. All problems are reported at once; the rules
+that tie keys together are in ``checks.py``.
 
 ``algorithm.name`` is a preset: fields that default to ``None`` with "from the preset" in their
 docstring take the preset's value (the method's record in ``agentrl.algorithms.registry.METHODS``, from

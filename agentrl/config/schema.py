@@ -1,4 +1,5 @@
-"""The config schema: one dataclass per section, a docstring under every field.
+"""The config schema: one dataclass per section, a docstring under every field; the sections of the
+run's machinery (``sandbox``, ``timeouts``, ``proxy``, ``logging``) are in ``schema_runtime.py``.
 
 ``agentrl.config`` loads, validates and resolves configs against these classes; ``describe_config()``
 turns the docstrings into the table in ``docs/configuration.md``. Fields that default to ``None``
