@@ -93,7 +93,7 @@ by nats."""
 
 @dataclass(frozen=True)
 class SyncSettings:
-    """``rollout.sync`` and ``timeouts.weight_sync_s`` (see their docstrings in config_schema.py)."""
+    """``rollout.sync`` and ``timeouts.weight_sync_s`` (see their docstrings in agentrl/config/)."""
 
     bucket_mb: float = 256.0
     verify: Literal["every", "first", "off"] = "every"

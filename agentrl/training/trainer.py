@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import run_history
-from agentrl.config.schema import LoggingConfig, TrainerConfig
+from agentrl.config.schema import TrainerConfig
+from agentrl.config.schema_runtime import LoggingConfig
 from agentrl.engines.base import Engine
 from agentrl.env.records import Task
 from agentrl.episode import Episode
