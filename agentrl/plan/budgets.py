@@ -183,8 +183,8 @@ def _tensor_parallel_hint(cfg: Config, a: Architecture, s: Sizes, engine: Budget
         if need <= engine.capacity_gib:
             return (
                 f"rollout.vllm.tensor_parallel_size={d}: the engine's terms then take {need:.2f} GiB of "
-                f"its {engine.capacity_gib:.2f} (with rollout.sync.verify=off; a colocated engine with "
-                "tensor_parallel_size > 1 has not run on GPUs yet, docs/scaling.md)"
+                f"its {engine.capacity_gib:.2f} (with rollout.sync.verify=off; what a colocated engine with "
+                "tensor_parallel_size > 1 has run on: docs/scaling.md)"
             )
     return f"no rollout.vllm.tensor_parallel_size up to the node's {gpus} GPU(s) fits the engine's {engine.capacity_gib:.2f} GiB"
 

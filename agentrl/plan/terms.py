@@ -199,8 +199,8 @@ def _compute_terms(cfg: Config, a: Architecture, s: Sizes) -> list[Term]:
 
 CHUNK_COPIES = 7
 """fp32 [rows, V] tensors counted for one chunk of the head at its peak (its logits, the softmax
-and its product with the logits, the gradients in the backward): bench/logits_memory.py measured 5.1
-to 6.1 of them (172 to 205 MB at V = 151,669), so 7 bounds it from above."""
+and its product with the logits, the gradients in the backward), bounded from above by the
+measurement in docs/performance.md#log-probs-and-entropy-at-a-real-vocabulary-the-head-in-chunks-benchlogits_memorypy."""
 
 
 def chunked_head(cfg: Config, vocab: int) -> bool:
@@ -246,7 +246,7 @@ and token weights (4); the KL reference's log-probs add 4 (``training/batch.py``
 
 EPISODE_BYTES_PER_TOKEN = 72
 """Host bytes per token of a step's episodes as every rank holds them after the gather (Python ints and
-floats in lists): ``bench/episode_memory.py`` measured 70.5-71.7."""
+floats in lists), rounded up from docs/performance.md#host-memory-of-a-steps-episodes-benchepisode_memorypy."""
 
 
 def host_terms(cfg: Config, s: Sizes, gpus: int) -> list[Term]:

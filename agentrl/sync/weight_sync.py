@@ -93,7 +93,7 @@ by nats."""
 
 @dataclass(frozen=True)
 class SyncSettings:
-    """``rollout.sync`` and ``timeouts.weight_sync_s`` (see their docstrings in config_schema.py)."""
+    """``rollout.sync`` and ``timeouts.weight_sync_s`` (see their docstrings in agentrl/config/)."""
 
     bucket_mb: float = 256.0
     verify: Literal["every", "first", "off"] = "every"
@@ -165,9 +165,7 @@ class SyncReport:
 class _Clock:
     """The sync's one time limit, shared by its steps, and the one daemon thread its engine calls
     run in. One thread for the whole sync, not one per call: each new thread may get its own malloc
-    arena, and arenas keep what was freed in them (measured on the 60 M bench model, a Ray pool, 32
-    MiB buckets: the sender's heap peaked 284 MiB above its start with a thread per call, 110 MiB
-    with one thread)."""
+    arena, and arenas keep what was freed in them (docs/performance.md#weight-sync-bucket-size-time-and-memory-benchweight_syncpy)."""
 
     def __init__(self, engine: str, limit_s: float) -> None:
         self.engine, self.limit_s = engine, limit_s

@@ -41,8 +41,23 @@ CURVES: dict[str, str] = {
 """The one table of metric names the views read (the HTML viewer, the PNG plots, the console summary):
 what a view calls a curve -> the name the trainer writes in ``metrics.jsonl``. STARE's are its record's
 ``stats`` keys under ``stare/``; ``tests/views/test_viewer_browser.py`` checks every name against a real run."""
-IMPORTANT = [CURVES[k] for k in ("reward", "entropy", "length", "gate", "entropy_branching", "W", "M",
-                                 "clip_low", "clip_high", "failed", "step_s", "tokens_s")]  # fmt: skip
+IMPORTANT = [
+    CURVES[k]
+    for k in (
+        "reward",
+        "entropy",
+        "length",
+        "gate",
+        "entropy_branching",
+        "W",
+        "M",
+        "clip_low",
+        "clip_high",
+        "failed",
+        "step_s",
+        "tokens_s",
+    )
+]
 """The curves the viewer shows first, in this order."""
 PLOTS: dict[str, list[str]] = {
     "entropy": [CURVES[k] for k in ("entropy", "entropy_branching", "entropy_rollout", "target")],

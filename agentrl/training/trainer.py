@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import run_history
-from agentrl.config.schema import LoggingConfig, TrainerConfig
+from agentrl.config.schema import TrainerConfig
+from agentrl.config.schema_runtime import LoggingConfig
 from agentrl.engines.base import Engine
 from agentrl.env.records import Task
 from agentrl.episode import Episode
@@ -368,8 +369,10 @@ def stop_after_step_on_signal(trainer: Trainer, log=print) -> Iterator[None]:
 
     def _graceful(signum, frame):
         if trainer.stop_requested:
-            log(f"{signal.Signals(signum).name} again: stopping now; step {trainer.step} is lost, and a resume starts "
-                "from the last checkpoint")  # fmt: skip
+            name = signal.Signals(signum).name
+            log(
+                f"{name} again: stopping now; step {trainer.step} is lost, and a resume starts from the last checkpoint"
+            )
             raise KeyboardInterrupt
         trainer.stop_requested = True
         log(

@@ -16,7 +16,7 @@ import pytest
 
 from agentrl.assembly import build
 from agentrl.config import load_config
-from agentrl.config.schema import TimeoutsConfig
+from agentrl.config.schema_runtime import TimeoutsConfig
 from agentrl.engines.base import SamplingParams
 from agentrl.engines.scripted import ScriptedEngine
 from agentrl.env import Task

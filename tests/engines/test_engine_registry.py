@@ -1,7 +1,7 @@
 """An engine registered in this file, outside agentrl/: one record makes it a ``rollout.engine`` the
 config accepts, ``components`` builds it from the config through ``make_engine``, and it runs the
-run's episodes; placement names it by its label. A taken name is refused, a wrong one is told the
-registered names."""
+run's episodes; placement names it by its label, and the preflight asks its install check. A taken
+name is refused, a wrong one is told the registered names."""
 
 from __future__ import annotations
 
@@ -74,6 +74,23 @@ def test_placement_and_the_weight_dtype_ask_the_record(recording, tmp_path, tiny
     assert str(components.engine_dtype(cfg)) == "torch.float32"
     hf = EngineSpec("hf", "unused", dtype="bfloat16")
     assert str(weight_dtype(hf)) == "torch.bfloat16"
+
+
+def test_the_preflight_asks_the_records_install_check(tmp_path, tiny_model_dir):
+    """An engine's missing package is named by its record's ``install_check``, not by its name."""
+    from agentrl.assembly.preflight import setting_problems
+
+    missing = EngineRecord(
+        "missing", build_recording, label="Missing", install_check=lambda: "no pkg: pip install pkg"
+    )
+    register_engine(missing)
+    try:
+        cfg = small_config(tmp_path, tiny_model_dir, "rollout.engine=missing")
+        assert "rollout.engine=missing: no pkg: pip install pkg" in list(setting_problems(cfg))
+    finally:
+        del ENGINES[missing.name]
+    hf = small_config(tmp_path, tiny_model_dir, "rollout.engine=hf")  # no install_check: nothing asked
+    assert not [p for p in setting_problems(hf) if p.startswith("rollout.engine=")]
 
 
 def test_the_configs_choices_list_the_registered_engines(recording):

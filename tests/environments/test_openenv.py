@@ -76,7 +76,7 @@ def test_a_dead_server_fails_its_episode_and_is_replaced(echo_project):
 
 
 def test_sessions_beyond_the_servers_capacity_are_refused_naming_the_options():
-    from environments.adapters.openenv import Pool
+    from environments.adapters.openenv_servers import Pool
 
     pool = Pool({"url": "http://127.0.0.1:9", "start_timeout_s": 1}, sessions_per_server=2, max_servers=8)
     assert pool.acquire() == pool.acquire() == "http://127.0.0.1:9"
@@ -114,7 +114,7 @@ def test_one_source_is_required_and_envs_check_all_skips_it(capsys):
 
 
 def test_the_docker_path_publishes_on_loopback_and_labels_its_container(monkeypatch):
-    from environments.adapters import openenv
+    from environments.adapters import openenv_servers
     from sandboxes import docker as docker_backend
 
     calls = []
@@ -133,9 +133,9 @@ def test_the_docker_path_publishes_on_loopback_and_labels_its_container(monkeypa
     monkeypatch.setattr(docker_backend, "connect", lambda url=None: client)
     monkeypatch.setattr(docker_backend, "reap", lambda c: calls.append(("reap", (), {})) or 0)
     monkeypatch.setattr(
-        openenv, "wait_healthy", lambda url, timeout, alive: calls.append(("health", (url,), {}))
+        openenv_servers, "wait_healthy", lambda url, timeout, alive: calls.append(("health", (url,), {}))
     )
-    server = openenv.ContainerServer("my-env:latest", 8000, 30.0)
+    server = openenv_servers.ContainerServer("my-env:latest", 8000, 30.0)
     server.close()
     names = [c[0] for c in calls]
     assert names == [

@@ -109,7 +109,7 @@ def echo_server(tmp_path_factory):
     import subprocess
 
     pytest.importorskip("openenv", reason="verifiers' openenv extra is not installed here")
-    from environments.adapters.openenv import AppServer
+    from environments.adapters.openenv_servers import AppServer
 
     out = tmp_path_factory.mktemp("openenv")
     subprocess.run([sys.executable, "-m", "openenv.cli", "init", "echo_env", "-o", str(out)],

@@ -48,7 +48,7 @@ WORKER = """
 import json, pickle, sys
 
 spec, requests, config_blob = pickle.load(open(sys.argv[1], "rb"))
-from agentrl.rollout.ray_workers import RolloutWorker
+from agentrl.rollout.ray_worker import RolloutWorker
 
 worker = RolloutWorker(spec)
 episodes = worker.run(requests, seed=None, temperature=None)

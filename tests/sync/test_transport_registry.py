@@ -17,7 +17,7 @@ from agentrl.config import ConfigError, load_config
 from agentrl.config.schema import SyncConfig
 from agentrl.parallel.placement import Launch, Rollouts, place
 from agentrl.rollout import components
-from agentrl.rollout.ray_workers import RolloutWorker
+from agentrl.rollout.ray_worker import RolloutWorker
 from agentrl.sync.ray_pool import PoolWeights
 from agentrl.sync.registry import TRANSPORTS, TransportRecord, register_transport
 from agentrl.sync.transports.base import Link, Transport

@@ -541,7 +541,7 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
 def test_ray_pool_broadcast_names_a_worker_that_never_joins(ray_local, tmp_path, tiny_model_dir):
     ray = ray_local
     from agentrl.rollout import components
-    from agentrl.rollout.ray_workers import RolloutWorker
+    from agentrl.rollout.ray_worker import RolloutWorker
 
     class NeverJoins(RolloutWorker):  # defined here, so Ray ships it to the worker by value
         def join_weight_group(self, *args: object) -> int:
