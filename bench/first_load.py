@@ -35,10 +35,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from agentrl.assembly.components import meta_model
 from agentrl.config import TrainerConfig
 from agentrl.models import build_tiny_model, load_policy, train_tokenizer
 from agentrl.parallel import ranks, shard_reads, sharding
-from agentrl.rollout.components import meta_model
 
 
 def load(method: str, path: str, strategy: sharding.Sharded) -> tuple[torch.nn.Module, float]:

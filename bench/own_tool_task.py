@@ -21,11 +21,10 @@ import time
 def measure(
     config: str, overrides: list[str], weights: str, curve: list[int], rank: int
 ) -> list[dict[str, float]]:
-    from agentrl.assembly import build, evaluate
+    from agentrl.assembly import build, components, evaluate
     from agentrl.assembly.sft import build_examples
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
-    from agentrl.rollout import components
     from agentrl.training import lora
     from agentrl.training.prompt_fit import loaded_context
     from agentrl.training.sft import sft_seed, sft_train

@@ -15,11 +15,10 @@ import os
 import time
 from pathlib import Path
 
-from agentrl.assembly import build
+from agentrl.assembly import build, components
 from agentrl.config import load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
-from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
 
 RELAY = Path(__file__).with_name("rollout_throughput.py")

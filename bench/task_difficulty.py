@@ -33,11 +33,10 @@ def measure(
 ) -> dict[str, float]:
     from pathlib import Path
 
-    from agentrl.assembly import build, evaluate
+    from agentrl.assembly import build, components, evaluate
     from agentrl.assembly.sft import build_examples
     from agentrl.config import load_config
     from agentrl.models import resolve_model_path
-    from agentrl.rollout import components
     from agentrl.training.sft import sft_train
 
     cfg = load_config(config, [f"env.name={name}", *FAMILIES.get(name, []), *overrides])

@@ -86,8 +86,8 @@ def one(engine_kind: str, bucket_mb: float, stream_kind: str, repeats: int, pres
 
         engine = HFEngine(copy.deepcopy(model), tok)
     else:
+        from agentrl.assembly import components
         from agentrl.config import load_config
-        from agentrl.rollout import components
         from agentrl.rollout.ray_workers import init_ray
 
         init_ray(num_cpus=2)

@@ -172,9 +172,9 @@ ASSEMBLY = "agentrl.assembly"
 takes its own sections of the config or a settings record of plain values (``LearnerSettings``,
 ``RunnerSettings``, ``make_strategy(cfg.trainer, ...)``)."""
 
-STILL_TAKING_THE_CONFIG = {  # issue 67: being moved into agentrl/assembly/ or converted; may only shrink
-    "agentrl.rollout.components",  # its builders move into agentrl/assembly/
-}
+STILL_TAKING_THE_CONFIG: set[str] = (
+    set()
+)  # modules below the assembly allowed the whole Config: none; may only stay empty
 
 
 def whole_config_takers(files: dict[str, Path]) -> list[str]:

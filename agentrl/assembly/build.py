@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from agentrl.assembly import components
 from agentrl.assembly.sft import run_sft
 from agentrl.config import Config, ConfigError, config_to_yaml
 from agentrl.engines.base import Engine
@@ -24,7 +25,6 @@ from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.parallel.engine_group import AbsentEngine, FollowerEngine, LeaderEngine
 from agentrl.parallel.placement import Placement
 from agentrl.parallel.placement import render as render_placement
-from agentrl.rollout import components
 from agentrl.rollout.ray_workers import RayEpisodeRunner, RolloutPool
 from agentrl.rollout.runner import EpisodeRunner
 from agentrl.seeds import deterministic_kernels

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from agentrl.assembly.components import meta_model
 from agentrl.config import ConfigError
 from agentrl.config.schema import LoraConfig
 from agentrl.models import load_policy, torch_dtype
@@ -22,7 +23,6 @@ from agentrl.models.gguf import plain_modes
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.models.tool_template import wants_wrapper, with_tools
 from agentrl.parallel import sharding
-from agentrl.rollout.components import meta_model
 from agentrl.training import lora
 from agentrl.training.checkpoint import (
     latest_checkpoint,
@@ -111,8 +111,8 @@ def training_chat_template(ckpt: Path, tokenizer: Any, log: Callable[[str], None
     if not (run / "config.yaml").exists():
         log(f"note: no config.yaml in {run}: the export keeps the model's own chat template")
         return
+    from agentrl.assembly.components import env_class
     from agentrl.config import load_config
-    from agentrl.rollout.components import env_class
 
     try:
         cfg = load_config(str(run / "config.yaml"))

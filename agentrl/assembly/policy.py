@@ -15,11 +15,10 @@ from typing import Any
 
 import torch
 
-from agentrl.assembly import build
+from agentrl.assembly import build, components
 from agentrl.assembly.export import checkpoint_model
 from agentrl.config import Config, ConfigError
 from agentrl.engines.base import Engine
-from agentrl.rollout import components
 from agentrl.training.checkpoint import STATE_FILE, latest_checkpoint, list_checkpoints
 
 

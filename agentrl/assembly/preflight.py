@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from agentrl.assembly import components
 from agentrl.assembly.model_checks import model_problems
 from agentrl.config import (
     CONFIG_FILE,
@@ -33,7 +34,6 @@ from agentrl.config import (
 )
 from agentrl.engines.registry import engine_record
 from agentrl.env import Environment, Task, option_problem
-from agentrl.rollout import components
 from agentrl.training.prompt_fit import over_long_prompts
 
 ATTENTION = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flex_attention")

@@ -10,10 +10,9 @@ from pathlib import Path
 
 import torch
 
-from agentrl.assembly import build
+from agentrl.assembly import build, components
 from agentrl.config import Config, weighting_name, weighting_settings
 from agentrl.parallel import sharding
-from agentrl.rollout import components
 from agentrl.sync.weight_sync import SyncSettings
 from agentrl.training.collect import CollectorSettings
 from agentrl.training.learner import Learner, LearnerSettings

@@ -13,12 +13,12 @@ from typing import Any
 import torch
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
+from agentrl.assembly import components
 from agentrl.config import Config
 from agentrl.env import Task
 from agentrl.env.demos import load_demonstrations
 from agentrl.models.chat import ChatRenderer
 from agentrl.models.checkpointing import checkpointing
-from agentrl.rollout import components
 from agentrl.timeouts import call_with_timeout
 from agentrl.training import lora
 from agentrl.training.prompt_fit import fitting_examples, loaded_context

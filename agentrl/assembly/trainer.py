@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import build, preflight, records
+from agentrl.assembly import build, components, preflight, records
 from agentrl.assembly.evaluation import evaluate
 from agentrl.config import Config, config_to_dict, output_dir, save_config
 from agentrl.engines.base import Engine
@@ -20,7 +20,6 @@ from agentrl.env.data import TaskSampler
 from agentrl.models import resolve_model_path
 from agentrl.parallel import ranks, shard_reads, sharding
 from agentrl.parallel.sharding import Strategy
-from agentrl.rollout import components
 from agentrl.rollout.pipeline import EngineGate
 from agentrl.rollout.runner import MakeRunner
 from agentrl.seeds import seed_everything

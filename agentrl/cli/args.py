@@ -47,8 +47,8 @@ def train_config(args: argparse.Namespace):
 
 def checked_inputs(cfg, **what):  # type: ignore[no-untyped-def]
     """``preflight.check_inputs`` (every input checked before any work), its notes printed."""
+    from agentrl.assembly.components import apply_threads
     from agentrl.assembly.preflight import check_inputs
-    from agentrl.rollout.components import apply_threads
 
     checked = check_inputs(cfg, **what)
     for note in checked.notes:

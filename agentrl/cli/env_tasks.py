@@ -28,8 +28,8 @@ def given_tasks(config: str | None, overrides: list[str], data: str | None) -> G
     of the file ``data``. Raises ``ValueError`` (or ``ConfigError``) saying what did not load."""
     out = GivenTasks()
     if config is not None:
+        from agentrl.assembly import components
         from agentrl.config import load_config
-        from agentrl.rollout import components
 
         cfg = load_config(config, overrides)
         out.names, out.options = [cfg.env.name], dict(cfg.env.options)

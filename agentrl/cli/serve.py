@@ -120,8 +120,8 @@ class ServedRunner(AgentRunner):
 def serve_command(cfg: Config, policy: Policy, host: str | None = None, port: int | None = None) -> int:
     """Serve ``policy`` (``assembly/policy.py``: a run's newest checkpoint or ``--checkpoint``, or the
     policy a config starts from) until SIGINT or SIGTERM; every episode is written when it ends."""
+    from agentrl.assembly import components
     from agentrl.config import config_to_yaml
-    from agentrl.rollout import components
     from agentrl.transcripts import CONFIG_FILE, TRANSCRIPTS_FILE, TranscriptWriter
 
     path = policy.path

@@ -225,7 +225,7 @@ def default_ranks_per_node(cfg: Config, gpus: int) -> int:
     """torchrun's ``--nproc_per_node`` when the plan is not told: one rank per GPU, less the whole
     GPUs local Ray workers take (fractional workers share the trainer's GPUs; a cluster's workers
     run on its own)."""
-    from agentrl.rollout.components import worker_gpus
+    from agentrl.assembly.components import worker_gpus
 
     r = cfg.rollout
     w = worker_gpus(cfg, cuda=True)
@@ -244,7 +244,7 @@ def plan(
     """Per-GPU memory of ``cfg`` on ``nodes`` × ``gpus`` GPUs of ``gpu_memory_gib`` each, with
     ``ranks_per_node`` trainer ranks on each (default ``default_ranks_per_node``), in the budget each
     term must fit (module docstring), and the placement of every process."""
-    from agentrl.rollout.components import placement
+    from agentrl.assembly.components import placement
 
     r = cfg.rollout
     ranks = ranks_per_node or default_ranks_per_node(cfg, gpus)
@@ -302,7 +302,7 @@ def _worker_budget(cfg: Config, a: Architecture, s: Sizes, gpu: float, k: int) -
     """Rollout worker ``k``'s share of a GPU it shares with others: a vLLM engine reserves
     ``gpu_memory_utilization``·GPU (its weights split over tp GPUs and one sequence of KV cache); an
     HF engine holds its weights and the KV cache of its running sequences in ``worker_gpus``·GPU."""
-    from agentrl.rollout.components import worker_gpus
+    from agentrl.assembly.components import worker_gpus
 
     r = cfg.rollout
     w = min(worker_gpus(cfg, cuda=True), 1.0)

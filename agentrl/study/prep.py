@@ -10,12 +10,11 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import build, evaluate
+from agentrl.assembly import build, components, evaluate
 from agentrl.assembly.policy import loaded_policy, start_policy
 from agentrl.config import Config, load_config
 from agentrl.env import Task
 from agentrl.models import resolve_model_path
-from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
 from agentrl.study import archive
 from agentrl.study.spec import StudyConfig, family_overrides

@@ -16,9 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import build, evaluate, make_trainer
+from agentrl.assembly import build, components, evaluate, make_trainer
 from agentrl.config import load_config
-from agentrl.rollout import components
 from agentrl.study import archive, sections
 from agentrl.study.prep import prepare_family, weights_digest
 from agentrl.study.report import write_report

@@ -165,9 +165,9 @@ def prepare_environments(path: str, module: str | None) -> dict[str, Any]:
     """Make the run's environments constructible here, as the run made them: import ``module``
     (``--module``) or the run config's ``env.module``, and return the keyword arguments every
     environment gets besides its options (the run's sandbox). Raises ``ValueError`` saying what to do."""
+    from agentrl.assembly.components import sandbox_spec
     from agentrl.config import ConfigError, load_config
     from agentrl.env import import_environment_module
-    from agentrl.rollout.components import sandbox_spec
 
     if module:
         try:

@@ -393,8 +393,8 @@ def test_eval_of_a_checkpoint_that_does_not_exist_and_rollout_of_no_tasks(tmp_pa
 
 
 def test_run_threads_reaches_torch_and_a_busy_machine_is_pointed_out(monkeypatch):
+    from agentrl.assembly import components
     from agentrl.config import load_config
-    from agentrl.rollout import components
 
     before = torch.get_num_threads()
     try:
@@ -443,8 +443,8 @@ def test_a_prompt_longer_than_the_episode_budget_is_named(tmp_path, tiny_model_d
 
 def test_bf16_on_a_cpu_without_bf16_instructions_is_said():
     """On an AVX2 CPU torch emulates bf16 products: trainer.bf16 made a step slower, not faster."""
+    from agentrl.assembly import components
     from agentrl.config import load_config
-    from agentrl.rollout import components
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda")
     avx2, bf16_cpu = {"fpu", "avx2", "fma"}, {"avx2", "avx512f", "avx512_bf16"}

@@ -11,10 +11,9 @@ import pytest
 
 from agentrl import dataclass_tree
 from agentrl.algorithms import WEIGHTINGS
-from agentrl.assembly import make_trainer
+from agentrl.assembly import components, make_trainer
 from agentrl.config import Config, load_config
 from agentrl.engines.registry import ENGINES
-from agentrl.rollout import components
 from sandboxes import SANDBOXES
 from tests.helpers import ROOT
 from tests.helpers.configs import small_config

@@ -160,7 +160,7 @@ def test_stuck_ray_worker_is_killed_and_its_episodes_fail(ray_local, tmp_path, t
     """One worker. A shard whose environment hangs: after ``ray_call_s`` = 2 s the worker is killed
     and the episodes fail at the worker boundary naming it; the next run replaces it and succeeds.
     Then a ``generate`` queued behind a stuck call raises ``WaitTimeout`` after 2 s."""
-    from agentrl.rollout import components
+    from agentrl.assembly import components
 
     cfg = load_config(
         None,
@@ -217,7 +217,7 @@ def test_workers_too_slow_to_start_stop_the_pool_with_the_timeout(ray_local, tmp
     """No worker can load the policy within ``ray_call_s``: the pool kills its workers and raises the
     timeout naming them and the setting (it raised an AttributeError from its own cleanup, found when
     a busy machine made a worker take over 60 s to start)."""
-    from agentrl.rollout import components
+    from agentrl.assembly import components
 
     cfg = load_config(
         None,

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly import components
 from agentrl.config import ConfigError, load_config
 from agentrl.config.schema import RolloutConfig
 from agentrl.dataclass_tree import fields_by_name
 from agentrl.engines.factory import EngineSpec, make_engine, weight_dtype
 from agentrl.engines.registry import ENGINES, EngineRecord, engine_record, register_engine
 from agentrl.engines.scripted import ScriptedEngine
-from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
 from tests.helpers.configs import small_config
 

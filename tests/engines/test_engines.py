@@ -515,8 +515,8 @@ def test_lean_decode_bfloat16_stays_close_to_the_transformers_loop(peaky_policy)
 @pytest.mark.parametrize("choice", ["mkl", "onednn"])
 def test_rollout_cpu_gemm_reaches_the_engine(tiny_policy, choice):
     """``rollout.cpu_gemm`` is the engine's: a run's HF engine takes the library the config names."""
+    from agentrl.assembly.components import local_engine
     from agentrl.config import load_config
-    from agentrl.rollout.components import local_engine
 
     model, tok = tiny_policy
     engine = local_engine(load_config(None, [f"rollout.cpu_gemm={choice}"]), model, tok, "unused")

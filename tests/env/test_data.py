@@ -183,7 +183,7 @@ def config_for(path, *overrides):
 def test_one_file_is_split_and_nothing_held_out_is_trained_on(tmp_path):
     """100 rows, test_fraction 0.1: 10 held out, 90 for training, disjoint; the same rows whatever
     run.seed is (split_seed decides). Before, the test split returned the training rows."""
-    from agentrl.rollout.components import load_tasks
+    from agentrl.assembly.components import load_tasks
 
     cfg = config_for(write_rows(tmp_path / "qa.jsonl", 100))
     train, test = load_tasks(cfg, "train"), load_tasks(cfg, "test")
@@ -204,7 +204,7 @@ def test_one_file_is_split_and_nothing_held_out_is_trained_on(tmp_path):
 def test_held_out_rows_that_repeat_a_training_prompt_are_dropped(tmp_path):
     """40 distinct questions and their 40 repeats: every held-out row whose question is also a
     training row's is dropped, so none of the held-out prompts was trained on."""
-    from agentrl.rollout.components import load_tasks
+    from agentrl.assembly.components import load_tasks
 
     cfg = config_for(write_rows(tmp_path / "dup.jsonl", 80, dup=40), "data.test_fraction=0.5")
     train, test = load_tasks(cfg, "train"), load_tasks(cfg, "test")
@@ -213,7 +213,7 @@ def test_held_out_rows_that_repeat_a_training_prompt_are_dropped(tmp_path):
 
 
 def test_test_fraction_zero_refuses_evaluation_and_test_path_gives_its_own_file(tmp_path):
-    from agentrl.rollout.components import load_tasks
+    from agentrl.assembly.components import load_tasks
 
     write_rows(tmp_path / "qa.jsonl", 20)
     cfg = config_for(tmp_path / "qa.jsonl", "data.test_fraction=0")
@@ -231,7 +231,7 @@ def test_test_fraction_zero_refuses_evaluation_and_test_path_gives_its_own_file(
 def test_a_hub_dataset_with_one_split_is_split_too(monkeypatch):
     import datasets
 
-    from agentrl.rollout.components import load_tasks
+    from agentrl.assembly.components import load_tasks
 
     rows = [{"prompt": f"p{i}", "answer": str(i)} for i in range(50)]
     monkeypatch.setattr(
@@ -279,7 +279,7 @@ def test_no_environments_train_and_test_tasks_share_an_id_or_a_prompt(name):
 )  # fmt: skip
 def test_no_dataset_adapters_train_and_test_splits_share_an_id_or_a_prompt(file):
     """Each fixture as a user's single file, through the config path a run takes."""
-    from agentrl.rollout.components import load_tasks
+    from agentrl.assembly.components import load_tasks
 
     columns = ["data.columns={id: uid, prompt: query, answer: target}"] if file == "generic.jsonl" else []
     cfg = config_for(DATA / file, "data.test_fraction=0.5", *columns)

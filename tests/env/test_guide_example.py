@@ -114,8 +114,7 @@ def test_the_guides_example_learns(tmp_path, monkeypatch):
     A measurement of a documented result, like the reduced study: ~6.5 min on 2 cores, so it runs with
     ``-m study``, not in .ci/run (whose 20 minutes it would overrun); CI runs the same config for two
     steps (``test_guide_example_trains``)."""
-    from agentrl.assembly import build, evaluate
-    from agentrl.rollout import components
+    from agentrl.assembly import build, components, evaluate
 
     monkeypatch.chdir(ROOT)
     cfg = load_config(ROOT / "configs" / "examples" / "lookup_cpu.yaml", [f"run.output_dir={tmp_path / 'run'}",

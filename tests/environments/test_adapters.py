@@ -146,7 +146,7 @@ def test_reasoning_gym_passes_envs_check(name):
 
 @needs_rg
 def test_env_and_data_options_that_disagree_are_named(tmp_path):
-    from agentrl.rollout import components
+    from agentrl.assembly import components
 
     cfg = load_config(None, [f"run.output_dir={tmp_path}", "env.name=reasoning_gym", "env.options.dataset=chain_sum",
                              "data.options={dataset: countdown}"])  # fmt: skip

@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from agentrl.assembly import components
 from agentrl.config import load_config
 from agentrl.engines.factory import vllm_distributed
 from agentrl.parallel.engine_group import AbsentEngine
-from agentrl.rollout import components
 from tests.helpers.configs import colocated_tp_overrides, torchrun_record
 
 

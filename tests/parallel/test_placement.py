@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly import components
 from agentrl.cli import main
 from agentrl.config import ConfigError, load_config
 from agentrl.engines.factory import vllm_distributed
 from agentrl.parallel.placement import Launch, Rollouts, place, render
 from agentrl.plan import plan
-from agentrl.rollout import components
 from tests.helpers import ROOT
 from tests.helpers.configs import header_plans
 

@@ -17,12 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from agentrl.assembly import make_trainer
+from agentrl.assembly import components, make_trainer
 from agentrl.config import ConfigError
 from agentrl.env import Task
 from agentrl.env.data import TaskSampler
 from agentrl.episode import Episode
-from agentrl.rollout import components
 from agentrl.rollout.pipeline import EngineGate, PipelineTimeout, RolloutPipeline
 from tests.helpers import HELPERS
 from tests.helpers.configs import cli_args, small_config, torchrun_cli

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly import components
 from agentrl.parallel.placement import Launch
-from agentrl.rollout import components
 from agentrl.rollout.ray_placement import physical_gpus
 from tests.helpers.configs import ray_config
 

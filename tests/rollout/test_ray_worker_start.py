@@ -12,9 +12,10 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from agentrl import plan as planner
+from agentrl.assembly import components
 from agentrl.config import load_config
 from agentrl.parallel.placement import Launch, Rollouts, place, start_waves
-from agentrl.rollout import components, ray_workers
+from agentrl.rollout import ray_workers
 from agentrl.rollout.ray_worker import RolloutWorker
 from agentrl.rollout.ray_workers import RolloutPool
 from tests.helpers import fake_vllm

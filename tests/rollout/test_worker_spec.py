@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from agentrl.algorithms import METHODS, WEIGHTINGS
-from agentrl.rollout import components
+from agentrl.assembly import components
 from agentrl.rollout.runner import EpisodeRequest
 from tests.helpers import ROOT
 from tests.helpers.configs import small_config

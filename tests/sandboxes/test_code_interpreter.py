@@ -201,8 +201,8 @@ def test_docker_containers_reaped_at_exit_and_start_up():
 
 
 def test_the_runs_sandbox_section_reaches_every_environment(tmp_path):
+    from agentrl.assembly import components
     from agentrl.config import load_config
-    from agentrl.rollout import components
 
     cfg = load_config(
         None,

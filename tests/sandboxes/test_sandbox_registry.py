@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
+from agentrl.assembly import components
 from agentrl.config import ConfigError, load_config
 from agentrl.config.schema_runtime import SandboxConfig
 from agentrl.dataclass_tree import fields_by_name
 from agentrl.engines.scripted import ScriptedEngine
-from agentrl.rollout import components
 from agentrl.rollout.runner import EpisodeRequest
 from sandboxes import (
     SANDBOXES,

@@ -318,8 +318,8 @@ def test_reduced_study_command_end_to_end(tmp_path):
 
 
 def test_probe_tasks_take_an_equal_share_of_each_run_seed(tmp_path, tiny_model_dir, varied_env):
+    from agentrl.assembly import components
     from agentrl.config import load_config
-    from agentrl.rollout import components
     from agentrl.study import family_overrides, probe_tasks
 
     path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)

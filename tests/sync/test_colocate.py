@@ -261,8 +261,8 @@ def fake_vllm(monkeypatch):
 
 
 def test_vllm_engine_sleep_mode_uses_the_vllm_api(fake_vllm, monkeypatch):
+    from agentrl.assembly.components import vllm_engine
     from agentrl.engines.vllm import VLLMEngine
-    from agentrl.rollout.components import vllm_engine
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # vllm_engine picks the GPU path
     cfg = colocated_config(level=2)
@@ -290,8 +290,8 @@ def test_vllm_engine_sleep_mode_uses_the_vllm_api(fake_vllm, monkeypatch):
 
 
 def test_vllm_engine_refuses_sleep_mode_on_cpu(fake_vllm):
+    from agentrl.assembly.components import vllm_engine
     from agentrl.engines.vllm import VLLMEngine
-    from agentrl.rollout.components import vllm_engine
 
     cfg = colocated_config()
     cfg.run.device = "cpu"

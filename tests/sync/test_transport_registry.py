@@ -13,10 +13,10 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
+from agentrl.assembly import components
 from agentrl.config import ConfigError, load_config
 from agentrl.config.schema import SyncConfig
 from agentrl.parallel.placement import Launch, Rollouts, place
-from agentrl.rollout import components
 from agentrl.rollout.ray_worker import RolloutWorker
 from agentrl.sync.ray_pool import PoolWeights
 from agentrl.sync.registry import TRANSPORTS, TransportRecord, register_transport

@@ -386,7 +386,7 @@ def test_ray_pool_bucketed_equals_whole_and_a_replaced_worker_has_the_weights(
     ray_local, tmp_path, tiny_model_dir
 ):
     ray = ray_local
-    from agentrl.rollout import components
+    from agentrl.assembly import components
 
     cfg = ray_config(tmp_path, tiny_model_dir)
     pool = components.rollout_pool(cfg, str(tiny_model_dir), workers=2)
@@ -485,7 +485,7 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
     ray_local, tmp_path, tiny_model_dir
 ):
     ray = ray_local
-    from agentrl.rollout import components
+    from agentrl.assembly import components
 
     cfg = ray_config(
         tmp_path, tiny_model_dir, "rollout.sync.transport=broadcast", "timeouts.weight_sync_s=120"
@@ -540,7 +540,7 @@ def test_ray_pool_broadcast_equals_object_store_and_a_replaced_worker_rejoins(
 @pytest.mark.slow  # 25-56 s: in the full tier (.ci/run), not the fast one
 def test_ray_pool_broadcast_names_a_worker_that_never_joins(ray_local, tmp_path, tiny_model_dir):
     ray = ray_local
-    from agentrl.rollout import components
+    from agentrl.assembly import components
     from agentrl.rollout.ray_worker import RolloutWorker
 
     class NeverJoins(RolloutWorker):  # defined here, so Ray ships it to the worker by value

@@ -17,9 +17,8 @@ from agentrl.algorithms import (
     loss_normaliser,
     policy_loss,
 )
-from agentrl.assembly import make_trainer
+from agentrl.assembly import components, make_trainer
 from agentrl.models import load_policy
-from agentrl.rollout import components
 from tests.helpers.configs import small_config
 
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 
 from agentrl.assembly.build import warm_start_key
+from agentrl.assembly.components import load_tasks
 from agentrl.assembly.sft import demo_tasks
 from agentrl.config import load_config
-from agentrl.rollout.components import load_tasks
 
 
 def test_default_demonstrations_come_from_the_sft_seeds_training_tasks():
