@@ -4,9 +4,10 @@ environment's solver on training tasks), the model it trains, and the call of th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -129,25 +130,13 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
     holdout, examples = _split_holdout(cfg, examples)
     steps = cfg.sft.steps or max(1, cfg.sft.epochs * len(examples) // cfg.sft.batch_size)
     n_tok = sum(sum(m) for _, m in examples)
-    log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps"
-        + (f", {len(holdout)} held out (loss every {cfg.sft.eval_every} steps, best weights kept)"
-           if holdout else ""))  # fmt: skip
-    with Progress(
-        TextColumn("[bold]SFT warm start"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("loss {task.fields[loss]:.3f}"),
-        TimeRemainingColumn(),
-        transient=False,
-    ) as progress:
-        task = progress.add_task("sft", total=steps, loss=float("nan"))
-        every = max(1, steps // 10)
-
-        def on_step(i: int, loss: float) -> None:
-            progress.update(task, completed=i + 1, loss=loss)
-            if not progress.console.is_terminal and (i + 1) % every == 0:
-                log(f"SFT step {i + 1}/{steps}  loss {loss:.3f}")  # plain lines for logs and CI
-
+    held = (
+        f", {len(holdout)} held out (loss every {cfg.sft.eval_every} steps, best weights kept)"
+        if holdout
+        else ""
+    )
+    log(f"SFT warm start: {len(examples)} demonstrations ({n_tok} assistant tokens), {steps} steps{held}")
+    with sft_progress(steps, log) as on_step:
         result = sft_train(
             model,
             examples,
@@ -168,10 +157,33 @@ def run_sft(cfg: Config, base_path: str, out_dir: Path, log: Callable[[str], Non
     save_warm_start(out_dir, model, tokenizer, result, len(examples), len(holdout))
     if result.holdout_losses:
         best = min(loss for _, loss in result.holdout_losses)
-        log(f"SFT held-out loss: {' '.join(f'{n}:{v:.3f}' for n, v in result.holdout_losses)}; kept step "
-            f"{result.best_step} (held-out loss {best:.3f})")  # fmt: skip
+        losses = " ".join(f"{n}:{v:.3f}" for n, v in result.holdout_losses)
+        log(f"SFT held-out loss: {losses}; kept step {result.best_step} (held-out loss {best:.3f})")
     log(f"SFT done in {result.seconds:.1f}s, {result.steps} steps, final loss {result.final_loss:.3f}")
     return result
+
+
+@contextlib.contextmanager
+def sft_progress(steps: int, log: Callable[[str], None]) -> Iterator[Callable[[int, float], None]]:
+    """The warm start's ``on_step``: a progress bar on a terminal, and a plain line every tenth of
+    the steps for logs and CI."""
+    with Progress(
+        TextColumn("[bold]SFT warm start"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("loss {task.fields[loss]:.3f}"),
+        TimeRemainingColumn(),
+        transient=False,
+    ) as progress:
+        task = progress.add_task("sft", total=steps, loss=float("nan"))
+        every = max(1, steps // 10)
+
+        def on_step(i: int, loss: float) -> None:
+            progress.update(task, completed=i + 1, loss=loss)
+            if not progress.console.is_terminal and (i + 1) % every == 0:
+                log(f"SFT step {i + 1}/{steps}  loss {loss:.3f}")
+
+        yield on_step
 
 
 def _split_holdout(
