@@ -61,45 +61,81 @@ def read_paths() -> set[str]:
     a name or ``self.<name>`` annotated (or assigned) with a config class (``cfg: Config``,
     ``s: StareConfig``), or a local bound to such a chain (``t = cfg.trainer``; ``a, t = ...``)."""
     sections = _section_types()
+    trees = [
+        ast.parse(p.read_text()) for root in PRODUCT for p in root.rglob("*.py") if p.name not in NOT_USES
+    ]
+    records = _records(trees, sections)
     found: set[str] = set()
-    for root in PRODUCT:
-        for path in root.rglob("*.py"):
-            if path.name in NOT_USES:
-                continue
-            found |= _paths_in(ast.parse(path.read_text()), sections)
+    for tree in trees:
+        found |= _paths_in(tree, sections, records=records)
     return found
+
+
+def _records(trees: list[ast.AST], sections: dict[str, str]) -> dict[str, dict[str, str]]:
+    """Settings records: a class with fields annotated by config sections (``LearnerSettings``:
+    ``algorithm: AlgorithmConfig``) -> {field: the section's path}; a part reading
+    ``settings.algorithm.clip_low`` reads ``algorithm.clip_low``."""
+    out: dict[str, dict[str, str]] = {}
+    for tree in trees:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                fields = {
+                    ast.unparse(f.target): sections[name]
+                    for f in node.body
+                    if isinstance(f, ast.AnnAssign)
+                    and (name := ast.unparse(f.annotation).split(".")[-1].strip("'\"")) in sections
+                }
+                if fields and node.name not in sections:
+                    out[node.name] = fields
+    return out
 
 
 SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 
-def _paths_in(tree: ast.AST, sections: dict[str, str], inherited: dict[str, str] | None = None) -> set[str]:
+def _paths_in(
+    tree: ast.AST,
+    sections: dict[str, str],
+    inherited: dict[str, str] | None = None,
+    records: dict[str, dict[str, str]] | None = None,
+) -> set[str]:
     """Paths read in a scope (the module, a class, a function body), then in the scopes nested in it.
     A nested scope inherits its parent's roots (a closure sees ``cfg``); a class's methods share the
     ``self.<name>`` roots any of them binds (``self.cfg = cfg`` in ``__init__``)."""
-    roots = dict(inherited or {})
+    roots, records = dict(inherited or {}), records or {}
     nodes = list(_own_nodes(tree))
     for node in [tree, *nodes]:
         for arg, ann in _annotated(node):
-            name = ast.unparse(ann).split(".")[-1].strip("'\"")
-            if name in sections:
-                roots[arg] = sections[name]
+            _root(roots, arg, ann, sections, records)
     _bind_locals(nodes, roots)
     if isinstance(tree, ast.ClassDef):  # self.* roots bound in any method hold in all of them
         for method in (n for n in tree.body if isinstance(n, SCOPES)):
             inner = dict(roots)
             for node in [method, *_own_nodes(method)]:
                 for arg, ann in _annotated(node):
-                    name = ast.unparse(ann).split(".")[-1].strip("'\"")
-                    if name in sections:
-                        inner[arg] = sections[name]
+                    _root(inner, arg, ann, sections, records)
             _bind_locals(list(_own_nodes(method)), inner)
             roots.update({k: v for k, v in inner.items() if k.startswith("self.")})
     found = {r for node in nodes if isinstance(node, ast.Attribute) and (r := _resolve(node, roots))}
     for child in (n for n in ast.walk(tree) if isinstance(n, SCOPES) and n is not tree):
         if _parent_scope(tree, child):
-            found |= _paths_in(child, sections, roots)
+            found |= _paths_in(child, sections, roots, records)
     return found
+
+
+def _root(
+    roots: dict[str, str],
+    arg: str,
+    ann: ast.AST,
+    sections: dict[str, str],
+    records: dict[str, dict[str, str]],
+) -> None:
+    """``arg`` annotated with a section is a root; with a settings record, each of its section fields is."""
+    name = ast.unparse(ann).split(".")[-1].strip("'\"")
+    if name in sections:
+        roots[arg] = sections[name]
+    for field, path in records.get(name, {}).items():
+        roots[f"{arg}.{field}"] = path
 
 
 def _bind_locals(nodes: list[ast.AST], roots: dict[str, str]) -> None:
@@ -110,6 +146,11 @@ def _bind_locals(nodes: list[ast.AST], roots: dict[str, str]) -> None:
                 resolved = _resolve(value, roots)
                 if resolved is not None and isinstance(target, (ast.Name, ast.Attribute)):
                     roots[ast.unparse(target)] = resolved
+                if isinstance(target, (ast.Name, ast.Attribute)):  # a record bound whole: its fields
+                    v, t = ast.unparse(value), ast.unparse(target)
+                    roots.update(
+                        {t + k[len(v) :]: p for k, p in list(roots.items()) if k.startswith(v + ".")}
+                    )
 
 
 def _parent_scope(scope: ast.AST, child: ast.AST) -> bool:
