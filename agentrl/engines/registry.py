@@ -47,6 +47,10 @@ class EngineRecord:
     rank_launcher: str | None = None
     """How a colocated engine joins torchrun's ranks, in placement's words (None: it runs inside
     the rank like any module)."""
+    reserves_memory: bool = False
+    """Takes a fixed share of its GPU up front (``rollout.<settings>.gpu_memory_utilization``, weights
+    and KV cache inside it), as vLLM does; else it holds its weights and its running sequences' KV
+    cache as it goes, as the HF engine does. ``agentrl plan`` counts its memory by this."""
     install_check: str | Callable[[], str | None] | None = None
     """What the preflight asks before a run: a function (or its ``"module:function"`` path) that
     says why this machine cannot run the engine (a missing or too old package), or None when it can
@@ -107,6 +111,7 @@ register_engine(
         sleeps=True,
         cpu_dtype="float32",
         rank_launcher="vLLM external_launcher",
+        reserves_memory=True,
         install_check="agentrl.engines.vllm:install_problem",
     )
 )

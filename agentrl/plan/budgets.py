@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, field
 
 from agentrl.config import Config
+from agentrl.engines.registry import engine_record
 from agentrl.parallel.placement import Launch, Placement
 from agentrl.plan.architecture import Architecture, architecture
 from agentrl.plan.engine_terms import colocated_hf_terms, hf_engine_terms, vllm_engine_terms
@@ -251,11 +252,12 @@ def plan(
     where = placement(cfg, Launch(nodes=nodes, gpus_per_node=gpus, ranks_per_node=ranks))
     a = architecture(cfg)
     s = sizes(cfg, a, ranks, nodes)
-    in_process = r.engine == "hf" and r.workers == 0
+    reserves = engine_record(r.engine).reserves_memory  # vLLM's way, else the HF engine's
+    in_process = not reserves and r.workers == 0
     trainer = trainer_terms(cfg, a, s, colocated_hf_terms(cfg, a, s) if in_process else [])
     notes, hints = [], []
     shared, alone = _worker_loads(where)
-    if r.engine == "vllm" and r.workers == 0:
+    if reserves and r.workers == 0:
         budgets = _vllm_budgets(cfg, a, s, trainer, gpu_memory_gib)
         hints = _vllm_hints(cfg, a, s, budgets, gpu_memory_gib, ranks)
     elif r.workers > 0:
@@ -308,7 +310,7 @@ def _worker_budget(cfg: Config, a: Architecture, s: Sizes, gpu: float, k: int) -
     w = min(worker_gpus(cfg, cuda=True), 1.0)
     dtype = r.dtype or cfg.model.dtype
     name = f"rollout worker {k}"
-    if r.engine == "vllm":
+    if engine_record(r.engine).reserves_memory:
         u = r.vllm.gpu_memory_utilization
         terms = vllm_engine_terms(a, s.e, s.ctx, r.vllm.tensor_parallel_size, dtype)
         return Budget(name, u * gpu, f"gpu_memory_utilization·GPU = {u:g}·{gpu:g}", terms, reserved=True)
