@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 from agentrl.env import Environment, Message, Reward, Task, register, tool
 from agentrl.tools import ToolCall, check_arguments
 from environments.generators import code_arithmetic_demos, code_arithmetic_tasks, first_messages
-from environments.rewards import correct, has_answer, num_tool_calls
+from environments.rewards import correct_number, has_answer, num_tool_calls
 from sandboxes import Session, format_result, shared_pool
 
 
@@ -82,7 +82,7 @@ class CodeInterpreter(Environment):
 
     def rewards(self) -> list[Reward]:
         return [
-            Reward("correct", correct, 1.0),
+            Reward("correct", correct_number, 1.0),  # a computed number, not the question copied
             Reward("has_answer", has_answer, 0.0),
             Reward("tool_calls", num_tool_calls, 0.0),
         ]

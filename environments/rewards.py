@@ -7,8 +7,12 @@ as the episode's failure at the ``reward`` boundary (a bug to see, not a zero to
 
 from __future__ import annotations
 
+import re
+
 from agentrl.env import EpisodeState, Task
-from environments.math_equiv import extract_answer, is_equivalent
+from environments.math_equiv import extract_answer, is_equivalent, normalize
+
+_PLAIN_NUMBER = re.compile(r"[-+]?\d+(?:\.\d+)?")
 
 
 def final_answer(state: EpisodeState) -> str | None:
@@ -21,6 +25,17 @@ def final_answer(state: EpisodeState) -> str | None:
 def correct(task: Task, state: EpisodeState) -> float:
     """1 when the final answer is mathematically equivalent to ``task.answer`` (see math_equiv)."""
     return float(is_equivalent(final_answer(state), task.answer))
+
+
+def correct_number(task: Task, state: EpisodeState) -> float:
+    """1 when the final answer is a plain number (after ``normalize``: no expression, no variable)
+    equal to ``task.answer``. For tasks that ask for a computed value: ``\\boxed{854 - 299 * 800}``
+    equals the answer by ``correct`` but computes nothing (SmolLM2 learned to copy the question's
+    expression into the box on code_interpreter, 2026-12-02)."""
+    answer = final_answer(state)
+    if answer is None or not _PLAIN_NUMBER.fullmatch(normalize(answer)):
+        return 0.0
+    return float(is_equivalent(answer, task.answer))
 
 
 def has_answer(task: Task, state: EpisodeState) -> float:

@@ -181,8 +181,12 @@ class ChatRenderer:
 
     def _eos_token(self) -> str:
         # The end-of-turn token is whatever starts the assistant closing (ChatML: <|im_end|>).
+        # Gemma's <end_of_turn> is a special added token but not a named special token, so the
+        # added tokens marked special are candidates too.
         close = self.assistant_close
-        for tok in sorted(self.tokenizer.all_special_tokens, key=len, reverse=True):
+        added = getattr(self.tokenizer, "added_tokens_decoder", {}) or {}
+        candidates = {*self.tokenizer.all_special_tokens, *(t.content for t in added.values() if t.special)}
+        for tok in sorted(candidates, key=len, reverse=True):
             if close.startswith(tok):
                 return tok
         return self.tokenizer.eos_token

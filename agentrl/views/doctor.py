@@ -1,6 +1,8 @@
 """``agentrl doctor``: compare each episode's token ids with a full re-render of its messages, and
 report every differing region with its class (``agentrl.rollout.drift`` says how regions are found and
-classified). Exit code 1 when any region touches a policy token, 2 when the doctor cannot run.
+classified). Exit code 1 when any region touches a policy token or the masking check fails
+(``agentrl.views.masking``: feedback tokens in the loss, a tool result the model never saw), 2 when
+the doctor cannot run.
 
 The report starts with the template's history probe (``agentrl.models.chat_templates``): whether it strips
 earlier reasoning, the policy that follows, and the policy the run recorded if it differs.
@@ -20,13 +22,15 @@ from agentrl.transcripts import (
     iter_episodes,
     transcripts_path,
 )
+from agentrl.views.masking import masking_lines, masking_report
 from agentrl.views.run_tokenizer import first_tokenizer, tokenizer_candidates
 
 
 # -- the command ----------------------------------------------------------------------------------
 def doctor_command(path: str, model: str | None = None, verbose: bool = False) -> int:
     """Diagnose every episode in PATH (a transcript file or a run directory); print a summary.
-    Returns 1 if any policy token would differ, 2 if the doctor cannot run, else 0."""
+    Returns 1 if any policy token would differ or feedback entered the loss, 2 if the doctor cannot
+    run, else 0."""
     from rich.console import Console
 
     console = Console()
@@ -51,7 +55,10 @@ def doctor_command(path: str, model: str | None = None, verbose: bool = False) -
         console.print(f"[yellow]warning: {w.message}[/yellow]")
     print_history(console, tokenizer, episodes)
     print_report(console, diags, verbose)
-    return 1 if any(d.policy_drift for d in diags) else 0
+    masking = masking_report(episodes)
+    for line in masking_lines(masking):
+        console.print(line)
+    return 1 if any(d.policy_drift for d in diags) or not masking.ok else 0
 
 
 def print_history(console: Any, tokenizer: Any, episodes: Sequence[Episode]) -> None:

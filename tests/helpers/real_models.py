@@ -15,6 +15,7 @@ from agentrl.models import gguf
 # read at import, before the session's private cache is set: where `agentrl models install` put it
 REAL_CACHE = Path(os.environ.get("AGENTRL_CACHE") or Path.home() / ".cache" / "agentrl")
 SMOL = "pypi:smollm2-135m-instruct"
+GEMMA = "pypi:gemma3-270m"
 
 
 def smollm2() -> Path:
@@ -24,3 +25,12 @@ def smollm2() -> Path:
     except gguf.ModelFileError as e:
         pytest.skip(f"SmolLM2-135M-Instruct is not installed here ({e})")
     return gguf.converted_dir(SMOL, REAL_CACHE)
+
+
+def gemma3() -> Path:
+    """The converted Gemma 3 270M directory; skips the test when its packages are not installed."""
+    try:
+        gguf.packaged_file(GEMMA, REAL_CACHE)
+    except gguf.ModelFileError as e:
+        pytest.skip(f"Gemma 3 270M is not installed here ({e})")
+    return gguf.converted_dir(GEMMA, REAL_CACHE)

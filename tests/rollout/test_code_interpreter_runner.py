@@ -106,3 +106,26 @@ def test_live_e2b_cloud_episode(tiny_tokenizer):
         runner.close()
         close_shared_pools()
     assert [m["content"] for m in ep.messages if m["role"] == "tool"] == ["42"] and ep.reward == 1.0
+
+
+def test_more_episodes_than_sessions_run_in_waves(tiny_tokenizer):
+    """An evaluation's tasks × k can exceed the sandbox pool (one session per episode in flight):
+    the lock-step runner runs them in waves of ``max_concurrent_episodes``. Before, it started all of
+    them at once and the episodes past the pool's size waited for a session no running episode
+    could free, then failed (a third of a 384-episode evaluation, after ``acquire_timeout_s``)."""
+    spec = SandboxSpec("bwrap", {"limits": FAST.to_json()}, max_sessions=2, acquire_timeout_s=3.0)
+    make_or_skip("bwrap", FAST).close()
+    runner = EpisodeRunner(
+        ScriptedEngine(["\\boxed{42}<|im_end|>"] * 6, tokenizer=tiny_tokenizer),
+        tiny_tokenizer,
+        functools.partial(CodeInterpreter, sandbox=spec),
+        RunnerSettings(max_concurrent_episodes=2),
+    )
+    try:
+        eps = runner.run([EpisodeRequest(TASK, seed=s, group="g") for s in range(6)])
+    finally:
+        runner.close()
+        close_shared_pools()
+    assert [e.failure for e in eps] == [None] * 6 and [e.reward for e in eps] == [1.0] * 6
+    assert [e.seed for e in eps] == list(range(6))
+    assert_nothing_left()

@@ -248,3 +248,32 @@ def test_doctor_explains_merge_and_a_run_that_chose_otherwise(tmp_path, capsys):
     )
     assert "differs from the history a server would show the model" in out
     assert "reasoning (policy)" in out
+
+
+def test_the_masking_check_fails_on_feedback_in_the_loss_or_a_tool_result_never_shown(tok, tmp_path, capsys):
+    eps = list(iter_episodes(DATA / "doctor_clean.jsonl"))
+    for ep in eps:
+        ep.overlays = {"trained": [float(r == "policy") for r in ep.roles()]}
+    path = tmp_path / "t.jsonl"
+
+    def doctor(episodes: list[Episode]) -> tuple[int, str]:
+        path.write_text("".join(e.to_json() + "\n" for e in episodes))
+        code = doctor_command(str(path), model=TOK_DIR)
+        return code, " ".join(capsys.readouterr().out.split())
+
+    code, out = doctor(eps)
+    assert code == 0, out
+    tools = sum(r == "tool" for e in eps for r in e.roles())
+    assert (
+        f"masking: {tools} tool tokens in 3 of 3 episode(s); 0 of them" in out
+        and "4 of 4 tool results shown" in out
+    )
+    leaked = eps[0].roles().index("tool")
+    eps[0].overlays["trained"][leaked] = 1.0  # a tool token in the loss
+    code, out = doctor(eps)
+    assert code == 1 and "; 1 of them (or of any feedback token) in the loss" in out, out
+    eps[0].overlays["trained"][leaked] = 0.0
+    eps[2].messages = [dict(m) for m in eps[2].messages]
+    eps[2].messages[3]["content"] = "a result the model was never shown"
+    code, out = doctor(eps)
+    assert code == 1 and "3 of 4 tool results shown to the model" in out, out
