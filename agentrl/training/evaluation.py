@@ -40,6 +40,7 @@ def evaluate_with(
     mean_k = sum(sum(v) / len(v) for v in by_task.values()) / max(len(by_task), 1)
     pass_k = sum(any(v) for v in by_task.values()) / max(len(by_task), 1)
     rewards = [e.reward for e in episodes if not e.failed]
+    n = max(len(episodes), 1)
     metrics = {
         "eval/mean@k": mean_k,
         "eval/pass@k": pass_k,
@@ -47,6 +48,8 @@ def evaluate_with(
         "eval/tasks": float(len(by_task)),
         "eval/reward": sum(rewards) / len(rewards) if rewards else math.nan,
         "eval/failed_frac": sum(e.failed for e in episodes) / max(len(episodes), 1),
+        "eval/tool_frac": sum(any(s.role == "tool" for s in e.segments) for e in episodes) / n,
+        "eval/policy_tokens": sum(sum(e.loss_mask()) for e in episodes) / n,
     }
     return metrics, episodes
 

@@ -142,10 +142,15 @@ def test_gemma3_converts_with_its_template_and_end_of_turn():
     model, tok = load_policy(out)
     assert sum(p.numel() for p in model.parameters()) == 268_098_176
     text = tok.apply_chat_template(
-        [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+3?"},
-         {"role": "assistant", "content": "```python\nprint(2+3)\n```"}, {"role": "tool", "content": "5"}],
-        tokenize=False, add_generation_prompt=True,
-    )  # fmt: skip
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+3?"},
+            {"role": "assistant", "content": "```python\nprint(2+3)\n```"},
+            {"role": "tool", "content": "5"},
+        ],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert text == (
         "<bos><start_of_turn>user\nBe brief.\n\n2+3?<end_of_turn>\n<start_of_turn>model\n```python\nprint(2+3)\n```"
         "<end_of_turn>\n<start_of_turn>user\n5<end_of_turn>\n<start_of_turn>model\n"
@@ -162,10 +167,23 @@ def test_one_rl_step_of_the_gemma3_config(tmp_path, capsys, monkeypatch):
     gemma3()
     monkeypatch.setenv("AGENTRL_CACHE", str(REAL_CACHE))
     run = tmp_path / "run"
-    args = ["train", str(ROOT / "configs/real/short_cot_gemma3.yaml"), f"run.output_dir={run}", "trainer.total_steps=1",
-            "rollout.prompts_per_step=2", "rollout.group_size=2", "rollout.max_tokens_per_turn=24", "sft.steps=1",
-            "sft.num_demos=8", "sft.batch_size=8", "data.num_test=2", "eval.k=1", "logging.plots=false",
-            "logging.tensorboard=false", "sft.cache=false"]  # fmt: skip
+    args = [
+        "train",
+        str(ROOT / "configs/real/short_cot_gemma3.yaml"),
+        f"run.output_dir={run}",
+        "trainer.total_steps=1",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=2",
+        "rollout.max_tokens_per_turn=24",
+        "sft.steps=1",
+        "sft.num_demos=8",
+        "sft.batch_size=8",
+        "data.num_test=2",
+        "eval.k=1",
+        "logging.plots=false",
+        "logging.tensorboard=false",
+        "sft.cache=false",
+    ]
     assert main(args) == 0, capsys.readouterr().err[-2000:]
     metrics = json.loads((run / "metrics.jsonl").read_text().splitlines()[0])
     assert metrics["sync/verified"] == 1.0 and metrics.get("update/skipped", 0.0) == 0.0
