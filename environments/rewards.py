@@ -29,9 +29,8 @@ def correct(task: Task, state: EpisodeState) -> float:
 
 def correct_number(task: Task, state: EpisodeState) -> float:
     """1 when the final answer is a plain number (after ``normalize``: no expression, no variable)
-    equal to ``task.answer``. For tasks that ask for a computed value: ``\\boxed{854 - 299 * 800}``
-    equals the answer by ``correct`` but computes nothing (SmolLM2 learned to copy the question's
-    expression into the box on code_interpreter, 2026-12-02)."""
+    equal to ``task.answer``. For tasks that ask for a computed value, where an expression equal to
+    the answer (``\\boxed{854 - 299 * 800}``) computes nothing (docs/tasks.md, code_interpreter)."""
     answer = final_answer(state)
     if answer is None or not _PLAIN_NUMBER.fullmatch(normalize(answer)):
         return 0.0

@@ -96,9 +96,8 @@ def _softmax_moments(z: Tensor) -> tuple[Tensor, Tensor]:
     """log Z and E_p[z] [n] of the rows of z [n, V] under p = softmax(z): one exp, two reductions.
 
     The mean is of z - max z, summed by torch's reduction: a ``bmm`` dot product of e_v and z_v
-    (as this was) accumulates in float32 without pairing, and over Gemma 3's 262,144 tokens it put
-    entropies 4e-3 nats off a float64 reference at logits near 26 (tests/models/test_gemma3.py);
-    now within 1e-4."""
+    accumulates in float32 without pairing, which loses the entropy's precision at a large
+    vocabulary (Gemma 3's: docs/models-and-engines.md)."""
     m = z.amax(-1, keepdim=True)
     shifted = torch.sub(z, m)
     e = shifted.exp()
