@@ -5,8 +5,9 @@ Issue 52 reran the real-model study (docs/study_real) with the turn ended at the
 this script compares the two studies with each other: per method and seed, the final batch entropy
 over each study's own H0, the in-band fraction, the entropy up to the answer where the runs recorded it,
 held-out mean@k and pass@k, then each quantity's change (second study minus first) paired by seed,
-marked **supported** by the report's rule (at least two seeds, one sign on all, the mean beyond two
-standard errors). Only the seeds both studies finished are paired.
+marked **supported** by the report's rule (a two-sided paired t test at α = 0.05,
+``agentrl.study.report.significance``; held-out accuracy only with ≥ 5 seeds). Only the seeds both
+studies finished are paired.
 
     .venv/bin/python bench/study_compare.py                      # docs/study_real vs docs/study_real_stop
     .venv/bin/python bench/study_compare.py A/summary.json B/summary.json
@@ -80,7 +81,8 @@ def compare(before: dict[str, dict], after: dict[str, dict], names: tuple[str, s
                     for m, s in paired
                     if m == method
                 ]
-                cells.append(diff_cell([d for d in diffs if not math.isnan(d)], pct))
+                accuracy = key in ("mean_at_k", "pass_at_k")
+                cells.append(diff_cell([d for d in diffs if not math.isnan(d)], pct, accuracy))
             lines.append(f"| {method} | " + " | ".join(cells) + " |")
         lines.append("")
     return lines

@@ -64,6 +64,7 @@ from agentrl.algorithms.losses import (
     kl_penalty,
     loss_normaliser,
     policy_loss,
+    token_shares,
 )
 from agentrl.algorithms.masked import masked_mean, masked_quantile
 from agentrl.algorithms.registry import (
@@ -95,6 +96,8 @@ from agentrl.algorithms.token_stats import (
     entropy_from_logits,
     token_logprobs_and_entropy,
     token_logprobs_and_entropy_from_hidden,
+    token_stats_with_phi,
+    token_stats_with_phi_from_hidden,
 )
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs, unit_weights
 
@@ -148,6 +151,9 @@ __all__ = [
     "token_covariance",
     "token_logprobs_and_entropy",
     "token_logprobs_and_entropy_from_hidden",
+    "token_shares",
+    "token_stats_with_phi",
+    "token_stats_with_phi_from_hidden",
     "unit_weights",
     "update_stare_state",
     "void_turn_multipliers",

@@ -86,6 +86,17 @@ def aggregate(x: Tensor, mask: Tensor, agg_mode: str, normaliser: float) -> Tens
     return _aggregation(agg_mode).numerator(x, mask) / max(normaliser, 1.0)
 
 
+def token_shares(mask: Tensor, agg_mode: str) -> Tensor:
+    """[B, T] float: how much each token's loss counts in ``agg_mode``'s numerator, ∂ numerator / ∂ x_t
+    (1 for a token sum, 1/|sequence| for a sequence mean, 0 off the mask); the normaliser, one number
+    for the batch, is left out. Read from the numerator itself, so a registered aggregation needs no
+    formula of its own here."""
+    x = torch.zeros(mask.shape, dtype=torch.float64, device=mask.device, requires_grad=True)
+    with torch.enable_grad():
+        (grad,) = torch.autograd.grad(_aggregation(agg_mode).numerator(x, mask), x)
+    return grad.float()
+
+
 def _aggregation(name: str) -> LossAggregation:
     if name not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {name!r}; choose one of {sorted(AGGREGATIONS)}")

@@ -89,6 +89,9 @@ class TokenWeighting:
     """Class of the state it carries between steps (``to_dict``/``from_dict``, checkpointed)."""
     preset: Mapping[str, Any] = field(default_factory=lambda: dict(GRPO_DS))
     """``algorithm.*`` defaults when ``algorithm.name`` is this weighting."""
+    needs_phi: bool = False
+    """Whether ``compute`` reads ``WeightingInputs.phi`` and ``share``: the π_old pass then also
+    computes φ (two more reductions over the vocabulary, no extra pass)."""
     check: Callable[[Any, UpdateShape], Iterable[tuple[str, str]]] | None = None
     """``(settings, trainer) -> (key, problem)`` rules involving more than one key, checked at load
     time when the method is selected; ``trainer`` is the config's ``trainer`` section."""

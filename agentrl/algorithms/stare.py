@@ -27,6 +27,7 @@ from torch import Tensor
 
 from agentrl.algorithms.masked import masked_mean, topk_mask
 from agentrl.algorithms.registry import StepContext, TokenWeighting, UpdateShape, register_weighting
+from agentrl.algorithms.stare_balance import critical_weights, entropy_balance
 from agentrl.algorithms.stare_control import StareController, StareState, update_stare_state
 from agentrl.algorithms.token_weights import TokenWeights, WeightingInputs
 from agentrl.dataclass_tree import knob
@@ -109,6 +110,7 @@ def stare_weights(
 
     groups = _row_groups(inputs.mask.shape[0], scope, row_groups, micro_batch_size)
     l_pos, l_neg, t_pos, t_neg = stare_selection(inputs, state.p, groups)
+    state, balance_stats = _balance_step(inputs, state, controller, variant, l_pos, l_neg)
     if variant == "O1":
         l_neg = torch.zeros_like(l_neg)
     weights = torch.ones_like(inputs.logp_old)
@@ -128,8 +130,29 @@ def stare_weights(
         "p": state.p,
         "strength": state.strength,
         "mean_weight": float(masked_mean(weights, inputs.mask)),
+        **balance_stats,
     }
     return TokenWeights(weights=weights, mask=inputs.mask, stats=stats, state=state)
+
+
+def _balance_step(
+    inputs: WeightingInputs, state: StareState, controller: StareController, variant: str, l_pos, l_neg
+) -> tuple[StareState, dict[str, float]]:
+    """The batch's entropy balance (``stare_balance``; L- as selected, also under O1) and, under the
+    ``critical`` law, W and M from it. No φ in the inputs: no balance (an error under ``critical``)."""
+    if inputs.phi is None or inputs.share is None:
+        if controller.law == "critical":
+            raise ValueError(
+                "STARE controller 'critical' sets W from the batch's entropy balance: pass WeightingInputs "
+                "with phi and share (the trainer does)"
+            )
+        return state, {}
+    balance = entropy_balance(inputs.phi, inputs.advantages, inputs.share, l_pos, l_neg)
+    if controller.law == "critical":
+        w, m = critical_weights(balance, variant, controller.margin, controller.w_max, controller.m_min)
+        state = replace(state, w=w, m=m)
+    applied = (state.w, state.m if variant == "C2" else 1.0) if state.gate_on else (1.0, 1.0)
+    return state, {**balance.stats(), "dH_first_order": balance.change(*applied)}
 
 
 # -- the record: settings (``algorithm.stare``), how they become arguments, the rules ---------------
@@ -162,6 +185,16 @@ class PIConfig:
 
 
 @dataclass
+class CriticalConfig:
+    margin: float = knob(0.25, ge=0)
+    """The batch's first-order entropy change the weights aim at while the gate is on, as a multiple of its drive Λ: W = 1 + (1 + margin)·Λ/Γ+ (docs/algorithms.md, "The entropy balance and the critical weight")."""
+    W_max: float = knob(10.0, ge=1)
+    """Upper limit of W (lower limit 1)."""
+    M_min: float = knob(0.5, ge=0, le=1)
+    """Lower limit of M (C2; upper limit 1); past it W carries the rest."""
+
+
+@dataclass
 class StareConfig:
     variant: Literal["O1", "C2"] = "O1"
     """O1 boosts high-surprisal positive tokens only (the released code's 7B default); C2 also damps high-surprisal negative tokens."""
@@ -177,31 +210,38 @@ class StareConfig:
     """Weight of selected negative tokens (C2 only)."""
     scope: Literal["batch", "micro"] = "batch"
     """Rank tokens over the whole training batch (paper) or per micro-batch (released code)."""
-    controller: Literal["gate", "adaptive", "pi"] = "gate"
-    """How W and M are set: ``gate`` = fixed values while H̄ < H_tgt; ``adaptive`` = the paper's sign controller; ``pi`` = proportional-integral on the entropy error."""
+    controller: Literal["gate", "adaptive", "pi", "critical"] = "gate"
+    """How W and M are set: ``gate`` = fixed values while H̄ < H_tgt; ``adaptive`` = the paper's sign controller; ``pi`` = proportional-integral on the entropy error; ``critical`` = the gate, with W (and M) set each step from the batch's first-order entropy balance."""
     adaptive: AdaptiveConfig = field(default_factory=AdaptiveConfig)
     """Settings of the ``adaptive`` controller."""
     pi: PIConfig = field(default_factory=PIConfig)
     """Settings of the ``pi`` controller."""
+    critical: CriticalConfig = field(default_factory=CriticalConfig)
+    """Settings of the ``critical`` controller."""
 
 
 def stare_arguments(s: StareConfig, step: StepContext) -> dict[str, Any]:
     """``algorithm.stare`` and this step's context as ``stare_weights`` keyword arguments."""
     pi = s.controller == "pi"
-    bounds = s.pi if pi else s.adaptive
+    w_max, m_min = s.adaptive.W_max, s.adaptive.M_min
+    if pi:
+        w_max, m_min = s.pi.W_max, s.pi.M_min
+    elif s.controller == "critical":
+        w_max, m_min = s.critical.W_max, s.critical.M_min
     controller = StareController(
         law=s.controller,
         w=s.W,
         m=s.M,
         p=s.P,
         alpha=s.adaptive.alpha,
-        w_max=bounds.W_max,
-        m_min=bounds.M_min,
+        w_max=w_max,
+        m_min=m_min,
         w_min=s.pi.W_min if pi else 1.0,
         m_max=s.pi.M_max if pi else 1.0,
         kp=s.pi.kp,
         ki=s.pi.ki,
         p_max=s.pi.P_max if pi else None,
+        margin=s.critical.margin,
     )
     return {
         "variant": s.variant,
@@ -248,5 +288,6 @@ STARE = register_weighting(
         arguments=stare_arguments,
         state=StareState,
         check=stare_checks,
+        needs_phi=True,
     )
 )

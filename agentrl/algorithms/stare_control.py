@@ -9,6 +9,9 @@ Laws (``StareController.law``):
 - ``gate`` (paper §4, default): g_k = [H̄_k < H_tgt]; W, M, P fixed.
 - ``adaptive`` (paper §4.4): the gate, plus every step
   W ← clip(W + α·sign(H_tgt - H̄_k), 1, W_max), M ← clip(M - α·sign(H_tgt - H̄_k), M_min, 1).
+- ``critical`` (agentrl's addition): the gate, and while it is on W (and M for C2) are set every step
+  from the batch's own first-order entropy balance so that its first-order entropy change is
+  +margin·Λ (``stare_balance.critical_weights``, bounded by ``w_max`` and ``m_min``).
 - ``pi`` (agentrl's addition, not in the paper): a proportional-integral controller on the relative
   error e_k = (H_tgt - H̄_k)/H_tgt drives one strength u ∈ [u_min, 1]:
       I_k = clip(I_{k-1} + k_i·e_k, u_min, 1)          (clamped integrator = anti-windup)
@@ -72,6 +75,8 @@ class StareController:
 
     p_max: float | None = None
     """PI: P grows from ``p`` to ``p_max`` with u (None: P fixed)."""
+    margin: float = 0.25
+    """Critical: the first-order entropy change the weights aim at, as a multiple of the batch's drive Λ."""
 
 
 @dataclass
@@ -147,6 +152,7 @@ CONTROL_LAWS: dict[str, Callable[[StareState, float, float, StareController], St
     "gate": gate_law,
     "adaptive": adaptive_law,
     "pi": pi_law,
+    "critical": gate_law,  # the gate here; W and M from the batch's balance (``stare_balance``) in stare_weights
 }
 
 

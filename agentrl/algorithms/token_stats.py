@@ -194,6 +194,74 @@ def token_logprobs_and_entropy_from_hidden(
     return logp.reshape(b, t), ent.reshape(b, t)
 
 
+def _phi_from(z: Tensor, ids: Tensor, lse: Tensor, ent: Tensor) -> tuple[Tensor, Tensor]:
+    """(log p of ids, φ of ids) [n] of the rows of z [n, V] (scaled logits, float32), given their
+    log Z and H: φ_a = π_a (H + log π_a) - Σ_j π_j² (H + log π_j) (``entropy_theory.entropy_phi``),
+    the second term from two more reductions over the vocabulary, Σ π² and Σ π² log π."""
+    logp_all = z - lse.unsqueeze(-1)
+    p2 = logp_all.exp().square_()
+    kappa = ent * p2.sum(-1) + p2.mul_(logp_all).sum(-1)
+    logp = logp_all.gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+    return logp, logp.exp() * (ent + logp) - kappa
+
+
+def _phi_chunks(rows: Tensor, ids: Tensor, chunk: int, to_logits) -> tuple[Tensor, Tensor, Tensor]:
+    """(logp, entropy, φ) [N] of rows [N, ·], ``chunk`` rows at a time; ``to_logits(rows_chunk)`` gives
+    their scaled float32 logits [n, V]. No gradient."""
+    out: list[list[Tensor]] = [[], [], []]
+    with torch.no_grad():
+        for r, i in zip(rows.split(chunk), ids.split(chunk)):
+            z = to_logits(r)
+            lse, mean = _softmax_moments(z)
+            ent = lse - mean
+            logp, phi = _phi_from(z, i, lse, ent)
+            for acc, x in zip(out, (logp, ent, phi)):
+                acc.append(x)
+    if not out[0]:
+        empty = rows.new_zeros(0, dtype=torch.float32)
+        return empty, empty, empty
+    logp, ent, phi = (torch.cat(x) for x in out)
+    return logp, ent, phi
+
+
+def token_stats_with_phi(
+    logits: Tensor, token_ids: Tensor, temperature: float = 1.0, chunk_size: int | None = None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """(logp, entropy, φ) [B, T] float32 from logits [B, T, V], no gradient: ``token_logprobs_and_entropy``
+    plus each taken token's first-order entropy coefficient φ, from the same chunks of the same logits
+    (the π_old pass of a STARE run; ``stare_balance``)."""
+    b, t, v = logits.shape
+
+    def scaled(z: Tensor) -> Tensor:
+        return z.float() if temperature == 1.0 else z.float() / temperature
+
+    out = _phi_chunks(
+        logits.reshape(b * t, v), token_ids.reshape(b * t), chunk_size or default_chunk(v), scaled
+    )
+    return out[0].reshape(b, t), out[1].reshape(b, t), out[2].reshape(b, t)
+
+
+def token_stats_with_phi_from_hidden(
+    hidden: Tensor,
+    lm_head_weight: Tensor,
+    token_ids: Tensor,
+    temperature: float = 1.0,
+    chunk_size: int | None = None,
+    lm_head_bias: Tensor | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``token_stats_with_phi`` from the last hidden states [B, T, D], the head applied a chunk of
+    positions at a time (as ``token_logprobs_and_entropy_from_hidden``), no gradient."""
+    b, t, d = hidden.shape
+    chunk = chunk_size or default_chunk(lm_head_weight.shape[0])
+    out = _phi_chunks(
+        hidden.reshape(b * t, d),
+        token_ids.reshape(b * t),
+        chunk,
+        lambda h: _head_logits(h, lm_head_weight, lm_head_bias, temperature),
+    )
+    return out[0].reshape(b, t), out[1].reshape(b, t), out[2].reshape(b, t)
+
+
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0) -> Tensor:
     """Full-vocabulary entropy in nats over the last dim (unchunked; for small inputs and tests)."""
     z = logits.float() / temperature

@@ -31,9 +31,21 @@ class WeightingInputs:
     entropy: Tensor
     advantages: Tensor
     mask: Tensor
+    phi: Tensor | None = None
+    """Each token's first-order entropy coefficient φ under π_old (``entropy_theory``), from the same
+    pass; only for a weighting whose record asks for it (``TokenWeighting.needs_phi``)."""
+    share: Tensor | None = None
+    """How much each token counts in the loss aggregation's numerator (``losses.token_shares``)."""
 
     @staticmethod
-    def build(logp_old: Tensor, entropy: Tensor, advantages: Tensor, mask: Tensor) -> WeightingInputs:
+    def build(
+        logp_old: Tensor,
+        entropy: Tensor,
+        advantages: Tensor,
+        mask: Tensor,
+        phi: Tensor | None = None,
+        share: Tensor | None = None,
+    ) -> WeightingInputs:
         """Detach everything, broadcast advantages [B] -> [B, T], make the mask bool."""
         adv = advantages.detach().float()
         if adv.dim() == 1:
@@ -44,6 +56,8 @@ class WeightingInputs:
             entropy=entropy.detach().float(),
             advantages=adv,
             mask=m if m.dtype == torch.bool else m > 0,
+            phi=None if phi is None else phi.detach().float(),
+            share=None if share is None else share.detach().float(),
         )
 
 

@@ -184,6 +184,8 @@ def _resolve(cfg: Config) -> None:
         if getattr(target, leaf) is None:
             setattr(target, leaf, value)
     ro, ov = cfg.rollout, alg.overlong
+    if alg.void_turn_masking is None:  # SimpleTIR's mask is for multi-turn tool use
+        alg.void_turn_masking = ro.max_turns > 1
     if ov.max_length is None:
         ov.max_length = min(ro.max_turns * ro.max_tokens_per_turn, ro.max_episode_tokens)
     if ov.cache_length is None:

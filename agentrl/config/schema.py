@@ -245,8 +245,8 @@ class AlgorithmConfig(HasSections):
     """Drop groups whose rewards are all equal and sample more until the batch is full. None = from the preset."""
     max_sampling_rounds: int = knob(4, ge=1)
     """Generation rounds per step with dynamic sampling before training on what there is."""
-    void_turn_masking: bool = True
-    """Episodes with a turn that has neither a tool call nor an answer keep their reward but get no gradient (SimpleTIR)."""
+    void_turn_masking: bool | None = None
+    """Episodes with a turn that has neither a tool call nor an answer keep their reward but get no gradient (SimpleTIR). None = on for multi-turn runs (``rollout.max_turns`` > 1), off for single-turn ones, where a response with no answer is a wrong answer and is trained on as one (as in DAPO and STARE)."""
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     """Soft overlong punishment."""
     is_correction: Literal["none", "tis"] = "none"

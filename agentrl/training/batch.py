@@ -153,7 +153,8 @@ def batch_forward(
     bf16: bool = False,
     share_prefix: bool = True,
     head: torch.nn.Linear | None = None,
-) -> tuple[Tensor, Tensor]:
+    phi: bool = False,
+) -> tuple[Tensor, ...]:
     """Log-probs of the target tokens and full-vocabulary entropies, [B, T-1] each, in micro-batches
     (each trimmed to its own longest sequence), on the batch's device (``Batch.to``: the model's;
     bf16 autocast for that device type). With ``grad`` the result carries gradient.
@@ -165,10 +166,14 @@ def batch_forward(
 
     ``head``: the model's output head (``forward.output_head``); the model then stops at its last
     hidden states and the head is applied a chunk of positions at a time, so the [b, t, V] logits never
-    exist whole, in the forward or the backward (``trainer.chunked_head``)."""
+    exist whole, in the forward or the backward (``trainer.chunked_head``).
+
+    ``phi`` (no gradient only): a third tensor, each target token's first-order entropy coefficient φ
+    (``alg.token_stats_with_phi``), from the same logits."""
+    if phi and grad:
+        raise ValueError("batch_forward: phi is computed in the no-gradient pass only")
     B, T = batch.ids.shape
-    logp = torch.zeros((B, T - 1), device=batch.device)
-    ent = torch.zeros((B, T - 1), device=batch.device)
+    outs = [torch.zeros((B, T - 1), device=batch.device) for _ in range(3 if phi else 2)]
     autocast_device = batch.device.type if batch.device.type in ("cpu", "cuda") else "cpu"
     parts = []
     for idx in torch.arange(B).split(micro_batch_size):
@@ -183,12 +188,12 @@ def batch_forward(
             plan = prefix_plan(ids, batch.lengths[idx], limit=limit)
             share, owners = plan.share, plan.owners
         autocast = torch.autocast(autocast_device, dtype=torch.bfloat16, enabled=bf16)
-        lp, h = _suffix_stats(model, ids, share, owners, temperature, head, autocast)
+        stats = _suffix_stats(model, ids, share, owners, temperature, head, autocast, phi)
         if grad:
-            parts.append((idx, t, share, lp, h))
+            parts.append((idx, t, share, *stats))
         else:
-            logp[idx, share : t - 1] = lp.float()
-            ent[idx, share : t - 1] = h.float()
+            for out, x in zip(outs, stats):
+                out[idx, share : t - 1] = x.float()
     if grad:
         if len(parts) == 1 and parts[0][1] == T and parts[0][2] == 0:
             return parts[0][3], parts[0][4]
@@ -197,7 +202,7 @@ def batch_forward(
             torch.cat([pad(p[3], p[2], p[1]) for p in parts]),
             torch.cat([pad(p[4], p[2], p[1]) for p in parts]),
         )
-    return logp, ent
+    return tuple(outs)
 
 
 def _suffix_stats(
@@ -208,17 +213,25 @@ def _suffix_stats(
     temperature: float,
     head: torch.nn.Linear | None,
     autocast: Any,
-) -> tuple[Tensor, Tensor]:
-    """Log-probs and entropies [b, t-1-share] of ``ids``'s positions past ``share``: from the whole
-    logits (the model under ``autocast``, the log-softmax in fp32), or from the last hidden states
-    with ``head`` applied in chunks (under ``autocast`` too, as the head is inside the model)."""
+    phi: bool = False,
+) -> tuple[Tensor, ...]:
+    """Log-probs and entropies [b, t-1-share] of ``ids``'s positions past ``share`` (and φ with
+    ``phi``): from the whole logits (the model under ``autocast``, the log-softmax in fp32), or from
+    the last hidden states with ``head`` applied in chunks (under ``autocast`` too, as the head is
+    inside the model)."""
     targets = ids[:, share + 1 :]
     if head is None:
         with autocast:
             logits = suffix_logits(model, ids, share, owners)[:, :-1]  # [b, t-1-share, V]
+        if phi:
+            return alg.token_stats_with_phi(logits, targets, temperature)
         return alg.token_logprobs_and_entropy(logits, targets, temperature)
     with autocast, hidden_states_out(head):
         hidden = suffix_logits(model, ids, share, owners)[:, :-1]  # [b, t-1-share, D]
+        if phi:
+            return alg.token_stats_with_phi_from_hidden(
+                hidden, head.weight, targets, temperature, lm_head_bias=head.bias
+            )
         return alg.token_logprobs_and_entropy_from_hidden(
             hidden, head.weight, targets, temperature, lm_head_bias=head.bias
         )

@@ -74,6 +74,8 @@ class PolicyStats:
     logp: torch.Tensor
     entropy: torch.Tensor
     pending: bool = False
+    phi: torch.Tensor | None = None
+    """φ of every target token (``alg.entropy_phi``), when the weighting reads it (``needs_phi``)."""
 
 
 class Learner:
@@ -185,8 +187,9 @@ class Learner:
         )
         if pending:
             return PolicyStats(torch.zeros_like(batch.mask), torch.zeros_like(batch.mask), pending=True)
-        logp, entropy = self.passes.no_grad(self.model, batch)  # [B, T] each
-        return PolicyStats(logp, entropy)
+        phi = alg.WEIGHTINGS[self.weighting].needs_phi  # φ: the same pass, two more vocabulary reductions
+        logp, entropy, *rest = self.passes.no_grad(self.model, batch, phi=phi)  # [B, T] each
+        return PolicyStats(logp, entropy, phi=rest[0] if rest else None)
 
     def reference_logprobs(self, batch: Batch) -> torch.Tensor | None:
         """The frozen reference policy's log-probs [B, T] (None without a KL penalty). With LoRA and
@@ -218,7 +221,7 @@ class Learner:
             ],
             state=self.weighting_state,
         )
-        inputs = alg.WeightingInputs.build(stats.logp, stats.entropy, batch.advantages, batch.mask)
+        inputs = weighting_inputs(self.settings.algorithm, batch, stats)
         tw = alg.compute_weights(record.name, inputs, **record.kwargs(self.settings.weighting_settings, step))
         if tw.state is not None:
             self.weighting_state = tw.state
@@ -387,6 +390,18 @@ def steps_taken(total: int, skipped: int, step: int, log: Callable[[str], None])
         "loss, or a token's log-prob, was NaN or infinite): those optimizer steps were skipped"
     )
     return {"update/steps": float(total - skipped), "update/nonfinite": float(skipped)}
+
+
+def weighting_inputs(a: AlgorithmConfig, batch: Batch, stats: PolicyStats) -> alg.WeightingInputs:
+    """What the token weighting reads: π_old's values, the advantages, the loss mask, and where the
+    π_old pass computed φ, each token's share of the loss aggregation (``alg.token_shares``)."""
+    share = None
+    if stats.phi is not None:
+        assert a.loss_agg is not None  # presets are resolved by load_config
+        share = alg.token_shares(batch.mask > 0, a.loss_agg)
+    return alg.WeightingInputs.build(
+        stats.logp, stats.entropy, batch.advantages, batch.mask, phi=stats.phi, share=share
+    )
 
 
 def training_batch(settings: LearnerSettings, episodes: list[Episode], pad_id: int) -> Batch:

@@ -30,6 +30,11 @@ CURVES: dict[str, str] = {
     "M": "stare/m",
     "target": "stare/target_entropy",
     "mean_weight": "stare/mean_weight",
+    "W_star": "stare/w_star",
+    "drive": "stare/lambda",
+    "gain_pos": "stare/gamma_pos",
+    "gain_neg": "stare/gamma_neg",
+    "dH": "stare/dH_first_order",
     "clip_low": "loss/clip_frac_low",
     "clip_high": "loss/clip_frac_high",
     "clip_dual": "loss/dual_clip_frac",
@@ -50,6 +55,7 @@ IMPORTANT = [
         "gate",
         "entropy_branching",
         "W",
+        "W_star",
         "M",
         "clip_low",
         "clip_high",
@@ -64,7 +70,8 @@ PLOTS: dict[str, list[str]] = {
     "reward": [CURVES[k] for k in ("reward", "correct", "eval_mean", "eval_pass")],
     "length": [CURVES[k] for k in ("length", "turns")],
     "clip": [CURVES[k] for k in ("clip_low", "clip_high", "clip_dual")],
-    "stare_gate": [CURVES[k] for k in ("gate", "W", "M", "mean_weight")],
+    "stare_gate": [CURVES[k] for k in ("gate", "W", "W_star", "M", "mean_weight")],
+    "stare_balance": [CURVES[k] for k in ("drive", "gain_pos", "gain_neg", "dH")],
 }
 
 

@@ -33,9 +33,10 @@ class Passes:
         self.share_prefix_nograd, self.share_prefix = share_prefix_nograd, share_prefix
 
     def forward(
-        self, model: torch.nn.Module, batch: Batch, grad: bool = False
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropies [B, T] of ``batch`` under ``model`` (micro-batched when no grad)."""
+        self, model: torch.nn.Module, batch: Batch, grad: bool = False, phi: bool = False
+    ) -> tuple[torch.Tensor, ...]:
+        """Log-probs and entropies [B, T] of ``batch`` under ``model`` (micro-batched when no grad),
+        and with ``phi`` (no grad) each token's first-order entropy coefficient φ."""
         t = self.trainer
         size = batch.size if grad else t.micro_batch_size
         return batch_forward(
@@ -47,6 +48,7 @@ class Passes:
             bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
             share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
             head=self.chunked_head(model),
+            phi=phi,
         )
 
     def chunked_head(self, model: torch.nn.Module) -> torch.nn.Linear | None:
@@ -66,26 +68,26 @@ class Passes:
             return None
         return head
 
-    def no_grad(self, model: torch.nn.Module, batch: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Log-probs and entropies [B, T] of the whole batch with no gradient. Under W ranks each
-        computes only its own rows (``ranks.shard_rows``), in micro-batches (as many on every rank
-        under FSDP2), and every rank gets the whole batch's values."""
+    def no_grad(self, model: torch.nn.Module, batch: Batch, phi: bool = False) -> tuple[torch.Tensor, ...]:
+        """Log-probs and entropies [B, T] of the whole batch with no gradient (and φ with ``phi``).
+        Under W ranks each computes only its own rows (``ranks.shard_rows``), in micro-batches (as
+        many on every rank under FSDP2), and every rank gets the whole batch's values."""
         if self.world == 1:
             with torch.no_grad():
-                out = self.forward(model, batch)
+                out = self.forward(model, batch, phi=phi)
             self.strategy.release(model)
             return out
         own = ranks.shard_rows(batch.size, self.rank, self.world)
-        logp = torch.zeros((max(len(own), 1), batch.mask.shape[1]), device=batch.device)
-        ent = torch.zeros_like(logp)
+        outs = torch.zeros((max(len(own), 1), 3 if phi else 2, batch.mask.shape[1]), device=batch.device)
         with torch.no_grad():
             for m in self.micro_batches(own, n_rows=batch.size):
-                lp, h = self.forward(model, batch.rows(m.rows))  # [b, w] each
+                stats = self.forward(model, batch.rows(m.rows), phi=phi)  # [b, w] each
                 if not m.dummy:
                     at = m.rows - own[0]  # positions within this rank's contiguous share
-                    logp[at, : lp.shape[1]], ent[at, : h.shape[1]] = lp, h
+                    for j, x in enumerate(stats):
+                        outs[at, j, : x.shape[1]] = x
         self.strategy.release(model)
-        return ranks.gather_rows(torch.stack([logp, ent], 1), batch.size, self.rank, self.world).unbind(1)  # type: ignore[return-value]
+        return ranks.gather_rows(outs, batch.size, self.rank, self.world).unbind(1)
 
     def gather_own(self, logp: torch.Tensor, ent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The whole batch's [B, T] values from each rank's own rows of ``logp`` and ``ent``."""

@@ -30,7 +30,18 @@ SHOWN = [
     ("tok/s", "tokens/s", "{:.0f}"),
     ("s/step", "time/step_s", "{:.1f}"),
 ]
-_SUMMARY_CURVES = ("reward", "correct", "entropy", "entropy_rollout", "length", "failed", "gate", "W", "M")
+_SUMMARY_CURVES = (
+    "reward",
+    "correct",
+    "entropy",
+    "entropy_rollout",
+    "length",
+    "failed",
+    "gate",
+    "W",
+    "W_star",
+    "M",
+)
 SUMMARY = [CURVES[k] for k in (*_SUMMARY_CURVES, "eval_mean", "eval_pass", "tokens_s")] + [
     "groups/informative_frac"
 ]
@@ -47,6 +58,11 @@ def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:
     gate = metrics.get(CURVES["gate"])
     if gate is not None:
         parts.append(f"gate {'on' if gate else 'off'}")
+        weight, critical = metrics.get(CURVES["W"]), metrics.get(CURVES["W_star"])
+        if isinstance(weight, (int, float)) and weight != 1.0:
+            parts.append(f"W {weight:.2f}")
+        if CURVES["drive"] in metrics:  # the batch's balance: null (no finite W*) when no W can raise entropy
+            parts.append(f"W* {critical:.2f}" if isinstance(critical, (int, float)) else "W* none")
     if metrics.get("update/skipped"):
         stale = metrics.get("offpolicy/stale_dropped") or 0
         why = f"{stale:.0f} episodes past rollout.max_staleness dropped" if stale else "no informative group"

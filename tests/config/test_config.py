@@ -54,6 +54,13 @@ def test_defaults_validate_and_resolve():
     assert (cfg.algorithm.overlong.max_length, cfg.algorithm.overlong.cache_length) == (1024, 204)
 
 
+def test_void_turn_masking_is_for_multi_turn_runs_unless_set():
+    assert load_config(ROOT / "configs/short_cot_cpu.yaml").algorithm.void_turn_masking is False
+    assert load_config(ROOT / "configs/tool_use_cpu.yaml").algorithm.void_turn_masking is True
+    single = load_config(ROOT / "configs/short_cot_cpu.yaml", ["algorithm.void_turn_masking=true"])
+    assert single.algorithm.void_turn_masking is True
+
+
 def test_resolved_config_has_no_none_in_preset_fields():
     for name, method in METHODS.items():
         alg = load_config(None, [f"algorithm.name={name}"]).algorithm

@@ -36,7 +36,8 @@ def test_paired_differences_and_what_the_seeds_support():
     }
     diffs = paired_differences(runs, "base", "x")
     assert diffs["m"] == pytest.approx([0.5, 0.4, 0.6]) and diffs["partial"] == [-1.0]
-    assert supported([0.5, 0.4, 0.6])  # same sign, mean 0.5, sd 0.1: far beyond 2 standard errors
+    assert supported([0.5, 0.4, 0.6])  # mean 0.5, sd 0.1: t = 8.7 > 4.30 (df 2, α 0.05)
+    assert not supported([1.0, 1.5, 2.5])  # one sign and t = 3.8 > 2 (the old rule's mark), but not > 4.30
     assert not supported([0.5, -0.1, 0.6])  # one seed disagrees
     assert not supported([0.01, 1.0, 0.02])  # same sign but the spread swamps the mean
     assert not supported([-1.0])  # one seed supports nothing

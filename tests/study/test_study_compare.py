@@ -39,8 +39,8 @@ def test_runs_are_paired_by_method_and_seed_and_only_where_both_finished(tmp_pat
     assert rows[0].startswith("| grpo | 0 | 0.100 → 0.300 | 50 % → 50 % | – → – | 0.600 → 0.650 |")
     assert len(rows) == 3  # seeds 0 and 1, then the change; seed 2 and stare have no pair
     change = rows[2].split(" | ")
-    assert change[1] == "+0.250 ± 0.071 (2/2 seeds > 0) **supported**"  # entropy / H0: 0.2 and 0.3
+    assert change[1] == "+0.250 ± 0.071 (2/2 seeds > 0)"  # entropy / H0: 0.2 and 0.3, t = 5 < 12.7 (df 1)
     assert change[2] == "+0 pp ± 0 (0/2 seeds > 0)"  # the same in-band fraction: no change, not supported
     assert change[3] == "–"  # entropy to the answer: recorded by neither
-    assert change[4] == "+0.055 ± 0.007 (2/2 seeds > 0) **supported**"
+    assert change[4] == "+0.055 ± 0.007 (not testable at n = 2)"  # accuracy: ≥ 5 seeds
     assert not any("stare" in x for x in lines)

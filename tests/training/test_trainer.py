@@ -49,7 +49,35 @@ def test_two_step_smoke_run_per_algorithm(tmp_path, tiny_model_dir, name):
     if name == "stare":
         assert all(r["stare/gate_on"] == 1.0 for r in rows)  # H_tgt = 100 keeps the gate on
         assert any(v == 1.0 for e in trained for v in e.overlays["selected"] if v is not None)
+        for r in rows:  # the balance from the π_old pass, on every step (O1 at W = 1.1)
+            want = -r["stare/lambda"] + 0.1 * r["stare/gamma_pos"]
+            assert r["stare/dH_first_order"] == pytest.approx(want, rel=1e-6, abs=1e-12)
     assert (run / "checkpoints" / "step_2" / "trainer_state.pt").exists()
+
+
+def test_the_critical_controller_sets_w_from_the_logged_balance(tmp_path, tiny_model_dir):
+    cfg = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "algorithm.name=stare",
+        "algorithm.stare.target_entropy=100",
+        "algorithm.stare.controller=critical",
+        "algorithm.stare.critical.margin=0.5",
+        "algorithm.stare.critical.W_max=1000",
+    )
+    make_trainer(cfg, log=lambda *_: None).train()
+    rows = [json.loads(line) for line in lines(tmp_path / "run" / "metrics.jsonl")]
+    assert any(r["stare/w"] > 1 for r in rows), "a step where W came from the balance"
+    for r in rows:
+        lam, gain = r["stare/lambda"], r["stare/gamma_pos"]
+        want = max(1.0, 1 + 1.5 * lam / gain) if gain > 0 and lam > 0 else 1.0
+        assert r["stare/w"] == pytest.approx(want, rel=1e-6)
+        if want > 1:  # the batch's first-order entropy change is +margin·Λ
+            assert r["stare/dH_first_order"] == pytest.approx(0.5 * lam, rel=1e-6)
+    from agentrl.training.progress import step_line
+
+    top = max(rows, key=lambda r: r["stare/w"])
+    assert f"W {top['stare/w']:.2f}" in step_line(top) and f"W* {top['stare/w_star']:.2f}" in step_line(top)
 
 
 def test_every_parameter_changes_after_one_update(tmp_path, tiny_model_dir):

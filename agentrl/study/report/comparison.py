@@ -8,6 +8,8 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from agentrl.study.report.significance import ALPHA, MIN_SEEDS_ACCURACY, smallest_supported, supported
+
 
 def _mean_sd(xs: Sequence[float]) -> tuple[float, float]:
     xs = [x for x in xs if not math.isnan(x)]
@@ -38,21 +40,15 @@ def paired_differences(by_method: dict[str, list[dict]], base: str, key: str) ->
     return out
 
 
-def supported(diffs: Sequence[float]) -> bool:
-    """A paired difference the seeds support: at least two seeds, the same sign on every seed, and
-    the mean more than two standard errors from zero. Anything else is reported as seed noise."""
-    if len(diffs) < 2:
-        return False
-    same_sign = all(d > 0 for d in diffs) or all(d < 0 for d in diffs)
-    m, sd = statistics.fmean(diffs), statistics.stdev(diffs)
-    return same_sign and abs(m) > 2 * sd / math.sqrt(len(diffs))
-
-
-def diff_cell(diffs: Sequence[float], pct: bool = False) -> str:
+def diff_cell(diffs: Sequence[float], pct: bool = False, accuracy: bool = False) -> str:
     """A paired difference as a table cell: mean ± sd over the seeds, how many are above zero, and
-    **supported** where ``supported`` says so."""
+    **supported** where ``supported`` says so; an ``accuracy`` difference over fewer than
+    ``MIN_SEEDS_ACCURACY`` seeds says it is not testable instead of marking anything."""
     if not diffs:
         return "–"
+    if accuracy and len(diffs) < MIN_SEEDS_ACCURACY:
+        m, sd = statistics.fmean(diffs), (statistics.stdev(diffs) if len(diffs) > 1 else 0.0)
+        return f"{m:+.3f} ± {sd:.3f} (not testable at n = {len(diffs)})"
     scale, unit = (100.0, " pp") if pct else (1.0, "")
     m = statistics.fmean(diffs) * scale
     sd = (statistics.stdev(diffs) if len(diffs) > 1 else 0.0) * scale
@@ -69,6 +65,18 @@ COMPARED = (  # (summary key, column title, percentage)
     ("mean_at_k", "mean@k", False),
     ("pass_at_k", "pass@k", False),
 )
+ACCURACY = ("mean_at_k", "pass_at_k")
+"""Held-out accuracy: compared only with ``MIN_SEEDS_ACCURACY`` seeds or more."""
+
+
+def rule_text(n_comparisons: int) -> str:
+    """What **supported** means in a report, with its false-positive rate."""
+    return (
+        f"**supported** marks a difference whose two-sided paired t test over the seeds (df = seeds − 1) "
+        f"rejects a zero mean at α = {ALPHA}: under the null it marks {ALPHA:.0%} of comparisons, so of the "
+        f"{n_comparisons} here expect about {ALPHA * n_comparisons:.1f} marked by chance. Held-out accuracy "
+        f"is compared only with ≥ {MIN_SEEDS_ACCURACY} seeds; with fewer it is reported as not testable."
+    )
 
 
 def comparison_lines(by_method: dict[str, list[dict]], base: str, k: int, pass_k: int) -> list[str]:
@@ -80,9 +88,9 @@ def comparison_lines(by_method: dict[str, list[dict]], base: str, k: int, pass_k
     lines = [
         "",
         f"Paired by seed against `{base}` (method minus `{base}` on the same seed: mean ± standard "
-        "deviation of the differences, and on how many seeds it is positive). **supported** marks a "
-        "difference with the same sign on every seed and a mean more than two standard errors from "
-        "zero; every other difference is within seed noise and the text claims nothing from it.",
+        "deviation of the differences, and on how many seeds it is positive). "
+        + rule_text(len(COMPARED) * (len(by_method) - 1))
+        + " Every other difference is within seed noise and the text claims nothing from it.",
         "",
         "| method | " + " | ".join(f"Δ {t}" for t in titles) + " |",
         "|---|" + "---|" * len(titles),
@@ -91,7 +99,7 @@ def comparison_lines(by_method: dict[str, list[dict]], base: str, k: int, pass_k
     for method in by_method:
         if method == base:
             continue
-        cells = [diff_cell(diffs[key][method], pct) for key, _, pct in COMPARED]
+        cells = [diff_cell(diffs[key][method], pct, key in ACCURACY) for key, _, pct in COMPARED]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines
 
@@ -128,6 +136,14 @@ def verdict_lines(by_method: dict[str, list[dict]], base: str, study: Any, pass_
     )
     for key, name in (("pass_at_k", f"pass@{pass_k}"), ("mean_at_k", f"mean@{study.eval_k}")):
         diffs = paired_differences(by_method, base, key)
+        seeds = min((len(d) for d in diffs.values()), default=0)
+        if seeds < MIN_SEEDS_ACCURACY:
+            need = max((smallest_supported(d) for d in diffs.values()), default=math.inf)
+            lines.append(
+                f"- Held-out {name} against `{base}`: not testable at n = {seeds} seeds (≥ {MIN_SEEDS_ACCURACY} "
+                f"needed; at this spread a difference would have to exceed {need:.3f} to be supported)."
+            )
+            continue
         better = [m for m, d in diffs.items() if supported(d) and statistics.fmean(d) > 0]
         worse = [m for m, d in diffs.items() if supported(d) and statistics.fmean(d) < 0]
         lines.append(
