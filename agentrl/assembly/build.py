@@ -26,7 +26,7 @@ from agentrl.parallel.engine_group import AbsentEngine, FollowerEngine, LeaderEn
 from agentrl.parallel.placement import Placement
 from agentrl.parallel.placement import render as render_placement
 from agentrl.rollout.ray_workers import RayEpisodeRunner, RolloutPool
-from agentrl.rollout.runner import EpisodeRunner
+from agentrl.rollout.runner import EpisodeRunner, SamplingOverride
 from agentrl.seeds import deterministic_kernels
 from agentrl.training import lora
 from agentrl.training.sft import sft_seed, trains_adapters
@@ -246,13 +246,17 @@ def build_engine(
 
 
 def build_runner(
-    cfg: Config, engine: Engine, tokenizer: Any, seed: int | None = None, temperature: float | None = None
+    cfg: Config,
+    engine: Engine,
+    tokenizer: Any,
+    seed: int | None = None,
+    override: SamplingOverride | None = None,
 ) -> EpisodeRunner:
     """The runner for ``engine``: a Ray pool splits episodes across its workers, a local engine gets
     the EpisodeRunner of ``rollout.runner``."""
     if isinstance(engine, RolloutPool):
-        return RayEpisodeRunner(engine, seed, temperature)  # type: ignore[return-value]
-    return components.local_runner(cfg, engine, tokenizer, seed, temperature)
+        return RayEpisodeRunner(engine, seed, override)  # type: ignore[return-value]
+    return components.local_runner(cfg, engine, tokenizer, seed, override)
 
 
 def reference_model(

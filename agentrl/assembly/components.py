@@ -32,7 +32,7 @@ from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.parallel.placement import Launch, Placement, Rollouts, launch_from_env, place
 from agentrl.rollout.ray_workers import PoolSettings, RolloutPool
-from agentrl.rollout.runner import Budgets, EpisodeRunner, RunnerSettings
+from agentrl.rollout.runner import Budgets, EpisodeRunner, RunnerSettings, SamplingOverride
 from agentrl.rollout.worker_spec import EnvSpec, WorkerSpec, make_runner
 from sandboxes import SANDBOXES, SandboxSpec
 
@@ -335,9 +335,9 @@ def vllm_engine(cfg: Config, path: str) -> VLLMEngine:
     return cast("VLLMEngine", local_engine(vllm, None, None, path))
 
 
-def sampling_params(cfg: Config, seed: int | None = None, temperature: float | None = None) -> SamplingParams:
+def sampling_params(cfg: Config, seed: int | None = None) -> SamplingParams:
     return SamplingParams(
-        temperature=cfg.rollout.temperature if temperature is None else temperature,
+        temperature=cfg.rollout.temperature,
         top_p=cfg.rollout.top_p,
         top_k=cfg.rollout.top_k,
         stop=tuple(cfg.rollout.stop),
@@ -345,14 +345,14 @@ def sampling_params(cfg: Config, seed: int | None = None, temperature: float | N
     )
 
 
-def runner_settings(cfg: Config, seed: int | None = None, temperature: float | None = None) -> RunnerSettings:
+def runner_settings(cfg: Config, seed: int | None = None) -> RunnerSettings:
     """The one settings record every episode runner takes, from ``rollout`` and ``timeouts``."""
     ro, t = cfg.rollout, cfg.timeouts
     return RunnerSettings(
         budgets=Budgets(
             ro.max_turns, ro.max_tokens_per_turn, ro.max_episode_tokens, ro.max_tool_output_tokens
         ),
-        sampling=sampling_params(cfg, seed, temperature),
+        sampling=sampling_params(cfg, seed),
         max_concurrent_episodes=ro.max_concurrent_episodes,
         request_timeout_s=t.engine_request_s,
         env_timeout_s=t.env_step_s,
@@ -389,11 +389,15 @@ def worker_spec(cfg: Config, path: str) -> WorkerSpec:
 
 
 def local_runner(
-    cfg: Config, engine: Engine, tokenizer: Any, seed: int | None = None, temperature: float | None = None
+    cfg: Config,
+    engine: Engine,
+    tokenizer: Any,
+    seed: int | None = None,
+    override: SamplingOverride | None = None,
 ) -> EpisodeRunner:
     """The EpisodeRunner of ``rollout.runner`` (lockstep or async) over ``engine``; the agent runner
     when the environment is an agent (``worker_spec.make_runner``)."""
-    return make_runner(worker_spec(cfg, cfg.model.path), engine, tokenizer, seed, temperature)
+    return make_runner(worker_spec(cfg, cfg.model.path), engine, tokenizer, seed, override)
 
 
 def pool_settings(cfg: Config, workers: int | None = None) -> PoolSettings:

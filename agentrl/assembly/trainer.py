@@ -144,7 +144,7 @@ def metrics_logger(cfg: Config, run_dir: Path, start_step: int) -> MetricsLogger
 
 def runner_maker(cfg: Config, tokenizer: Any) -> MakeRunner:
     """The runner for an engine (``build.build_runner``), as the collector asks for it."""
-    return lambda engine, seed, temperature: build.build_runner(cfg, engine, tokenizer, seed, temperature)
+    return lambda engine, seed, override: build.build_runner(cfg, engine, tokenizer, seed, override)
 
 
 def claim_run_dir(

@@ -361,6 +361,9 @@ class EvalConfig:
     """Tasks to evaluate; None = all loaded held-out tasks (``data.num_test``)."""
     temperature: float = knob(1.0, ge=0)
     """Sampling temperature; 0 = greedy."""
+    top_p: float = knob(1.0, gt=0, le=1)
+    """Nucleus sampling at evaluation: the smallest set of tokens whose probability reaches ``top_p``
+    (1 = off). The STARE paper evaluates at 0.7."""
     split: Literal["train", "test"] = "test"
     """Which task set to evaluate on: ``test`` = ``data.test_split``, ``train`` = ``data.train_split``."""
 

@@ -17,7 +17,7 @@ from agentrl.engines.vllm import safetensors_blob
 from agentrl.models import resolve_model_path
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.rollout.ray_placement import report, scrub_launcher_env
-from agentrl.rollout.runner import EpisodeRequest
+from agentrl.rollout.runner import EpisodeRequest, SamplingOverride
 from agentrl.rollout.worker_spec import WorkerSpec, make_runner
 from agentrl.sync.registry import make_transport
 from agentrl.sync.transports.base import Transport
@@ -110,8 +110,10 @@ class RolloutWorker:
             for fp in self.engine.fingerprint(names, probe_ids)  # type: ignore[attr-defined]
         ]
 
-    def run(self, requests: Sequence[EpisodeRequest], seed: int | None, temperature: float | None) -> list:
-        runner = make_runner(self.spec, self.engine, self.tokenizer, seed, temperature)
+    def run(
+        self, requests: Sequence[EpisodeRequest], seed: int | None, override: SamplingOverride | None
+    ) -> list:
+        runner = make_runner(self.spec, self.engine, self.tokenizer, seed, override)
         try:
             return runner.run(requests)
         finally:

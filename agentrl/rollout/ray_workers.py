@@ -42,7 +42,7 @@ from agentrl.errors import Failure
 from agentrl.parallel.placement import Placement, start_waves
 from agentrl.rollout.ray_placement import Reservation, init_ray
 from agentrl.rollout.ray_worker import RolloutWorker
-from agentrl.rollout.runner import EpisodeRequest
+from agentrl.rollout.runner import EpisodeRequest, SamplingOverride
 from agentrl.rollout.worker_spec import WorkerSpec
 from agentrl.sync.ray_pool import PoolWeights
 from agentrl.sync.registry import OBJECT_STORE
@@ -223,7 +223,10 @@ class RolloutPool:
 
     # -- episodes ----------------------------------------------------------------------------
     def run_episodes(
-        self, requests: Sequence[EpisodeRequest], seed: int | None = None, temperature: float | None = None
+        self,
+        requests: Sequence[EpisodeRequest],
+        seed: int | None = None,
+        override: SamplingOverride | None = None,
     ) -> list[Episode]:
         """Episodes for ``requests``, in order. Contiguous shards go to the workers (so a group's
         episodes mostly share a worker's batches); a dead worker's shard is retried elsewhere, and so
@@ -237,7 +240,7 @@ class RolloutPool:
                 "since the last weight sync; the next sync brings them up to date"
             )
             return [failed_episode(r, err, 0) for r in requests]
-        return ShardedRun(self, requests, use, seed, temperature).results()
+        return ShardedRun(self, requests, use, seed, override).results()
 
     def _kill_stuck(self, worker: int, call: str, waited_s: float, setting: str | None = None) -> str:
         """Kill a worker that did not answer ``call`` in time; the message its episodes record."""
@@ -357,9 +360,9 @@ class ShardedRun:
         requests: Sequence[EpisodeRequest],
         use: list[int],
         seed: int | None,
-        temperature: float | None,
+        override: SamplingOverride | None,
     ) -> None:
-        self.pool, self.requests, self.seed, self.temperature = pool, requests, seed, temperature
+        self.pool, self.requests, self.seed, self.override = pool, requests, seed, override
         n, total = len(use), len(requests)
         self.shards = [list(range(k * total // n, (k + 1) * total // n)) for k in range(n)]
         self.done: dict[int, Episode] = {}
@@ -374,7 +377,7 @@ class ShardedRun:
     def submit(self, shard: int, worker: int) -> None:
         with self.pool.weights.lock:  # never between the buckets of a weight update
             call = self.pool.workers[worker].run.remote(
-                [self.requests[i] for i in self.shards[shard]], self.seed, self.temperature
+                [self.requests[i] for i in self.shards[shard]], self.seed, self.override
             )
         self.pending[call] = (worker, shard)
         self.busy_since.setdefault(worker, time.monotonic())
@@ -454,11 +457,13 @@ def failed_episode(req: EpisodeRequest, message: str, retries: int) -> Episode:
 class RayEpisodeRunner:
     """The runner ``build.build_runner`` returns for a ``RolloutPool``: same ``run``/``close``."""
 
-    def __init__(self, pool: RolloutPool, seed: int | None = None, temperature: float | None = None) -> None:
-        self.pool, self.seed, self.temperature = pool, seed, temperature
+    def __init__(
+        self, pool: RolloutPool, seed: int | None = None, override: SamplingOverride | None = None
+    ) -> None:
+        self.pool, self.seed, self.override = pool, seed, override
 
     def run(self, requests: Sequence[EpisodeRequest]) -> list[Episode]:
-        return self.pool.run_episodes(requests, self.seed, self.temperature)
+        return self.pool.run_episodes(requests, self.seed, self.override)
 
     def close(self) -> None:
         """Workers outlive a runner (they hold the weights); ``RolloutPool.shutdown`` ends them."""

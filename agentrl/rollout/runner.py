@@ -13,7 +13,7 @@ import concurrent.futures
 import contextlib
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from agentrl.engines.base import Completion, Engine, SamplingParams
@@ -402,6 +402,19 @@ def jsonable(x: Any) -> Any:
     return repr(x)
 
 
-MakeRunner = Callable[[Engine, "int | None", "float | None"], EpisodeRunner]
-"""``(engine, seed, temperature) -> runner``: the runner for an engine, built where the config is
+@dataclass(frozen=True)
+class SamplingOverride:
+    """What one call changes in a runner's sampling (``rollout.*`` otherwise): the evaluation's
+    ``eval.temperature`` and ``eval.top_p``. None keeps the rollout's value."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+
+    def applied(self, sampling: SamplingParams) -> SamplingParams:
+        changed = {k: v for k, v in asdict(self).items() if v is not None}
+        return replace(sampling, **changed)
+
+
+MakeRunner = Callable[[Engine, "int | None", "SamplingOverride | None"], EpisodeRunner]
+"""``(engine, seed, override) -> runner``: the runner for an engine, built where the config is
 read (``agentrl/assembly/``); the collector and the evaluation take one."""

@@ -17,7 +17,7 @@ from agentrl.engines.base import Engine
 from agentrl.engines.factory import EngineSpec
 from agentrl.env import Environment, import_environment_module, make_env, registered
 from agentrl.rollout.async_runner import AsyncEpisodeRunner
-from agentrl.rollout.runner import EpisodeRunner, RunnerSettings
+from agentrl.rollout.runner import EpisodeRunner, RunnerSettings, SamplingOverride
 from sandboxes import SandboxSpec
 
 if TYPE_CHECKING:
@@ -66,13 +66,12 @@ class WorkerSpec:
     """The agent runner's endpoint (``proxy``), for an agent environment."""
 
 
-def with_sampling(settings: RunnerSettings, seed: int | None, temperature: float | None) -> RunnerSettings:
-    """``settings`` with this call's sampling seed and, when given, temperature."""
-    sampling = settings.sampling
-    sampling = dataclasses.replace(
-        sampling, seed=seed, temperature=sampling.temperature if temperature is None else temperature
-    )
-    return dataclasses.replace(settings, sampling=sampling)
+def with_sampling(
+    settings: RunnerSettings, seed: int | None, override: SamplingOverride | None
+) -> RunnerSettings:
+    """``settings`` with this call's sampling seed and, when given, its temperature and top-p."""
+    sampling = dataclasses.replace(settings.sampling, seed=seed)
+    return dataclasses.replace(settings, sampling=(override or SamplingOverride()).applied(sampling))
 
 
 def make_runner(
@@ -80,11 +79,11 @@ def make_runner(
     engine: Engine,
     tokenizer: Any,
     seed: int | None = None,
-    temperature: float | None = None,
+    override: SamplingOverride | None = None,
 ) -> EpisodeRunner:
     """The EpisodeRunner of ``spec.runner_kind`` (lockstep or async) over ``engine``; the agent runner
     when the environment is an agent."""
-    settings = with_sampling(spec.runner, seed, temperature)
+    settings = with_sampling(spec.runner, seed, override)
     envs = spec.env.factory(spec.sandbox)
     if issubclass(spec.env.env_class(), AgentEnvironment):
         from agentrl.rollout.agent_runner import AgentRunner, Endpoint

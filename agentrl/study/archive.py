@@ -106,11 +106,12 @@ def _changed_settings(recorded: dict[str, Any], spec: Any, config: dict[str, Any
             value = ADDED_SINCE.get(key)
         if value is not None:
             then[key] = str(value).lower() if isinstance(value, bool) else str(value)
+    missing = [n for n in spec.eval_sampling if n not in recorded.get("extra_evals", {})]
     return [
         f"{k}: {then.get(k, '(unset)')} -> {now.get(k, '(unset)')}"
         for k in sorted(then.keys() | now.keys())
         if then.get(k) != now.get(k)
-    ]
+    ] + [f"eval_sampling.{n}: not evaluated" for n in missing]
 
 
 def archive_prep(archive_dir: str, family: str, prep_file: Path) -> None:

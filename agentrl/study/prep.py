@@ -63,6 +63,11 @@ def prepare_family(
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
     metrics, eval_episodes = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
+    extra = {
+        name: evaluate(other, engine, tokenizer, test, k=other.eval.k)[0]
+        for name, over in study.eval_sampling.items()
+        for other in [load_config(study.families[family], [*family_overrides(study, family), *over])]
+    }
     prep = {
         "key": key,
         "family": family,
@@ -74,6 +79,7 @@ def prepare_family(
         "probe_episodes": len(episodes),
         "probe_reward": sum(e.reward for e in episodes) / max(len(episodes), 1),
         "initial_eval": metrics,
+        "initial_extra_evals": extra,
         "initial_pass_curve": pass_at_k_curve(eval_episodes, study.eval_k),
         "sft": _sft_record(path),
         "policy_sha256": digest,
@@ -104,6 +110,7 @@ def _prep_key(study: StudyConfig, warm_start: str) -> dict[str, Any]:
         "target": target,
         "eval": [study.eval_k, study.eval_tasks],
         "version": 3,
+        **({"eval_sampling": study.eval_sampling} if study.eval_sampling else {}),  # older records' keys stay
     }
 
 

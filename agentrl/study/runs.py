@@ -44,6 +44,11 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     t_eval = time.perf_counter()
     tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
     final, episodes = evaluate(cfg, trainer.engine, trainer.tokenizer, tasks, k=cfg.eval.k)
+    extra = {
+        name: evaluate(other, trainer.engine, trainer.tokenizer, tasks, k=other.eval.k)[0]
+        for name, over in spec.eval_sampling.items()
+        for other in [load_config(config_path, [*spec.overrides, *over])]
+    }
     eval_seconds = time.perf_counter() - t_eval
     result = {
         **asdict(spec),
@@ -53,6 +58,7 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
         "eval_seconds": eval_seconds,
         "policy_tokens": sum(h.get("length/policy_tokens_total", 0.0) for h in history),
         "final_eval": final,
+        "extra_evals": extra,
         "pass_curve": pass_at_k_curve(episodes, cfg.eval.k),
         "warm_start_sha256": weights_digest(build.policy_path(cfg, log=lambda _: None)),
         "status": "ok",

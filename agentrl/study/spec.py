@@ -77,6 +77,10 @@ class StudyConfig:
     estimator), the curve the report plots."""
     pass_k: int | None = None
     """The pass@j the tables show (≤ ``eval_k``); None = ``eval_k``."""
+    eval_sampling: dict[str, list[str]] = field(default_factory=dict)
+    """More held-out evaluations of every run and of the warm start, by name, each a list of
+    ``eval.*`` overrides of the one above: ``{top_p_0.7: [eval.top_p=0.7], greedy:
+    [eval.temperature=0, eval.k=1]}``. The report compares the methods at each (paired by seed)."""
     eval_tasks: int = 32
     parallel: int = knob(0, ge=0)
     """Runs at once. 0 = the cores idle when the study starts: the cores less those other processes
@@ -105,6 +109,8 @@ class RunSpec:
     seed: int
     overrides: list[str]
     out: str
+    eval_sampling: dict[str, list[str]] = field(default_factory=dict)
+    """The study's ``eval_sampling``: the evaluations after the main one."""
 
 
 def load_study(path: str | Path, overrides: Sequence[str] = (), reduced: bool = False) -> StudyConfig:
@@ -129,6 +135,11 @@ def load_study(path: str | Path, overrides: Sequence[str] = (), reduced: bool = 
         raise ValueError(
             f"{path}: {sorted(set(cfg.methods) & set(cfg.extra_methods))} in both 'methods' and 'extra_methods'"
         )
+    for name, over in cfg.eval_sampling.items():
+        if not over or any(not o.startswith("eval.") or "=" not in o for o in over):
+            raise ValueError(
+                f"{path}: eval_sampling.{name} must be a list of eval.KEY=VALUE overrides, got {over}"
+            )
     if cfg.pass_k is not None and not 1 <= cfg.pass_k <= cfg.eval_k:
         raise ValueError(f"{path}: pass_k={cfg.pass_k} must be between 1 and eval_k={cfg.eval_k}")
     if cfg.target.rule == "fixed" and cfg.target.value is None:
@@ -283,6 +294,7 @@ def _plan_group(
                             "run.resume=true",  # continue a stopped run, or start over without a checkpoint
                         ],
                         out,
+                        dict(study.eval_sampling),
                     )
                 )
     return runs

@@ -51,7 +51,7 @@ spec, requests, config_blob = pickle.load(open(sys.argv[1], "rb"))
 from agentrl.rollout.ray_worker import RolloutWorker
 
 worker = RolloutWorker(spec)
-episodes = worker.run(requests, seed=None, temperature=None)
+episodes = worker.run(requests, seed=None, override=None)
 answer = {
     "episodes": [[e.failure is None, e.token_ids()] for e in episodes],
     "plugin": sys.argv[2] in sys.modules,
@@ -131,3 +131,31 @@ def test_a_worker_from_a_spec_runs_where_the_plugin_was_never_imported(
         runner.close()
     assert answer["episodes"] == [[e.failure is None, e.token_ids()] for e in here]
     assert all(ok for ok, _ in answer["episodes"])
+
+
+def test_evaluation_samples_at_eval_temperature_and_top_p_and_training_at_the_rollouts(
+    tmp_path, tiny_model_dir, tiny_tokenizer
+):
+    from agentrl.assembly import build, evaluate
+    from agentrl.engines.scripted import ScriptedEngine
+
+    cfg = small_config(
+        tmp_path,
+        tiny_model_dir,
+        "env.name=countdown",
+        "rollout.max_episode_tokens=1024",  # room for countdown's prompt
+        "rollout.temperature=0.9",
+        "rollout.top_p=0.95",
+        "eval.temperature=0.6",
+        "eval.top_p=0.7",
+    )
+    tasks = components.load_tasks(cfg, "test")[:2]
+    engine = ScriptedEngine(lambda prompt, i: "\\boxed{1}<|im_end|>", tokenizer=tiny_tokenizer)
+    _, episodes = evaluate(cfg, engine, tiny_tokenizer, tasks, k=2)
+    assert [e.failure for e in episodes] == [None] * 4
+    assert {(p.temperature, p.top_p) for _, p in engine.calls} == {(0.6, 0.7)}
+    assert len(engine.calls) == 4
+    engine.calls.clear()
+    runner = build.build_runner(cfg, engine, tiny_tokenizer, seed=1)  # the collector's: no override
+    runner.run([EpisodeRequest(t, seed=i, group=t.id) for i, t in enumerate(tasks)])
+    assert {(p.temperature, p.top_p) for _, p in engine.calls} == {(0.9, 0.95)}

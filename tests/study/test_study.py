@@ -133,6 +133,8 @@ def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_
     tmp_path, tiny_model_dir, varied_env
 ):
     path = _write_study(tmp_path, tiny_model_dir, METHODS, varied_env)
+    raw = yaml.safe_load(path.read_text())  # a second evaluation of every run and the warm start
+    path.write_text(yaml.safe_dump({**raw, "eval_sampling": {"greedy": ["eval.temperature=0", "eval.k=1"]}}))
     logs: list[str] = []
     # H_tgt above the entropy: STARE's gate opens and it selects tokens
     over = ["target.scale=3.0", f"archive_dir={tmp_path / 'archive'}"]
@@ -166,6 +168,10 @@ def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_
     assert prep["h0"] > 0 and prep["target_entropy"] == pytest.approx(3.0 * prep["h0"])
     assert prep["h0_branching"] >= prep["h0"]  # the top 10 % of tokens are at least the mean
     assert sorted(int(j) for j in prep["initial_pass_curve"]) == [1, 2]
+    greedy = prep["initial_extra_evals"]["greedy"]
+    assert greedy["eval/k"] == 1 and greedy["eval/tasks"] == 2 and 0 <= greedy["eval/mean@k"] <= 1
+    assert "**Held-out mean@k at other sampling settings** (`eval_sampling`: greedy = " in text
+    assert f"| warm start | {greedy['eval/mean@k']:.3f} | – |" in text
     for method in METHODS:
         (run,) = summary["calc"]["methods"][method]
         assert run["steps"] == 2 and run["seed"] == 0
@@ -173,6 +179,7 @@ def test_micro_study_writes_a_well_formed_report_resumes_and_continues_from_its_
         assert run["pass_curve"]["1"] == pytest.approx(run["mean_at_k"])  # pass@1 is the mean accuracy
         assert run["pass_curve"]["2"] == pytest.approx(run["pass_at_k"])
         assert run["policy_tokens"] > 0
+        assert run["mean_at_k:greedy"] in (0.0, 0.5, 1.0)  # one greedy sample of each of 2 tasks
     # the runs' configs carry the measured target and the shared warm-start seed
     cfg = yaml.safe_load((tmp_path / "runs" / "calc" / "stare_pi" / "s0" / "config.yaml").read_text())
     assert cfg["algorithm"]["stare"]["target_entropy"] == pytest.approx(prep["target_entropy"], rel=1e-5)
@@ -244,6 +251,12 @@ def _check_the_archive_restores_the_study(tmp_path: Path, path: Path, over: list
         assert len(restore_runs(str(tmp_path / "archive"), [spec], logs.append)) == expected
         assert (out / "result.json").exists() == bool(expected)
     assert any("trainer.total_steps: 2 -> 3" in line and "not used" in line for line in logs), logs
+    # nor one that was not evaluated at a sampling setting the study now asks for
+    spec = RunSpec(
+        **{**fields, "out": str(tmp_path / "nucleus"), "eval_sampling": {"nucleus": ["eval.top_p=0.7"]}}
+    )
+    assert restore_runs(str(tmp_path / "archive"), [spec], logs.append) == []
+    assert "eval_sampling.nucleus: not evaluated" in logs[-1], logs
 
 
 @pytest.mark.slow
@@ -280,6 +293,8 @@ def test_study_config_errors_name_the_key(tmp_path, tiny_model_dir, varied_env):
     path = _write_study(tmp_path, tiny_model_dir, {"bad": ["algorithm.name=grpoo"]}, varied_env)
     with pytest.raises(ValueError, match="stepz"):
         load_study(path, ["stepz=3"])
+    with pytest.raises(ValueError, match=r"eval_sampling.greedy must be a list of eval.KEY=VALUE"):
+        load_study(path, ["eval_sampling.greedy=[rollout.top_p=0.7]"])
     with pytest.raises(ValueError, match=r"reduced.methods names \['nope'\]"):
         load_study(path, ["reduced.methods=[nope]"], reduced=True)
     with pytest.raises(ConfigError, match="grpoo"):  # a method's override is checked before any work

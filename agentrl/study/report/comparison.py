@@ -30,12 +30,12 @@ def cell(xs: Sequence[float], fmt: str = "{:.3f}", pct: bool = False) -> str:
 
 def paired_differences(by_method: dict[str, list[dict]], base: str, key: str) -> dict[str, list[float]]:
     """Per method, ``key`` minus the baseline's on the same seed, for the seeds both finished."""
-    ref = {r["seed"]: r[key] for r in by_method.get(base, [])}
+    ref = {r["seed"]: r.get(key, math.nan) for r in by_method.get(base, [])}
     out = {}
     for method, runs in by_method.items():
         if method == base:
             continue
-        diffs = [r[key] - ref[r["seed"]] for r in runs if r["seed"] in ref]
+        diffs = [r.get(key, math.nan) - ref[r["seed"]] for r in runs if r["seed"] in ref]
         out[method] = [d for d in diffs if not math.isnan(d)]
     return out
 
@@ -153,4 +153,33 @@ def verdict_lines(by_method: dict[str, list[dict]], base: str, study: Any, pass_
             + (", ".join(f"`{m}`" for m in worse) or "none")
             + "; every other difference is within seed noise."
         )
+    return lines
+
+
+def sampling_lines(by_method: dict[str, list[dict]], base: str, study: Any, prep: dict) -> list[str]:
+    """Held-out mean@k at the study's other sampling settings (``eval_sampling``): each method's,
+    the warm start's, and the difference against the baseline paired by seed, tested as accuracy."""
+    names = list(study.eval_sampling)
+    if not names or not by_method:
+        return []
+    start = prep.get("initial_extra_evals") or {}
+    lines = [
+        "",
+        "**Held-out mean@k at other sampling settings** (`eval_sampling`: "
+        + "; ".join(f"{n} = {', '.join(study.eval_sampling[n])}" for n in names)
+        + f"). Mean ± sd over seeds; Δ is paired by seed against `{base}`.",
+        "",
+        "| method | " + " | ".join(f"{n} | Δ {n}" for n in names) + " |",
+        "|---|" + "---|---|" * len(names),
+        "| warm start | "
+        + " | ".join(f"{start[n]['eval/mean@k']:.3f} | –" if n in start else "– | –" for n in names)
+        + " |",
+    ]
+    diffs = {n: paired_differences(by_method, base, f"mean_at_k:{n}") for n in names}
+    for method, runs in by_method.items():
+        cells = []
+        for n in names:
+            own = cell([r.get(f"mean_at_k:{n}", math.nan) for r in runs])
+            cells += [own, "–" if method == base else diff_cell(diffs[n][method], accuracy=True)]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return lines

@@ -12,7 +12,7 @@ from typing import Any
 
 from agentrl.study import sections
 from agentrl.study.archive import warm_start_lines
-from agentrl.study.report.comparison import cell, comparison_lines, verdict_lines
+from agentrl.study.report.comparison import cell, comparison_lines, sampling_lines, verdict_lines
 from agentrl.study.report.plots import plot_family, plot_pass_curves
 from agentrl.study.report.summaries import summarize_run
 from agentrl.study.tokens import token_lines
@@ -207,6 +207,7 @@ def _family_lines(
     lines += _answer_lines(by_method)
     lines += verdict_lines(by_method, base, study, pass_k)
     lines += comparison_lines(by_method, base, k, pass_k)
+    lines += sampling_lines(by_method, base, study, prep)
     lines += _per_run_lines(by_method, k, pass_k)
     lines += _token_lines(prep, by_method)
     if failed:

@@ -123,6 +123,7 @@ def summarize_run(
         "mean_at_k": final_eval.get("eval/mean@k", math.nan),
         "pass_at_k": _pass_at(result, pass_k, final_eval.get("eval/pass@k", math.nan)),
         "pass_curve": {int(j): v for j, v in result.get("pass_curve", {}).items()},
+        **{f"mean_at_k:{name}": m["eval/mean@k"] for name, m in result.get("extra_evals", {}).items()},
         "h_ratio": _tail_mean(series["entropy"], n_tail) / h0 if h0 else math.nan,
         "seconds": result.get("seconds", math.nan),
         "policy_tokens": result.get("policy_tokens", math.nan),
