@@ -63,11 +63,9 @@ def prepare_family(
     h_tgt = study.target.value if study.target.rule == "fixed" else study.target.scale * h0
     test = components.load_tasks(cfg, cfg.eval.split)[: study.eval_tasks]
     metrics, eval_episodes = evaluate(cfg, engine, tokenizer, test, k=study.eval_k)
-    extra = {
-        name: evaluate(other, engine, tokenizer, test, k=other.eval.k)[0]
-        for name, over in study.eval_sampling.items()
-        for other in [load_config(study.families[family], [*family_overrides(study, family), *over])]
-    }
+    extra = extra_evaluations(
+        study.families[family], family_overrides(study, family), study.eval_sampling, engine, tokenizer, test
+    )
     prep = {
         "key": key,
         "family": family,
@@ -95,6 +93,23 @@ def prepare_family(
         f"pass@{study.eval_k} {metrics['eval/pass@k']:.3f}"
     )
     return {**prep, "tokenizer": base}
+
+
+def extra_evaluations(
+    config: str,
+    overrides: list[str],
+    sampling: dict[str, list[str]],
+    engine: Any,
+    tokenizer: Any,
+    tasks: list[Task],
+) -> dict[str, dict[str, float]]:
+    """The held-out metrics at each of a study's ``eval_sampling`` settings (``eval.*`` overrides
+    after ``overrides``), by name."""
+    out = {}
+    for name, over in sampling.items():
+        cfg = load_config(config, [*overrides, *over])
+        out[name] = evaluate(cfg, engine, tokenizer, tasks, k=cfg.eval.k)[0]
+    return out
 
 
 def _prep_key(study: StudyConfig, warm_start: str) -> dict[str, Any]:

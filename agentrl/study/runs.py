@@ -19,7 +19,7 @@ from typing import Any
 from agentrl.assembly import build, components, evaluate, make_trainer
 from agentrl.config import load_config
 from agentrl.study import archive, sections
-from agentrl.study.prep import prepare_family, weights_digest
+from agentrl.study.prep import extra_evaluations, prepare_family, weights_digest
 from agentrl.study.report import write_report
 from agentrl.study.spec import RunSpec, StudyConfig, plan, run_threads, runs_at_once
 from agentrl.timeouts import start_thread
@@ -44,11 +44,9 @@ def run_one(spec: RunSpec, config_path: str) -> dict[str, Any]:
     t_eval = time.perf_counter()
     tasks = components.load_tasks(cfg, cfg.eval.split)[: cfg.eval.num_tasks]
     final, episodes = evaluate(cfg, trainer.engine, trainer.tokenizer, tasks, k=cfg.eval.k)
-    extra = {
-        name: evaluate(other, trainer.engine, trainer.tokenizer, tasks, k=other.eval.k)[0]
-        for name, over in spec.eval_sampling.items()
-        for other in [load_config(config_path, [*spec.overrides, *over])]
-    }
+    extra = extra_evaluations(
+        config_path, spec.overrides, spec.eval_sampling, trainer.engine, trainer.tokenizer, tasks
+    )
     eval_seconds = time.perf_counter() - t_eval
     result = {
         **asdict(spec),
