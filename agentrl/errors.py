@@ -12,6 +12,8 @@ Boundaries:
 - ``sandbox``: the sandbox itself failed (``sandboxes.SandboxError``), not the code it ran.
 - ``env``: ``reset``/``step`` raised or returned something the contract does not allow (``EnvError``).
 - ``reward``: a reward function raised (``RewardError``).
+- ``judge``: a judge reward got no verdict: its endpoint timed out, failed past its retries, or
+  answered without one (``env/judge.py`` ``JudgeError``). Not a zero reward.
 - ``worker``: the rollout worker process running the episode was lost (Ray).
 - ``agent``: a user's agent (``AgentEnvironment.run``) raised or ran past ``timeouts.agent_run_s``, or
   its client's history drifted with ``proxy.on_drift: fail``.
@@ -22,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal, get_args
 
-Boundary = Literal["model", "tool", "sandbox", "env", "reward", "worker", "agent"]
+Boundary = Literal["model", "tool", "sandbox", "env", "reward", "judge", "worker", "agent"]
 BOUNDARIES: tuple[str, ...] = get_args(Boundary)
 
 

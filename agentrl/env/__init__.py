@@ -38,6 +38,7 @@ from agentrl.env.base import (
     tool,
     tool_result_text,
 )
+from agentrl.env.judge import Judge, JudgeError, JudgeReward, JudgeSettings, judge_reward, score_in, yes_no
 from agentrl.env.records import (
     STEP_CONTRACT,
     EpisodeState,
@@ -67,6 +68,10 @@ __all__ = [
     "EnvError",
     "Environment",
     "EpisodeState",
+    "Judge",
+    "JudgeError",
+    "JudgeReward",
+    "JudgeSettings",
     "Message",
     "Reward",
     "StepResult",
@@ -81,12 +86,15 @@ __all__ = [
     "entry_point_errors",
     "extract_boxed",
     "import_environment_module",
+    "judge_reward",
     "make_env",
     "option_problem",
     "register",
     "registered",
     "run_with_timeout",
+    "score_in",
     "task_loading_options",
     "tool",
     "tool_result_text",
+    "yes_no",
 ]

@@ -18,6 +18,7 @@ from typing import Any
 
 from agentrl.engines.base import Completion, Engine, SamplingParams
 from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
+from agentrl.env.judge import JudgeReward
 from agentrl.env.values import RewardValueError, reward_value
 from agentrl.episode import Episode, Segment
 from agentrl.errors import Boundary, Failure, boundary_of
@@ -348,7 +349,10 @@ class EpisodeRunner:
 
         def compute() -> float:
             total = 0.0
-            for r in env.rewards():
+            rewards = env.rewards()
+            if any(isinstance(r, JudgeReward) for r in rewards):
+                ep.metrics["judged"] = True  # the step reports its judge's failures
+            for r in rewards:
                 current[0] = repr(r.name)
                 value = reward_value(repr(r.name), r.fn(task, state))  # a finite real number
                 comps[r.name] = value
@@ -364,7 +368,7 @@ class EpisodeRunner:
             else:
                 how = "did not return" if isinstance(e, WaitTimeout) else f"raised {type(e).__name__}"
                 message = f"reward {current[0]} {how}: {e}"
-            ep.failure = Failure("reward", message)
+            ep.failure = Failure(boundary_of(e, "reward"), message)  # a JudgeError: "judge"
             ep.reward_components = dict(comps)
             ep.reward = 0.0
             return

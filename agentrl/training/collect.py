@@ -5,7 +5,7 @@ shaping. In async mode (``trainer.mode: async``) the episodes come from the roll
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -60,7 +60,7 @@ class Collector:
         info: dict[str, float] = {}
         all_eps: list[Episode] = []
         kept_groups: list[list[Episode]] = []
-        n_informative = n_stale = 0
+        n_informative = n_stale = n_dropped = 0
         waited = 0.0
         for r in range(rounds):
             eps, took_s = self._round(step, r, info)
@@ -82,6 +82,8 @@ class Collector:
             for i in keep:
                 groups[usable[i].group].append(usable[i])
             kept_groups += [g for g in groups.values() if len(g) >= 2]  # a group of one has no baseline
+            scored = Counter(ep.group for ep in usable)  # failed episodes (a judge's) are not scored
+            n_dropped += sum(scored[g] < 2 for g in {ep.group for ep in eps})
             if len(kept_groups) >= s.rollout.prompts_per_step:
                 break
         kept_groups = kept_groups[: s.rollout.prompts_per_step]
@@ -90,6 +92,7 @@ class Collector:
             {
                 "groups/informative_frac": n_informative / max(n_groups, 1),
                 "groups/trained_count": float(len(kept_groups)),
+                "groups/dropped_count": float(n_dropped),
                 "groups/sampling_rounds": float(r + 1),
                 "offpolicy/stale_dropped": float(n_stale),
                 **off.staleness_metrics(all_eps, self.engine.version),

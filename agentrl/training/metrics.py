@@ -82,6 +82,8 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
     out["episodes/failed_frac"] = 1 - len(ok) / max(len(episodes), 1)
     for boundary, n in Counter(e.failure.boundary for e in episodes if e.failure).items():
         out[f"failures/{boundary}"] = float(n)
+    if any(e.metrics.get("judged") for e in episodes):  # a judge reward scored (or failed) these
+        out["rewards/judge_failed_frac"] = out.get("failures/judge", 0.0) / len(episodes)
     for reason, n in Counter(e.stop_reason for e in episodes).items():
         out[f"stop/{reason}"] = n / len(episodes)
     if ok:

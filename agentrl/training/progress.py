@@ -69,6 +69,11 @@ def step_line(metrics: dict[str, Any], failure: str | None = None) -> str:
         parts.append(f"no update ({why})")
     if metrics.get("async/trainer_idle_frac") is not None:
         parts.append(f"waited {metrics['async/trainer_idle_frac']:.0%}")
+    judge = metrics.get("rewards/judge_failed_frac") or 0.0
+    if judge > 0:
+        dropped = metrics.get("groups/dropped_count") or 0
+        groups = f", {dropped:.0f} group{'s' * (dropped != 1)} dropped" if dropped else ""
+        parts.append(f"judge failed {judge:.0%}{groups}")
     frac = metrics.get("episodes/failed_frac") or 0.0
     if frac > 0:
         parts.append(f"FAILED {frac:.0%}" + (f" ({failure})" if failure else ""))

@@ -25,7 +25,7 @@ def test_no_group_is_informative_when_no_rewards_differ(tmp_path, tiny_model_dir
     assert metrics["groups/informative_frac"] == 0.0
     assert metrics["groups/trained_count"] == 2.0  # GRPO trains on them anyway, with zero advantages
     assert metrics["groups/all_correct_frac"] == 1.0 and metrics["groups/all_wrong_frac"] == 0.0
-    assert metrics["groups/sampling_rounds"] == 1.0
+    assert metrics["groups/sampling_rounds"] == 1.0 and metrics["groups/dropped_count"] == 0.0
     assert not set(OLD_NAMES) & set(metrics)
 
 
@@ -50,3 +50,4 @@ def test_group_fractions_share_the_steps_groups(tmp_path, tiny_model_dir, monkey
     assert metrics["groups/count"] == 4.0 and metrics["groups/trained_count"] == 1.0
     assert metrics["groups/informative_frac"] == 0.25
     assert metrics["groups/all_correct_frac"] == 0.25 and metrics["groups/all_wrong_frac"] == 0.25
+    assert metrics["groups/dropped_count"] == 2.0  # c and d: fewer than two scored episodes
