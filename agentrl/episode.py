@@ -88,7 +88,12 @@ class Episode:
     ``drift:<kind>`` (an agent's client sent a history that does not extend the recorded one; the kind
     is ``agentrl doctor``'s; the break then also holds ``"before"``, the messages of the sample it
     ends, since the final ``messages`` are the client's rewritten ones, and ``"tools_before"`` when
-    the client also changed its tools). See docs/environments.md."""
+    the client also changed its tools); or ``compaction`` / ``window`` (the context was full,
+    ``rollout.context``): the break then holds ``"context"``, the messages the next sample's prompt
+    renders (the task's, then the summary and the latest observation, or the newest whole turns), and from
+    it on a sample shows ``context`` then ``messages[n:]``; a compaction also holds the ``"request"``
+    and the ``"summary"`` that end the sample before it (the environment never saw them), a window
+    its ``"dropped_turns"``. See docs/environments.md."""
     overlays: dict[str, list[float | None]] | None = None
     """Per-token training overlays the trainer attaches after the update (old/new logprob, entropy,
     advantage, weight, selection, clip status). Each list is aligned with ``token_ids()``; entries for
@@ -129,13 +134,16 @@ class Episode:
         reason: str,
         before: list[dict[str, Any]] | None = None,
         tools_before: list[dict[str, Any]] | None = None,
+        extra: dict[str, Any] | None = None,
     ) -> None:
         """Start a new training sample at the next segment: its prompt renders ``messages[:messages]``
         (the caller adds it as a ``prompt`` segment next). ``reason``: ``history`` or ``drift:<kind>``.
         ``before``: the messages the ending sample covered, when the episode's final ``messages`` will
         not start with them (a client that rewrote its history); ``tools_before``: the tool schemas it
-        was rendered with, when the client changed them (``metrics["tools"]`` will be the new ones)."""
+        was rendered with, when the client changed them (``metrics["tools"]`` will be the new ones).
+        ``extra``: more fields, e.g. a compaction's (``agentrl.rollout.context``)."""
         brk: dict[str, Any] = {"segment": len(self.segments), "messages": messages, "reason": reason}
+        brk.update(extra or {})
         if before is not None:
             brk["before"] = before
         if tools_before is not None:
@@ -165,11 +173,21 @@ class Episode:
         cuts = [0, *(b["segment"] for b in self.sample_breaks), len(self.segments)]
         message_ends = [b["messages"] for b in self.sample_breaks] + [len(self.messages)]
         views = []
+        base: list[dict[str, Any]] = []
+        base_from = 0  # a sample shows base, then messages[base_from:] (a compaction's context)
         for i in range(len(cuts) - 1):
             segments = self.segments[cuts[i] : cuts[i + 1]]
             view = Episode(**{k: getattr(self, k) for k in self.__dataclass_fields__})
             ending = self.sample_breaks[i] if i < len(self.sample_breaks) else {}
-            view.segments, view.messages = segments, ending.get("before", self.messages[: message_ends[i]])
+            shown = [*base, *self.messages[base_from : message_ends[i]]]
+            if "summary" in ending:  # the request and the summary that ended this sample
+                shown += [
+                    {"role": "user", "content": ending["request"]},
+                    {"role": "assistant", "content": ending["summary"]},
+                ]
+            view.segments, view.messages = segments, ending.get("before", shown)
+            if "context" in ending:
+                base, base_from = ending["context"], ending["messages"]
             if "tools_before" in ending:  # the tools this sample was rendered with
                 view.metrics = {**self.metrics, "tools": ending["tools_before"]}
             view.sample_breaks, view.overlays = [], None

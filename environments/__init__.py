@@ -9,6 +9,8 @@ Each environment is one small module you can read in a minute and copy to start 
 - ``shop``: multi-turn JSON tool calls (three typed tools, many valid call orders).
 - ``calculator``: multi-turn JSON tool calls to a calculator.
 - ``code_interpreter``: multi-turn Python in a sandbox (```python blocks, output as ``tool`` messages).
+- ``recall``: a code told early, asked for after more turns than the context holds
+  (``rollout.context``: compaction; its demonstrations also show the summaries, one chat each).
 
 Conventions every built-in environment follows (copy them in yours):
 
@@ -26,6 +28,24 @@ Conventions every built-in environment follows (copy them in yours):
 - Task data outside the generators (GSM8K, MATH-500, AIME, DAPO-Math) comes from ``agentrl.env.data``.
 """
 
-from environments import calculator, code_interpreter, countdown, gsm_symbolic, long_cot, shop, short_cot
+from environments import (
+    calculator,
+    code_interpreter,
+    countdown,
+    gsm_symbolic,
+    long_cot,
+    recall,
+    shop,
+    short_cot,
+)
 
-__all__ = ["calculator", "code_interpreter", "countdown", "gsm_symbolic", "long_cot", "shop", "short_cot"]
+__all__ = [
+    "calculator",
+    "code_interpreter",
+    "countdown",
+    "gsm_symbolic",
+    "long_cot",
+    "recall",
+    "shop",
+    "short_cot",
+]

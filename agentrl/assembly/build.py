@@ -67,6 +67,8 @@ def warm_start_key(cfg: Config, base: str) -> str:
         payload["num_tasks"] = s.num_tasks
     if s.holdout > 0:
         payload["holdout"] = [s.holdout, s.eval_every, s.patience]
+    if cfg.rollout.context.policy == "compact":  # the summaries may be demonstrated too (assembly/sft.py)
+        payload["compaction"] = cfg.rollout.context.summary_prompt or "the environment's request"
     if trains_adapters(cfg.sft, cfg.model.lora):  # a LoRA warm start (keys of full ones stay as they were)
         payload["lora"] = lora.settings_dict(cfg.model.lora)
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:16]

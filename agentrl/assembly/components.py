@@ -31,6 +31,7 @@ from agentrl.env.data import HeldOut, load_tasks_from_source
 from agentrl.models import load_policy, resolve_model_path, torch_dtype
 from agentrl.models.tokenizer import load_tokenizer
 from agentrl.parallel.placement import Launch, Placement, Rollouts, launch_from_env, place
+from agentrl.rollout.context import ContextSettings
 from agentrl.rollout.ray_workers import PoolSettings, RolloutPool
 from agentrl.rollout.runner import Budgets, EpisodeRunner, RunnerSettings, SamplingOverride
 from agentrl.rollout.worker_spec import EnvSpec, WorkerSpec, make_runner
@@ -360,6 +361,12 @@ def runner_settings(cfg: Config, seed: int | None = None) -> RunnerSettings:
         history=ro.history,
         tools_prompt=ro.tools_prompt,
         env_stop=ro.env_stop,
+        context=ContextSettings(
+            ro.context.policy,
+            ro.context.max_tokens,
+            ro.context.max_summary_tokens,
+            ro.context.summary_prompt,
+        ),
     )
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import random
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -17,9 +18,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from agentrl.assembly import components
 from agentrl.config import Config
 from agentrl.env import Task
-from agentrl.env.demos import load_demonstrations
+from agentrl.env.demos import load_demonstrations, with_summaries
 from agentrl.models.chat import ChatRenderer
 from agentrl.models.checkpointing import checkpointing
+from agentrl.rollout.context import SUMMARY_PROMPT
 from agentrl.timeouts import call_with_timeout
 from agentrl.training import lora
 from agentrl.training.prompt_fit import fitting_examples, loaded_context
@@ -69,6 +71,8 @@ def build_examples(
             f"the demonstration of task {tasks[i].id!r}" if one_each else f"demonstration {i + 1}"
             for i in range(len(demos))
         ]
+        if one_each:
+            demos, names = summary_demonstrations(cfg, type(env), tasks, demos, names)
     return fitting_examples(
         cfg.rollout.max_episode_tokens,
         [tokenize_conversation(renderer, d) for d in demos],
@@ -76,6 +80,25 @@ def build_examples(
         context,
         log,
     )
+
+
+def summary_demonstrations(
+    cfg: Config, env_cls: Any, tasks: list[Task], demos: list[Any], names: list[str]
+) -> tuple[list[Any], list[str]]:
+    """With ``rollout.context.policy: compact`` and an environment that says what a summary should
+    keep (``summary_demonstration(task, messages)``), every demonstration also gives the
+    compaction samples around it (``agentrl.env.demos.with_summaries``): the summaries are warmed up
+    with the rest. Otherwise the demonstrations as they are."""
+    solver = getattr(env_cls, "summary_demonstration", None)
+    if cfg.rollout.context.policy != "compact" or solver is None:
+        return demos, names
+    request = cfg.rollout.context.summary_prompt or env_cls.summary_prompt or SUMMARY_PROMPT
+    out, out_names = [], []
+    for task, demo, name in zip(tasks, demos, names):
+        for k, d in enumerate(with_summaries(demo, functools.partial(solver, task), request)):
+            out.append(d)
+            out_names.append(name if k == 0 else f"{name}, compaction sample {k}")
+    return out, out_names
 
 
 def solver_demonstrations(cfg: Config, env_cls: Any, tasks: list[Any]) -> list[Any]:

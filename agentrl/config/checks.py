@@ -8,6 +8,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from agentrl.agents import AgentEnvironment
 from agentrl.algorithms import registry
 from agentrl.config.schema import Config, weighting_name, weighting_settings
 from agentrl.engines.registry import ENGINES, engine_record
@@ -22,6 +23,7 @@ def cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     yield from _source_problems(cfg)
     yield from _batch_problems(cfg)
     yield from _mode_problems(cfg)
+    yield from _context_problems(cfg)
     ro = cfg.rollout
     reads_gemm = "rollout.cpu_gemm" in engine_record(ro.engine).keys
     if ro.cpu_gemm == "onednn" and (not reads_gemm or (ro.dtype or cfg.model.dtype) != "float32"):
@@ -35,6 +37,40 @@ def cross_checks(cfg: Config) -> Iterator[tuple[str, str]]:
     empty = [i for i, s in enumerate(cfg.rollout.stop) if not s]
     if empty:
         yield "rollout.stop", f"rollout.stop[{empty[0]}] is an empty string: a stop string must hold text"
+
+
+def _context_problems(cfg: Config) -> Iterator[tuple[str, str]]:
+    """``rollout.context``: a budget the policy can act within, and no setting its policy ignores."""
+    ro = cfg.rollout
+    c = ro.context
+    if c.max_tokens is not None and c.max_tokens > ro.max_episode_tokens:
+        yield (
+            "rollout.context.max_tokens",
+            f"rollout.context.max_tokens={c.max_tokens} exceeds rollout.max_episode_tokens="
+            f"{ro.max_episode_tokens}, the hard limit of every sample: lower it or raise the other",
+        )
+    budget = ro.max_episode_tokens if c.max_tokens is None else c.max_tokens
+    if c.policy != "stop" and budget <= ro.max_tokens_per_turn:
+        yield (
+            "rollout.context.max_tokens",
+            f"rollout.context.policy={c.policy} acts when the context could not hold another turn of "
+            f"rollout.max_tokens_per_turn={ro.max_tokens_per_turn}, but its budget is {budget} tokens: "
+            "give the context room for more than one turn",
+        )
+    if c.policy != "compact":
+        for key in ("max_summary_tokens", "summary_prompt"):
+            if getattr(c, key) is not None:
+                yield (
+                    f"rollout.context.{key}",
+                    f"rollout.context.{key} is set, but only rollout.context.policy=compact writes a "
+                    f"summary (this run has policy={c.policy}): set the policy or drop the key",
+                )
+    elif c.max_summary_tokens is not None and c.max_summary_tokens > ro.max_episode_tokens:
+        yield (
+            "rollout.context.max_summary_tokens",
+            f"rollout.context.max_summary_tokens={c.max_summary_tokens} exceeds "
+            f"rollout.max_episode_tokens={ro.max_episode_tokens}",
+        )
 
 
 def _source_problems(cfg: Config) -> Iterator[tuple[str, str]]:
@@ -250,6 +286,15 @@ def environment_problems(cfg: Config) -> Iterator[tuple[str, str]]:
         yield (
             "env.name",
             f"unknown environment env.name={cfg.env.name!r}{did} Registered: {', '.join(sorted(envs))}.{hint}",
+        )
+        return
+    if cfg.rollout.context.policy != "stop" and issubclass(envs[cfg.env.name], AgentEnvironment):
+        yield (
+            "rollout.context.policy",
+            f"rollout.context.policy={cfg.rollout.context.policy} rewrites the context the runner "
+            f"keeps, but env.name={cfg.env.name!r} is an agent environment whose client keeps its own "
+            "history: set rollout.context.policy=stop (a client that rewrites its history is split "
+            "into samples by proxy.on_drift)",
         )
 
 

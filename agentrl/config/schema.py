@@ -146,6 +146,18 @@ class ColocateConfig:
 
 
 @dataclass
+class ContextConfig:
+    policy: Literal["stop", "compact", "window"] = "stop"
+    """What happens when an episode's context could not hold another full turn (``max_tokens``): ``stop`` = the episode ends (stop reason ``token_budget``); ``compact`` = the policy writes a summary (a trained turn) and the episode goes on in a new sample whose prompt is the task, that summary and the latest observation; ``window`` = a new sample whose prompt drops the oldest whole turns. Every sample trains with the episode's advantage (docs/environments.md, "Episodes longer than the context")."""
+    max_tokens: int | None = knob(None, ge=1)
+    """The context budget the policy acts at: it acts after an observation when the context and another turn of ``rollout.max_tokens_per_turn`` would pass it. None = ``rollout.max_episode_tokens``, which stays the hard limit of every sample: with ``compact`` the summary request and the summary are written between the two (a summary that reaches the hard limit is cut there), so leave them room."""
+    max_summary_tokens: int | None = knob(None, ge=1)
+    """``compact``: new tokens of the summary turn. None = ``rollout.max_tokens_per_turn``."""
+    summary_prompt: str | None = None
+    """``compact``: the user message that asks for the summary. None = the environment's ``summary_prompt``, else agentrl's default."""
+
+
+@dataclass
 class RolloutConfig:
     engine: str = knob("hf", choices=lambda: list(ENGINES))
     """Generation backend (a record in ``agentrl/engines/registry.py``): ``hf`` = transformers in-process, ``vllm`` = vLLM (the ``vllm`` extra)."""
@@ -205,6 +217,8 @@ class RolloutConfig:
     """How new weights reach the engine(s), and the proof that they arrived."""
     colocate: ColocateConfig = field(default_factory=ColocateConfig)
     """An engine that shares the trainer's devices."""
+    context: ContextConfig = field(default_factory=ContextConfig)
+    """Episodes longer than the model's context: stop, compact (a trained summary) or window."""
 
 
 @dataclass

@@ -54,6 +54,9 @@ class Environment:
     """Predicates on the turn's text that end it where they start to hold: ``(BOXED_ANSWER,)`` ends a
     turn with the token that closes its ``\\boxed{}`` answer, so no text is written after the
     answer (``agentrl.models.stopping``). ``rollout.env_stop: false`` ignores both declarations."""
+    summary_prompt: ClassVar[str | None] = None
+    """With ``rollout.context.policy: compact``: the user message that asks the model to summarise
+    its work when the context is full (what the summary must keep). None = agentrl's default."""
     extra_tools: ClassVar[Sequence[Callable]] = ()
     """Plain functions exposed as tools in addition to ``@tool`` methods."""
     mcp_servers: ClassVar[Sequence[MCPServer]] = ()

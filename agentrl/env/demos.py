@@ -5,6 +5,7 @@ any work."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -64,3 +65,24 @@ def load_demonstrations(path: str | Path) -> list[list[Message]]:
     if not demos:
         raise ValueError(f"{path} holds no demonstration; expected {DEMO_FORMAT}")
     return demos
+
+
+def with_summaries(
+    demo: list[Message], summary: Callable[[list[Message]], str | None], request: str
+) -> list[list[Message]]:
+    """A demonstration and the compaction samples a run with ``rollout.context.policy: compact``
+    would train on around it: after every observation, the chat so far, the summary ``request`` and the solver's summary of what came before
+    (``summary(messages)``; None = no summary there), and the continuation: the task's messages,
+    that summary as the model's turn, the observation and the next reply."""
+    first = next((i for i, m in enumerate(demo) if m.get("role") == "assistant"), len(demo))
+    out = [demo]
+    replies = [i for i, m in enumerate(demo) if m.get("role") == "assistant"]
+    for k, reply in enumerate(replies[1:], start=1):
+        start = replies[k - 1] + 1  # the observation that answered the previous reply
+        so_far = demo[:reply]
+        text = summary(so_far)
+        if text is None:
+            continue
+        out.append([*so_far, {"role": "user", "content": request}, {"role": "assistant", "content": text}])
+        out.append([*demo[:first], {"role": "assistant", "content": text}, *demo[start : reply + 1]])
+    return out

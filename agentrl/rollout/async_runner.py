@@ -324,6 +324,8 @@ class AsyncEpisodeRunner(EpisodeRunner):
                 self._append_policy(lv, comp)
                 if lv.done:
                     break
+                if not self._steps(lv):  # a summary (rollout.context): the next turn, no step
+                    continue
                 if self._stopping:  # a reply that was generating when the run stopped: no step
                     self._fail(lv, "model", RuntimeError("the run was interrupted"))
                     break

@@ -17,17 +17,17 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from agentrl.engines.base import Completion, Engine, SamplingParams
-from agentrl.env import Environment, EpisodeState, Message, StepResult, Task, checked_messages, checked_step
-from agentrl.env.judge import JudgeReward
-from agentrl.env.values import RewardValueError, reward_value
+from agentrl.env import Environment, Message, StepResult, Task, checked_messages, checked_step
 from agentrl.episode import Episode, Segment
-from agentrl.errors import Boundary, Failure, boundary_of
-from agentrl.models.chat import ChatRenderer
+from agentrl.errors import Boundary, boundary_of
+from agentrl.models.chat import ChatRenderer, Piece
 from agentrl.models.history import HistoryPolicy, history_pieces
 from agentrl.models.stopping import token_decoder
+from agentrl.rollout.context import ContextPolicy, ContextSettings
+from agentrl.rollout.scoring import score
 from agentrl.rollout.tool_output import cut_long_outputs, truncate_outputs
 from agentrl.rollout.turns import Budgets, LiveEpisode, record_turn_end, turn_sampling
-from agentrl.timeouts import BoundedCalls, DaemonThreadPool, WaitTimeout
+from agentrl.timeouts import BoundedCalls, DaemonThreadPool
 
 ENGINE_REQUEST_S = 600.0
 ENV_STEP_S = 600.0
@@ -51,7 +51,8 @@ class RunnerSettings:
     what to do when the chat template would show the model a different history than the one it wrote
     (``agentrl.models.history``). ``tools_prompt`` (``rollout.tools_prompt``): where the tool schemas
     are shown. ``env_stop`` (``rollout.env_stop``): each turn also ends where the environment's
-    ``stop_strings`` and ``stop_conditions`` say (the answer stop)."""
+    ``stop_strings`` and ``stop_conditions`` say (the answer stop). ``context``
+    (``rollout.context``): what happens when an episode's context is full (``agentrl.rollout.context``)."""
 
     budgets: Budgets = field(default_factory=Budgets)
     sampling: SamplingParams = field(default_factory=SamplingParams)
@@ -64,6 +65,7 @@ class RunnerSettings:
     history: str = "auto"
     tools_prompt: str = "auto"
     env_stop: bool = True
+    context: ContextSettings = field(default_factory=ContextSettings)
 
 
 @dataclass(frozen=True)
@@ -114,6 +116,7 @@ class EpisodeRunner:
         self.budgets = settings.budgets
         self.sampling = settings.sampling
         self.env_stop = settings.env_stop
+        self.context = ContextPolicy(settings.context, settings.budgets)
         self._decode = token_decoder(tokenizer)
         threads = self.env_threads or min(64, settings.max_concurrent_episodes)
         self.pool = DaemonThreadPool(threads, "agentrl-env")  # environments start here (user code)
@@ -154,7 +157,9 @@ class EpisodeRunner:
                 for lv, comp in zip(active, completions):
                     if comp is not None:
                         self._append_policy(lv, comp)
-                stepping = [lv for lv, comp in zip(active, completions) if comp is not None and not lv.done]
+                stepping = [
+                    lv for lv, comp in zip(active, completions) if comp is not None and self._steps(lv)
+                ]
                 for lv, result in zip(stepping, self.pool.map(self._safe_step, stepping)):
                     if result is not None:
                         self._after_step(lv, result)
@@ -186,6 +191,7 @@ class EpisodeRunner:
                 lv.messages = lv.renderer.prompt_messages(lv.messages)
             prompt = lv.renderer.render_prompt(lv.messages)
             ep.add(Segment("prompt", 0, prompt.token_ids, prompt.text))
+            lv.prompt_count = len(lv.messages)
             self.history.record(ep)
         except Exception as e:
             self._fail(lv, boundary_of(e, "env"), e)
@@ -204,7 +210,13 @@ class EpisodeRunner:
         return self._renderers[key]
 
     def _sampling_for(self, lv: LiveEpisode) -> SamplingParams:
-        return turn_sampling(self.sampling, self.budgets, lv, self.env_stop)
+        params = turn_sampling(self.sampling, self.budgets, lv, self.env_stop)
+        return params if lv.summarizing is None else self.context.sampling(lv, params)
+
+    @staticmethod
+    def _steps(lv: LiveEpisode) -> bool:
+        """Whether the environment takes a step for the turn just appended (not for a summary)."""
+        return not lv.done and not lv.resumed
 
     def _generate(self, active: list[LiveEpisode]) -> list[Completion | None]:
         prompts = [lv.episode.context_ids() for lv in active]
@@ -236,15 +248,20 @@ class EpisodeRunner:
         )
         assert lv.renderer is not None
         ended_with_eos = bool(comp.token_ids) and comp.token_ids[-1] == lv.renderer.eos_token_id
-        lv.final_text = text.removesuffix(lv.renderer.assistant_close.strip()) if ended_with_eos else text
-        lv.messages.append({"role": "assistant", "content": lv.final_text})
+        content = text.removesuffix(lv.renderer.assistant_close.strip()) if ended_with_eos else text
+        summary, lv.resumed = lv.summarizing is not None, False
+        if not summary:  # a summary is not an action: the environment never sees it
+            lv.final_text = content
+            lv.messages.append({"role": "assistant", "content": content})
         close = lv.renderer.close_turn(text, ended_with_eos)
         ep.add(Segment("scaffold", lv.turn, close.token_ids, close.text))
-        record_turn_end(lv, comp, self.sampling, self.env_stop, self._decode)
+        record_turn_end(lv, comp, self.sampling, self.env_stop and not summary, self._decode)
         if comp.finish_reason == "length" and lv.length >= self.budgets.max_episode_tokens:
             self._stop(lv, "token_budget")
         elif comp.finish_reason == "abort":
             self._fail(lv, "model", RuntimeError(f"engine aborted the request: {comp.info}"))
+        elif summary:
+            self.context.finish_summary(lv, content)
 
     def _safe_step(self, lv: LiveEpisode) -> StepResult | None:
         assert lv.env is not None and lv.final_text is not None
@@ -280,7 +297,8 @@ class EpisodeRunner:
             return self._stop(lv, "void_turn" if info.get("void_turn") else "answered")
         if truncated:
             return self._stop(lv, "truncated")
-        if lv.turn + 1 >= min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns):
+        limit = min(self.budgets.max_turns, lv.env.max_turns if lv.env else self.budgets.max_turns)
+        if lv.turn - lv.summaries + 1 >= limit:
             return self._stop(lv, "max_turns")  # the unanswered observation is not shown to anyone
         lv.turn += 1
         try:
@@ -298,13 +316,24 @@ class EpisodeRunner:
         assert lv.renderer is not None
         cap = self.budgets.max_tool_output_tokens
         obs, cut = cut_long_outputs(obs, cap)  # a 5 MB output is not tokenized whole to keep 256 tokens
-        pieces = truncate_outputs(self.tokenizer, lv.renderer.render_observation(obs), cap, cut)
+        renderer = lv.renderer
+
+        def render(extra: list[Message]) -> list[Piece]:  # the observation, then runner messages
+            return truncate_outputs(self.tokenizer, renderer.render_observation([*obs, *extra]), cap, cut)
+
+        pieces: list[Piece] | None = render([])
+        assert pieces is not None
         for i, msg in enumerate(obs):  # record what the model actually saw
             text = [p.text for p in pieces if p.message_index == i]
             lv.messages.append({**msg, "content": text[0]} if text else dict(msg))
-        if self.history.must_split(lv.renderer, lv.episode, lv.messages, pieces):
+        pieces = self.context.on_observation(lv, pieces, render)  # a full context: rollout.context
+        if pieces is None:
+            return
+        if lv.summarizing is None and self.history.must_split(
+            lv.renderer, lv.episode, lv.context_messages(), pieces
+        ):
             lv.episode.begin_sample(len(lv.messages), "history")
-            pieces = history_pieces(lv.renderer, lv.messages)
+            pieces = history_pieces(lv.renderer, lv.context_messages())
         for piece in pieces:
             lv.episode.add(Segment(piece.role, lv.turn, piece.token_ids, piece.text))  # type: ignore[arg-type]
 
@@ -337,45 +366,8 @@ class EpisodeRunner:
         return ep
 
     def _score(self, lv: LiveEpisode) -> None:
-        """The episode's reward: ``step``'s rewards plus the weighted reward functions, computed
-        under ``timeouts.env_step_s`` (a reward that never returns fails the episode at the
-        ``reward`` boundary, naming it, instead of holding the batch)."""
-        ep, env = lv.episode, lv.env
-        assert env is not None and env.task is not None
-        task = env.task
-        state = EpisodeState(task, lv.messages, lv.final_text, dict(lv.info, stop_reason=ep.stop_reason))
-        comps: dict[str, float] = {}
-        current = ["rewards()"]  # the reward being computed, for the message when one fails
-
-        def compute() -> float:
-            total = 0.0
-            rewards = env.rewards()
-            if any(isinstance(r, JudgeReward) for r in rewards):
-                ep.metrics["judged"] = True  # the step reports its judge's failures
-            for r in rewards:
-                current[0] = repr(r.name)
-                value = reward_value(repr(r.name), r.fn(task, state))  # a finite real number
-                comps[r.name] = value
-                total += r.weight * value
-            return total
-
-        try:
-            total = reward_value(repr(self.step_reward_name), lv.step_reward)  # steps' rewards, summed
-            total += self._bounded(compute, env, "rewards", lv)
-        except Exception as e:
-            if isinstance(e, RewardValueError):
-                message = str(e)
-            else:
-                how = "did not return" if isinstance(e, WaitTimeout) else f"raised {type(e).__name__}"
-                message = f"reward {current[0]} {how}: {e}"
-            ep.failure = Failure(boundary_of(e, "reward"), message)  # a JudgeError: "judge"
-            ep.reward_components = dict(comps)
-            ep.reward = 0.0
-            return
-        if lv.step_reward:
-            comps[self.step_reward_name] = lv.step_reward
-        ep.reward_components = comps
-        ep.reward = total
+        """The episode's reward (``agentrl.rollout.scoring``), computed under ``timeouts.env_step_s``."""
+        score(lv, lambda call: self._bounded(call, lv.env, "rewards", lv), self.step_reward_name)
 
 
 def _close_started(started: concurrent.futures.Future) -> None:

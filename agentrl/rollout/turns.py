@@ -47,6 +47,22 @@ class LiveEpisode:
     done: bool = False
     t0: float = field(default_factory=time.perf_counter)
     env_closed: bool = False
+    prompt_count: int = 0
+    """How many of the messages are the task's (``reset``'s, with the tools' system message)."""
+    base: list[Message] = field(default_factory=list)
+    base_from: int = 0
+    """The current sample shows ``base`` then ``messages[base_from:]`` (``context_messages``): a
+    compaction or a window restarts the context from a prompt of its own (``agentrl.rollout.context``)."""
+    summarizing: str | None = None
+    """The summary request, while the next generation is the summary turn."""
+    summaries: int = 0
+    """Summary turns so far (they do not count against the turn limits)."""
+    resumed: bool = False
+    """The last generation was a summary: the environment takes no step for it."""
+
+    def context_messages(self) -> list[Message]:
+        """The messages the current sample shows the model."""
+        return [*self.base, *self.messages[self.base_from :]]
 
     @property
     def length(self) -> int:

@@ -103,6 +103,32 @@ def episode_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
         # positions visited: the entropy of fresh rollouts, with no extra forward pass.
         out["entropy/rollout"] = sum(surprisal) / len(surprisal)
     out.update(answer_metrics(episodes))
+    out.update(context_metrics(episodes))
+    return out
+
+
+def context_metrics(episodes: Sequence[Episode]) -> dict[str, float]:
+    """What ``rollout.context`` did (written on steps where it acted): the share of episodes that
+    compacted, windowed or stopped at the budget, compactions and windows per episode, and the mean
+    summary length in tokens."""
+    events = [e.metrics.get("context") or [] for e in episodes]
+    if not any(events):
+        return {}
+    n = len(episodes)
+    out = {}
+    for kind in ("compaction", "window", "stop"):
+        counts = [sum(1 for x in ev if x["kind"] == kind) for ev in events]
+        out[f"context/{kind}_frac"] = sum(1 for c in counts if c) / n
+        if kind != "stop":
+            out[f"context/{kind}s"] = sum(counts) / n
+    summaries = [
+        next(len(s.token_ids) for s in reversed(e.segments[: b["segment"]]) if s.role == "policy")
+        for e in episodes
+        for b in e.sample_breaks
+        if b.get("reason") == "compaction"
+    ]
+    if summaries:
+        out["context/summary_tokens"] = sum(summaries) / len(summaries)
     return out
 
 

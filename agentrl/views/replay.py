@@ -104,8 +104,14 @@ def render_episode(ep: Episode, console: Any, max_chars: int = 4000) -> None:
     console.print(Rule(f"episode {ep.id}", style="bold"))
     console.print(_header(ep))
     scaffold = ""  # consecutive scaffold segments print as one dim line
-    for seg in ep.segments:
+    breaks = {b["segment"]: b for b in ep.sample_breaks}
+    for i, seg in enumerate(ep.segments):
         style = _ROLE_STYLE[seg.role]
+        if i in breaks:
+            if scaffold:
+                console.print(Text(f"  ⟨scaffold {scaffold!r}⟩", style=_ROLE_STYLE["scaffold"]))
+                scaffold = ""
+            console.print(Rule(sample_break_title(breaks[i]), style="magenta"))
         if seg.role == "scaffold":
             scaffold += seg.text
             continue
@@ -138,6 +144,20 @@ def render_episode(ep: Episode, console: Any, max_chars: int = 4000) -> None:
             )
         )
     console.print(Text(outcome, style="bold red" if ep.failed else "bold"))
+
+
+def sample_break_title(brk: dict[str, Any]) -> str:
+    """The line that marks where a new training sample starts, and why (``Episode.sample_breaks``):
+    a compaction says what its summary kept, a window how many turns it dropped."""
+    reason = str(brk.get("reason", "?"))
+    if reason == "compaction":
+        kept = " ".join(str(brk.get("summary", "")).split())
+        return f"new sample: compaction, the next prompt keeps the task, the summary ({_shorten(kept, 120)!r}) and the latest observation"
+    if reason == "window":
+        return (
+            f"new sample: window, the {brk.get('dropped_turns', '?')} oldest turn(s) dropped from the context"
+        )
+    return f"new sample: {reason}"
 
 
 # -- rerun / rescore ----------------------------------------------------------------------------

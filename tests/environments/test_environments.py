@@ -165,7 +165,7 @@ def test_shop_bad_arguments_and_unknown_items_are_feedback():
     assert "at least 1" in first_observation(call("add_to_cart", item="pen", qty=0))
 
 
-@pytest.mark.parametrize("name", ["short_cot", "long_cot", "countdown", "shop"])
+@pytest.mark.parametrize("name", ["short_cot", "long_cot", "countdown", "shop", "recall"])
 def test_environment_passes_the_checker(name):
     report = check_environment(name)
     assert report.ok, format_report(report)

@@ -6,7 +6,7 @@ import pytest
 from agentrl.env import EpisodeState, make_env, registered
 from environments.generators import code_arithmetic_demos, code_arithmetic_tasks, run_trusted, split_of
 
-FAMILIES = ["short_cot", "long_cot", "countdown", "shop"]
+FAMILIES = ["short_cot", "long_cot", "countdown", "shop", "recall"]
 
 
 def replay(name, task, demo, seed=0):

@@ -35,6 +35,7 @@ from agentrl.transcripts import (
     run_dir_of,
     transcripts_path,
 )
+from agentrl.views.replay import sample_break_title
 from agentrl.views.run_tokenizer import first_tokenizer, tokenizer_candidates
 
 
@@ -172,6 +173,9 @@ def episode_payload(ep: Episode, decoder: PieceDecoder) -> dict[str, Any]:
         "engine_logp": [_r(x) for x in ep.engine_logprobs()],
         "overlays": overlays,
         "messages_n": len(ep.messages),
+        "breaks": [  # where each training sample after the first starts, and why (a compaction...)
+            [start, sample_break_title(b)] for (start, _), b in zip(ep.sample_ranges()[1:], ep.sample_breaks)
+        ],
         "failure": {"boundary": ep.failure.boundary, "message": ep.failure.message} if ep.failure else None,
         "metrics": {k: v for k, v in ep.metrics.items() if k not in ("tools", "task")},
         "task": ep.metrics.get("task"),

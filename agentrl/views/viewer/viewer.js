@@ -135,9 +135,10 @@
       .filter(([, v]) => v !== null && v !== undefined).map(([a, b]) => `<span><span class="k">${a}</span>${esc(b)}</span>`).join("") +
       (t.failure ? `<span class="failure">FAILED at the ${esc(t.failure.boundary)} boundary: ${esc(t.failure.message)}</span>` : "");
     let html = "", lastTurn = -1;
+    const breaks = new Map((t.breaks || []).map(([at, title]) => [at, title]));
     for (let i = 0; i < t.pieces.length; i++) {
       const x = tokenInfo(t, i);
-      const attrs = [["i", i], ["role", x.role], ["turn", x.turn], ["logp", x.logp_old ?? x.engine_logp], ["entropy", x.entropy],
+      const attrs = [["i", i], ["break", breaks.has(i) ? esc(breaks.get(i)) : null], ["role", x.role], ["turn", x.turn], ["logp", x.logp_old ?? x.engine_logp], ["entropy", x.entropy],
         ["adv", x.advantage], ["weight", x.weight], ["selected", x.selected], ["clipped", x.clipped]]
         .filter(([, v]) => v !== null && v !== undefined).map(([a, v]) => ` data-${a}="${v}"`).join("");
       const cls = "tok role-" + x.role + (x.role === "policy" && x.turn !== lastTurn ? " turn-start" : "");
