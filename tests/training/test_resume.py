@@ -277,15 +277,22 @@ def test_a_run_being_trained_by_another_process_is_refused_untouched(run, capsys
 PRE_ASSEMBLY = Path(__file__).parents[1] / "data" / "checkpoints" / "pre_assembly"
 
 
-def test_a_checkpoint_written_before_the_assembly_floor_resumes(tmp_path, tiny_model_dir, capsys):
+def test_a_checkpoint_written_before_the_assembly_floor_resumes(tmp_path, capsys):
     """A LoRA + STARE run checkpointed at step 1 by the code before ``agentrl/assembly/`` existed
     (``tests/data/checkpoints/make_pre_assembly.py`` at c6743ac) resumes here and trains step 2: its
     adapters, optimizer state and STARE controller load, and the metrics keep the old step's row."""
     run_dir = tmp_path / "run"
     shutil.copytree(PRE_ASSEMBLY, run_dir)
     (run_dir / "transcripts.jsonl").touch()
-    # its base model was a tiny model built in a temporary directory: the same one (seed 0) is here
-    args = [f"model.path={tiny_model_dir}", f"run.output_dir={run_dir}", "trainer.total_steps=2"]
+    # its base model was a tiny model built in a temporary directory: the same one (seed 0, a fresh
+    # tokenizer) is built here, not taken from the session's fixture, which a worker's earlier tests
+    # share (one CI run saw another fingerprint from it on one xdist worker)
+    from agentrl.models.tiny import build_tiny_model, train_tokenizer
+
+    base = build_tiny_model(
+        tmp_path / "base" / "h128-L2", "h128-L8", num_layers=2, tokenizer=train_tokenizer()
+    )
+    args = [f"model.path={base}", f"run.output_dir={run_dir}", "trainer.total_steps=2"]
     assert main(["train", "--resume", str(run_dir), "--force", *args]) == 0, capsys.readouterr().err
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
