@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -279,22 +277,15 @@ def test_a_run_being_trained_by_another_process_is_refused_untouched(run, capsys
 PRE_ASSEMBLY = Path(__file__).parents[1] / "data" / "checkpoints" / "pre_assembly"
 
 
-@pytest.mark.slow  # ~20 s: the base model is built in a process of its own
-def test_a_checkpoint_written_before_the_assembly_floor_resumes(tmp_path, capsys):
+def test_a_checkpoint_written_before_the_assembly_floor_resumes(tmp_path, tiny_model_dir, capsys):
     """A LoRA + STARE run checkpointed at step 1 by the code before ``agentrl/assembly/`` existed
     (``tests/data/checkpoints/make_pre_assembly.py`` at c6743ac) resumes here and trains step 2: its
     adapters, optimizer state and STARE controller load, and the metrics keep the old step's row."""
     run_dir = tmp_path / "run"
     shutil.copytree(PRE_ASSEMBLY, run_dir)
     (run_dir / "transcripts.jsonl").touch()
-    # its base model was a tiny model built in a temporary directory: the same one (seed 0) is built
-    # here, in a process of its own. Built in the test worker it came out with another fingerprint
-    # (9af86276, twice, on one xdist worker of a full CI run, against e470eac2 alone): some earlier
-    # test leaves state behind that changes a freshly built model's files (not yet found).
-    base = tmp_path / "base" / "h128-L2"
-    build = "import sys; from agentrl.models.tiny import build_tiny_model as b; b(sys.argv[1], 'h128-L8', num_layers=2)"
-    subprocess.run([sys.executable, "-c", build, str(base)], check=True, capture_output=True)
-    args = [f"model.path={base}", f"run.output_dir={run_dir}", "trainer.total_steps=2"]
+    # its base model was a tiny model built in a temporary directory: the same one (seed 0) is here
+    args = [f"model.path={tiny_model_dir}", f"run.output_dir={run_dir}", "trainer.total_steps=2"]
     assert main(["train", "--resume", str(run_dir), "--force", *args]) == 0, capsys.readouterr().err
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [0, 1]
