@@ -16,6 +16,9 @@ itself: the policy's forward with the adapters disabled, with no second copy of 
 from __future__ import annotations
 
 import hashlib
+import itertools
+import json
+import re
 import struct
 import warnings
 from collections.abc import Iterator
@@ -209,24 +212,69 @@ def load_adapter(model: nn.Module, adapter_dir: Path) -> None:
         )
 
 
+# The key in config.json that names the transformers release which wrote it: the same weights saved
+# by another release differ only there (5.24 -> 5.25), so the fingerprint leaves it out.
+_WRITER_KEY = "transformers_version"
+
+
 def identity(path: str) -> dict[str, Any]:
-    """What identifies a base model: its path and a fingerprint of its config and weight files (the
-    safetensors headers: names, shapes, dtypes and offsets, cheap to read for any size)."""
+    """What identifies a base model: its path and a fingerprint of its config (without the key naming
+    the transformers release that wrote it) and of its weight files (the safetensors headers: names,
+    shapes, dtypes and offsets, cheap to read for any size). ``scheme`` 2 marks this fingerprint;
+    records without it hold the first one, which hashed config.json's bytes as they were."""
     root = Path(path)
-    h = hashlib.sha256()
-    if (root / "config.json").exists():
-        h.update((root / "config.json").read_bytes())
+    config = root / "config.json"
+    canonical = b""
+    if config.exists():
+        fields = {k: v for k, v in json.loads(config.read_text()).items() if k != _WRITER_KEY}
+        canonical = json.dumps(fields, sort_keys=True).encode()
+    return {"path": str(path), "fingerprint": _fingerprint(canonical, _headers(root)), "scheme": 2}
+
+
+def _headers(root: Path) -> bytes:
+    """Each safetensors file's name, header and size, in name order."""
+    out = b""
     for f in sorted(root.glob("*.safetensors")):
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
-            h.update(f.name.encode() + fh.read(n) + str(f.stat().st_size).encode())
-    return {"path": str(path), "fingerprint": h.hexdigest()[:16]}
+            out += f.name.encode() + fh.read(n) + str(f.stat().st_size).encode()
+    return out
+
+
+def _fingerprint(config: bytes, headers: bytes) -> str:
+    return hashlib.sha256(config + headers).hexdigest()[:16]
+
+
+def _first_scheme_matches(saved: str, path: str) -> bool:
+    """Whether a record of the first scheme (config.json's raw bytes, writer key included) fits the
+    base at ``path``: its config.json as it is, or with the writer key naming any transformers
+    release 4.0-5.99 (patch 0-9, and .dev0), since the record does not say which release wrote it."""
+    root = Path(path)
+    config, headers = root / "config.json", _headers(root)
+    if not config.exists():
+        return _fingerprint(b"", headers) == saved
+    raw = config.read_text()
+    if _fingerprint(raw.encode(), headers) == saved:
+        return True
+    match = re.search(rf'"{_WRITER_KEY}": "([^"]*)"', raw)
+    if match is None:
+        return False
+    for major, minor, patch in itertools.product((4, 5), range(100), range(10)):
+        for version in (f"{major}.{minor}.{patch}", f"{major}.{minor}.{patch}.dev0"):
+            text = raw[: match.start(1)] + version + raw[match.end(1) :]
+            if _fingerprint(text.encode(), headers) == saved:
+                return True
+    return False
 
 
 def check_identity(saved: dict[str, Any], path: str, what: str) -> None:
     """A clear error when the adapter in ``what`` was trained on another base than ``path``."""
     now = identity(path)
-    if saved["fingerprint"] != now["fingerprint"]:
+    if saved.get("scheme") == 2:
+        same = saved["fingerprint"] == now["fingerprint"]
+    else:
+        same = _first_scheme_matches(saved["fingerprint"], path)
+    if not same:
         raise ConfigError(
             f"{what} holds a LoRA adapter trained on the base model {saved['path']} (fingerprint "
             f"{saved['fingerprint']}), but this run's base model is {path} (fingerprint "
