@@ -29,7 +29,7 @@ import torch
 
 def products(n: int = 4096, d: int = 576, k: int = 1536, reps: int = 3) -> None:
     """GFLOPS of a linear layer's forward and its two gradient products, fp32 and bf16."""
-    from agentrl.assembly.components import cpu_flags
+    from agentrl.engines.probe_cache import cpu_flags
 
     bf16 = sorted(cpu_flags() & {"avx512_bf16", "amx_bf16", "bf16"}) or ["none"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, capability "

@@ -67,7 +67,9 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the results as JSON here (rank 0)")
     args = ap.parse_args()
     rank, world = ranks.init_from_env()
-    strategy = sharding.make_strategy(TrainerConfig(strategy="fsdp2"), rank, world, torch.device("cpu"))
+    strategy = sharding.make_strategy(
+        TrainerConfig(strategy="fsdp2", bf16=False), rank, world, torch.device("cpu")
+    )
     with tempfile.TemporaryDirectory() as tmp:
         path = str(Path(tmp) / "model")
         if rank == 0:

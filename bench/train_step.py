@@ -155,7 +155,7 @@ def run_agentrl(
         f"trainer.total_steps={steps}",
         f"trainer.lr={lr}",
         f"trainer.micro_batch_size={PROMPTS * GROUP}",
-        f"trainer.bf16={str(bf16).lower()}",
+        *(["trainer.bf16=true"] if bf16 else []),  # else the shipped default, auto (assembly/precision.py)
         "logging.tensorboard=false",
         "logging.plots=false",
         "logging.transcripts=false",
@@ -187,6 +187,8 @@ def run_agentrl(
         "s_per_step": statistics.median(t),
         "rollout_s": statistics.median(rollout[1:]),
         "decode_path": trainer.engine.decode_path,  # type: ignore[attr-defined]
+        "cpu_gemm": getattr(trainer.engine, "cpu_gemm", None),
+        "trainer_bf16": trainer.learner.settings.trainer.computes_bf16,
         "tokens_per_s": sum(n) / sum(t),
         "peak_rss_mb": peak_rss_mb(),
         "peak_gpu_mb": peak_gpu_mb(device),
@@ -375,6 +377,9 @@ def main() -> None:
         print(
             f"agentrl-baseline (transformers decode, no prefix sharing, separate old-logprob pass) / TRL: {base:.2f}x"
         )
+    first = runs["agentrl"][0]
+    print(f"agentrl's choices: engine products {first.get('cpu_gemm')}, decode {first.get('decode_path')}, "
+          f"trainer bf16 {first.get('trainer_bf16')}")  # fmt: skip
     print("agentrl's engine/trainer log-prob gap and entropy, per step (the first round):")
     print("  " + "; ".join(f"{k} {v}" for k, v in runs["agentrl"][0]["numerics"].items()))
     print("agentrl's step in parts (s, the mean over timed steps, the first round):")

@@ -10,6 +10,7 @@ Models are built locally: the GPU machine reaches no hub.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -350,7 +351,9 @@ def test_the_kl_reference_under_fsdp2_holds_what_the_plan_counts(tmp_path):
         None, overrides(model_dir, tmp_path / "run", "trainer.strategy=fsdp2", "algorithm.kl_coef=0.01")
     )
     term = next(t.bytes for t in plan(cfg, gpus=1).terms if t.name == "KL reference weights")
-    strategy = sharding.make_strategy(cfg.trainer, 0, 1, torch.device("cuda", 0))
+    strategy = sharding.make_strategy(
+        dataclasses.replace(cfg.trainer, bf16=False), 0, 1, torch.device("cuda", 0)
+    )
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 import torch
@@ -19,6 +18,7 @@ from agentrl.agents import AgentEnvironment
 from agentrl.config import Config, ConfigError
 from agentrl.engines.base import Engine, SamplingParams
 from agentrl.engines.factory import EngineSpec, host_device, make_engine, weight_dtype
+from agentrl.engines.probe_cache import cpu_flags
 from agentrl.engines.registry import engine_record
 from agentrl.env import (
     Environment,
@@ -116,7 +116,7 @@ def cpu_bf16_note(cfg: Config, device: torch.device, flags: set[str] | None = No
     bf16 = [
         name
         for name, on in (
-            ("trainer.bf16", cfg.trainer.bf16),
+            ("trainer.bf16", cfg.trainer.bf16 is True),  # auto is decided before (precision.py)
             ("model.dtype=bfloat16", cfg.model.dtype == "bfloat16"),
             ("rollout.dtype=bfloat16", cfg.rollout.dtype == "bfloat16"),
         )
@@ -138,19 +138,6 @@ def say_slow_bf16(cfg: Config, device: torch.device, log: Callable[[str], None])
     """Log ``cpu_bf16_note``'s warning, if there is one."""
     if note := cpu_bf16_note(cfg, device):
         log(note)
-
-
-def cpu_flags() -> set[str]:
-    """The CPU's feature flags from /proc/cpuinfo (x86 ``flags``, Arm ``Features``); empty elsewhere."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return set(value.split())
-    return set()
 
 
 def sandbox_spec(cfg: Config) -> SandboxSpec:

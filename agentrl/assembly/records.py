@@ -69,7 +69,7 @@ def push_settings(cfg: Config) -> PushSettings:
         sync=sync_settings(cfg),
         colocate=cfg.rollout.colocate,
         sleep_wake_s=cfg.timeouts.sleep_wake_s,
-        bf16=cfg.trainer.bf16,
+        bf16=cfg.trainer.computes_bf16,
         engine_dtype=components.engine_dtype(cfg),
     )
 

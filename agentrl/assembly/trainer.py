@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agentrl.assembly import build, components, preflight, records
+from agentrl.assembly import build, components, precision, preflight, records
 from agentrl.assembly.evaluation import evaluate
 from agentrl.config import Config, config_to_dict, output_dir, save_config
 from agentrl.engines.base import Engine
@@ -55,6 +55,7 @@ def make_trainer(
     checked = checked_inputs(cfg, force, log)
     # device, rank under torchrun, where every process lives: a map that cannot work stops here
     device, rank, world, placement = build.join_run(cfg, log)
+    cfg, as_given = precision.resolved(cfg, device, log), cfg  # trainer.bf16: auto decided; `auto` saved
     components.say_slow_bf16(cfg, device, log)  # emulated bf16 on this CPU: many times slower
     # the layout over the ranks (sharding.py): an HSDP mesh that does not fit fails here, first
     strategy = sharding.make_strategy(cfg.trainer, rank, world, device)
@@ -81,7 +82,7 @@ def make_trainer(
     start_step = 0
     if ckpt and saved:  # cuts metrics/transcripts back to the checkpoint before we append
         start_step = state.restore(ckpt, saved, learner, rollouts, weights)
-    record_start(cfg, root_dir, run_dir, rank, start_step, ckpt, checked.resume)
+    record_start(as_given, root_dir, run_dir, rank, start_step, ckpt, checked.resume)
     parts = TrainerParts(
         learner=learner,
         rollouts=rollouts,
@@ -215,6 +216,9 @@ class PolicyAndEngine:
         self.engine: Engine = build.build_engine(
             cfg, None if sharded else self.model, self.tokenizer, path, placement, rank
         )
+        if (why := getattr(self.engine, "cpu_gemm_why", None)) and rank == 0:  # measured or set: said
+            library = getattr(self.engine, "cpu_gemm", None) or "the device's own"
+            log(f"engine products: {library} ({why})")
         if cfg.trainer.mode == "async" and not isinstance(self.engine, build.RolloutPool):
             self.engine = EngineGate(self.engine)  # rollouts and weight pushes take turns (pipeline.py)
         if (

@@ -209,8 +209,8 @@ class RolloutConfig:
     """When the chat template would show the model a different history than the one it wrote (a thinking template strips earlier ``<think>`` blocks): ``split`` = keep the model's own tokens in their sample and start a new sample, prompted with the template's render, where the served history differs; ``merge`` = one sample per episode, observations appended as deltas; ``auto`` = ``split`` when a probe of the template finds it strips thinking, else ``merge``. ``agentrl doctor`` prints the choice and why."""
     poll_every: int | None = knob(None, ge=1)
     """HF engine: its decode loop runs on the device and reads the newly sampled tokens back to the host every this many steps; stop strings, finished rows and dropping them from the batch are decided then, and tokens sampled past a row's end are discarded exactly. None = 1 on the CPU (a read costs nothing there), 8 on CUDA (a read waits for the GPU)."""
-    cpu_gemm: Literal["mkl", "onednn", "auto"] = "mkl"
-    """HF engine on the CPU in float32: the library of the lean decode step's matrix products. ``mkl`` = torch's float32 products (MKL on x86); ``onednn`` = oneDNN with each weight packed once per batch, and the lean step for every model it reproduces (2.5-3.3x the products' speed on a 2-core AVX-512 AMD EPYC where MKL ran a quarter of the machine's peak: docs/performance.md; on other CPUs MKL may be the faster); ``auto`` = oneDNN where one layer's products measure at least 1.5x faster through it at the engine's start, for models above hidden 256 (smaller ones keep ``mkl``). The engine records its choice (``HFEngine.cpu_gemm``)."""
+    cpu_gemm: Literal["mkl", "onednn", "auto"] = "auto"
+    """HF engine on the CPU in float32: the library of the lean decode step's matrix products. ``auto`` (the default) = oneDNN where one layer's products measure at least 1.5x faster through it than through MKL, for models above hidden 256 (smaller ones keep ``mkl``, nothing measured); measured once per CPU model, torch version and thread count, and kept in ``$AGENTRL_CACHE/probes/cpu_gemm.json``. ``mkl`` = torch's float32 products (MKL on x86; the only path before oneDNN); ``onednn`` = oneDNN with each weight packed once per batch, and the lean step for every model it reproduces (2.5-3.3x the products' speed on a 2-core AVX-512 AMD EPYC where MKL ran a quarter of the machine's peak: docs/performance.md). The run prints its choice and why at the start (``HFEngine.cpu_gemm``, ``cpu_gemm_why``)."""
     vllm: VLLMConfig = field(default_factory=VLLMConfig)
     """vLLM engine settings (used when ``engine: vllm``)."""
     sync: SyncConfig = field(default_factory=SyncConfig)
@@ -315,8 +315,8 @@ class TrainerConfig:
     """Token log-probs and entropies from the last hidden states, the output head applied a chunk of positions at a time, so the [B, T, V] logits never exist whole, in the forward or the backward (at a 151 k vocabulary, 8 k tokens of logits take 5 GB in fp32 and their gradient as much again). ``auto``: on from a 32 k vocabulary when the head allows it (a plain linear head; not under FSDP2, whose root gathers the head only inside the model's forward); ``always``: an error where the head does not allow it; ``never``: the whole logits."""
     share_prefix: bool = True
     """Run the prompt prefix a micro-batch shares (system prompt, tool schemas) once per forward instead of once per episode: same losses and gradients, less compute. Off in the gradient pass under DDP and gradient checkpointing, and in every pass under FSDP2."""
-    bf16: bool = False
-    """bf16 compute in forward/backward (faster from ~15M parameters up on a GPU or a CPU with bf16 instructions, AVX-512 BF16 or AMX; a CPU without them emulates bf16 many times slower than float32, and the trainer says so): autocast with ``ddp``; FSDP2's mixed precision (bf16 parameters for compute, fp32 gradient reduction and master weights) with ``fsdp2``."""
+    bf16: bool | Literal["auto"] = "auto"
+    """bf16 compute in forward/backward: autocast with ``ddp``; FSDP2's mixed precision (bf16 parameters for compute, fp32 gradient reduction and master weights) with ``fsdp2``. ``auto`` (the default) takes bf16 only where the device computes it natively (a GPU, or a CPU with AVX-512 BF16, AMX or Arm BF16; elsewhere torch emulates it many times slower), ``algorithm.is_correction`` is ``tis`` (bf16 moves the rollout/trainer gap from 1e-5 to about 0.03 a token), the model is above hidden 256, a layer's products measure at least 1.3x faster in bf16 (CPU), and the measured log-prob gap on the model stays inside ``rollout.sync.probe_atol``; else float32. The run prints the choice and why (assembly/precision.py). ``true``/``false`` decide without measuring."""
     checkpoint_every: int = knob(0, ge=0)
     """Save a checkpoint every N steps; 0 = only at the end."""
     keep_checkpoints: int = knob(2, ge=1)
@@ -329,6 +329,15 @@ class TrainerConfig:
     """Consecutive steps over ``max_failed_fraction`` that stop the run."""
     max_wall_minutes: float | None = knob(None, gt=0)
     """Stop (after a checkpoint) once this much wall time has passed; None = no limit."""
+
+    @property
+    def computes_bf16(self) -> bool:
+        """``bf16`` once decided: ``auto`` is replaced by the choice at the run's start (assembly/precision.py)."""
+        if self.bf16 == "auto":
+            raise RuntimeError(
+                "trainer.bf16=auto reached the trainer undecided: assembly/precision.resolved decides it"
+            )
+        return self.bf16
 
 
 @dataclass

@@ -18,10 +18,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from functools import cache
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import Tensor
+
+from agentrl.engines import probe_cache
 
 CHOICES = ("auto", "mkl", "onednn")
 FASTER_BY = 1.5
@@ -102,38 +104,79 @@ def best_of(fn: Callable[[], Any], repeats: int) -> float:
     return out
 
 
+class Pick(NamedTuple):
+    """The library an engine's products go through (None: the device's own) and why."""
+
+    library: str | None
+    why: str
+
+
 @cache
+def timed(
+    shapes: tuple[tuple[int, int], ...], rows: int = MEASURED_ROWS, threads: int = 0
+) -> tuple[dict[str, Any], str]:
+    """Seconds for ``rows`` rows through the [in, out] products ``shapes`` (one decoder layer's and a
+    slice of the head's) through MKL (``mkl_s``) and through packed oneDNN weights (``onednn_s``) on
+    this machine, float32, interleaved, best of 3, and where they came from. Measured once per CPU
+    model, torch version, thread count (``threads``: part of the key) and shape set, then kept in
+    ``probe_cache`` (its cost: docs/models-and-engines.md#engines-agentrlengines)."""
+
+    def measure() -> dict[str, Any]:
+        weights = [torch.full((i, o), 0.01) for i, o in shapes]  # the values do not change the time
+        xs = [torch.full((rows, i), 0.5) for i, _ in shapes]
+        blas = [Gemm(w) for w in weights]
+        dnn = [Gemm(w, rows=rows) for w in weights]
+
+        def run(gemms: list[Gemm]) -> None:
+            for gemm, x in zip(gemms, xs):
+                gemm(x)
+
+        run(blas)  # warm: first calls allocate and pick kernels
+        run(dnn)
+        t_blas = t_dnn = float("inf")
+        for _ in range(3):
+            t_blas = min(t_blas, best_of(lambda: run(blas), 1))
+            t_dnn = min(t_dnn, best_of(lambda: run(dnn), 1))
+        return {"mkl_s": t_blas, "onednn_s": t_dnn}
+
+    key = f"cpu_gemm rows {rows} shapes {list(shapes)}"
+    value, path = probe_cache.measured("cpu_gemm", key, measure)
+    where = f"measured {value['measured']}, kept in {path}" if path else "measured now"
+    return value, where
+
+
 def onednn_is_faster(
     shapes: tuple[tuple[int, int], ...], rows: int = MEASURED_ROWS, threads: int = 0
 ) -> bool:
-    """Whether ``rows`` rows through the [in, out] products ``shapes`` (one decoder layer's and a
-    slice of the head's) run at least ``FASTER_BY`` times faster through packed oneDNN weights than
-    through MKL on this machine, float32, interleaved, best of 3. Measured once per process for each
-    shape set and thread count (``threads``: part of the key only; its cost: docs/models-and-engines.md#engines-agentrlengines)."""
+    """Whether ``timed``'s oneDNN products run at least ``FASTER_BY`` times faster than MKL's."""
     if onednn_ops() is None:
         return False
-    weights = [torch.full((i, o), 0.01) for i, o in shapes]  # the values do not change the time
-    xs = [torch.full((rows, i), 0.5) for i, _ in shapes]
-    blas = [Gemm(w) for w in weights]
-    dnn = [Gemm(w, rows=rows) for w in weights]
-
-    def run(gemms: list[Gemm]) -> None:
-        for gemm, x in zip(gemms, xs):
-            gemm(x)
-
-    run(blas)  # warm: first calls allocate and pick kernels
-    run(dnn)
-    t_blas = t_dnn = float("inf")
-    for _ in range(3):
-        t_blas = min(t_blas, best_of(lambda: run(blas), 1))
-        t_dnn = min(t_dnn, best_of(lambda: run(dnn), 1))
-    return t_blas >= FASTER_BY * t_dnn
+    times, _ = timed(shapes, rows, threads)
+    return bool(times["mkl_s"] >= FASTER_BY * times["onednn_s"])
 
 
-def resolve(choice: str, model: torch.nn.Module, device: torch.device) -> str | None:
+def layer_shapes(model: torch.nn.Module) -> tuple[tuple[int, int], ...] | None:
+    """One decoder layer's products (fused QKV, output, fused gate-up, down) and a slice of the
+    head, as [in, out], from the model's config; None without one."""
+    cfg: Any = getattr(model, "config", None)
+    hidden = int(getattr(cfg, "hidden_size", 0) or 0)
+    if not hidden:
+        return None
+    heads, kv = (
+        int(cfg.num_attention_heads),
+        int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
+    )
+    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
+    q, k = heads * head_dim, kv * head_dim
+    inter, vocab = int(cfg.intermediate_size), int(cfg.vocab_size)
+    head = (hidden, min(vocab, HEAD_COLUMNS))
+    return ((hidden, 2 * q + 3 * k), (q, hidden), (hidden, 2 * inter), (inter, hidden), head)
+
+
+def resolve(choice: str, model: torch.nn.Module, device: torch.device) -> Pick:
     """The library the lean step's products go through: None off the CPU or outside float32 (the
-    device's own), else ``choice`` ("mkl", "onednn"), with "auto" measured (``onednn_is_faster``) on
-    the model's own shapes."""
+    device's own), else ``choice`` ("mkl", "onednn"), with "auto" measured (``timed``) on the model's
+    own shapes; with the reason the run prints."""
     if choice not in CHOICES:
         raise ValueError(f"cpu_gemm={choice!r}: choose one of {', '.join(CHOICES)}")
     dtype = next(model.parameters()).dtype
@@ -143,22 +186,22 @@ def resolve(choice: str, model: torch.nn.Module, device: torch.device) -> str | 
                 f"cpu_gemm='onednn' applies to a float32 engine on the CPU; this one is {dtype} on {device.type} "
                 f"(use mkl or auto there)"
             )
-        return None
+        return Pick(None, f"the engine computes in {dtype} on {device.type}: its own products")
     if choice != "auto":
         if choice == "onednn" and onednn_ops() is None:
             raise RuntimeError("cpu_gemm='onednn': this torch build has no oneDNN linear ops")
-        return choice
-    cfg: Any = getattr(model, "config", None)
-    hidden = int(getattr(cfg, "hidden_size", 0) or 0)
-    if not hidden:
-        return "mkl"
-    heads, kv = (
-        int(cfg.num_attention_heads),
-        int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads),
+        return Pick(choice, "set in rollout.cpu_gemm")
+    shapes = layer_shapes(model)
+    if shapes is None:
+        return Pick("mkl", "auto: the model has no config to measure its products by; MKL kept")
+    if onednn_ops() is None:
+        return Pick("mkl", "auto: this torch build has no oneDNN linear ops; MKL kept")
+    times, where = timed(shapes, threads=torch.get_num_threads())
+    ratio = times["mkl_s"] / max(times["onednn_s"], 1e-12)
+    pick = "onednn" if ratio >= FASTER_BY else "mkl"
+    return Pick(
+        pick,
+        f"auto: one layer's products and a head slice at {MEASURED_ROWS} rows take "
+        f"{times['mkl_s'] * 1e3:.2f} ms through MKL and {times['onednn_s'] * 1e3:.2f} ms through oneDNN "
+        f"({ratio:.2f}x; oneDNN from {FASTER_BY}x), {where}",
     )
-    head_dim = int(getattr(cfg, "head_dim", None) or hidden // heads)
-    q, k = heads * head_dim, kv * head_dim
-    inter, vocab = int(cfg.intermediate_size), int(cfg.vocab_size)
-    head = (hidden, min(vocab, HEAD_COLUMNS))
-    shapes = ((hidden, 2 * q + 3 * k), (q, hidden), (hidden, 2 * inter), (inter, hidden), head)
-    return "onednn" if onednn_is_faster(shapes, threads=torch.get_num_threads()) else "mkl"

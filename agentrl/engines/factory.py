@@ -45,7 +45,7 @@ class EngineSpec:
     """From ``rollout.max_episode_tokens``: the longest sequence a rollout makes."""
     poll_every: int | None = None
     """From ``rollout.poll_every``."""
-    cpu_gemm: str = "mkl"
+    cpu_gemm: str = "auto"
     """From ``rollout.cpu_gemm``."""
     sleep: bool = False
     """From ``rollout.colocate.sleep``."""

@@ -88,8 +88,8 @@ class _Request:
 
 def decode_path(
     model: torch.nn.Module, device: torch.device, lean_decode: bool | None, cpu_gemm: str
-) -> tuple[str, str | None]:
-    """The decode steps' path and, for the lean step on the CPU in float32, its products' library.
+) -> tuple[str, str | None, str]:
+    """The decode steps' path, for the lean step on the CPU in float32 its products' library, and why.
 
     The lean Qwen2/Llama step (engines/lean_decode.py) for a model it reproduces: by default
     (``lean_decode`` None) on CUDA (its static step is replayed as a CUDA graph) and on the CPU where
@@ -106,12 +106,15 @@ def decode_path(
             "cpu_gemm='onednn' runs the lean decode step's products, and this engine does not take that step "
             "(lean_decode=False, or a model it does not reproduce: engines/lean_decode.supports)"
         )
-    if cpu_gemm == "auto" and lean_pays_off(model):
-        cpu_gemm = "mkl"
-    library = cpu_gemm_library(cpu_gemm, model, device) if can_lean else None
+    small = cpu_gemm == "auto" and lean_pays_off(model)
+    pick = cpu_gemm_library("mkl" if small else cpu_gemm, model, device) if can_lean else None
+    library = pick.library if pick else None
     auto = lean_decode is None and (device.type == "cuda" or lean_pays_off(model) or library == "onednn")
     lean = bool(lean_decode or auto) and lean_supports(model)
-    return ("lean" if lean else "transformers"), library
+    why = "no lean decode step here: the transformers forward's own products" if pick is None else pick.why
+    if small and library is not None:
+        why = "auto: a small model, whose decode step is per-call overhead: MKL kept, nothing measured"
+    return ("lean" if lean else "transformers"), library, why
 
 
 class HFEngine:
@@ -131,7 +134,7 @@ class HFEngine:
         lean_decode: bool | None = None,
         poll_every: int | None = None,
         cuda_graphs: bool = True,
-        cpu_gemm: str = "mkl",
+        cpu_gemm: str = "auto",
     ) -> None:
         self.device = torch.device(device)
         if dtype is not None and torch_dtype(dtype) != next(model.parameters()).dtype:
@@ -147,9 +150,10 @@ class HFEngine:
         self.pad_id = int(getattr(model.config, "pad_token_id", None) or 0)
         self._decode = token_decoder(tokenizer) if tokenizer is not None else None
         self._version = 0
-        self.decode_path, self.cpu_gemm = decode_path(self.model, self.device, lean_decode, cpu_gemm)
-        """"lean" or "transformers", and the library of the lean step's products on the CPU in float32
-        ("mkl" or "onednn"; None elsewhere): recorded so benchmarks and logs can say which ran."""
+        path = decode_path(self.model, self.device, lean_decode, cpu_gemm)
+        self.decode_path, self.cpu_gemm, self.cpu_gemm_why = path
+        """"lean" or "transformers", the library of the lean step's products on the CPU in float32
+        ("mkl" or "onednn"; None elsewhere), and why: recorded so benchmarks and logs say which ran."""
         self._seeds = random.Random()  # OS-seeded: requests without a seed get a fresh one
         self._deadline = threading.local()  # ``bounded``: this thread's generate deadline
         self._packed: PackedWeights | None = None  # the lean step's weights, kept while current

@@ -237,7 +237,7 @@ def make_strategy(t: TrainerConfig, rank: int, world: int, device: torch.device)
             world,
             device,
             f.replicas,
-            t.bf16,
+            t.computes_bf16,
             f.cpu_offload,
             f.reshard_after_forward,
             reduce_every_micro_batch=f.grad_reduce == "micro_batch",

@@ -102,6 +102,9 @@ def sizes(cfg: Config, a: Architecture, ranks_per_node: int, nodes: int) -> Size
     if fsdp:
         check_mesh(world, t.fsdp.replicas)
     b = dtype_bytes(cfg.model.dtype)
+    # trainer.bf16=auto is decided on the machine at the start (assembly/precision.py); it may take bf16
+    # only with the importance correction on, so the plan counts bf16 exactly then
+    bf16 = t.bf16 is True or (t.bf16 == "auto" and cfg.algorithm.is_correction == "tis")
     episodes = r.prompts_per_step * r.group_size
     rows = math.ceil(episodes / t.mini_batches_per_step / world)  # per rank per optimizer step
     return Sizes(
@@ -110,7 +113,7 @@ def sizes(cfg: Config, a: Architecture, ranks_per_node: int, nodes: int) -> Size
         S=world // t.fsdp.replicas if fsdp else 1,
         b=b,
         pb=4 if lora.enabled(cfg.model.lora) else b,
-        c=2 if t.bf16 or b == 2 else 4,
+        c=2 if bf16 or b == 2 else 4,
         e=dtype_bytes(r.dtype or cfg.model.dtype),
         ctx=r.max_episode_tokens,
         tokens=t.micro_batch_size * r.max_episode_tokens,
@@ -119,8 +122,8 @@ def sizes(cfg: Config, a: Architecture, ranks_per_node: int, nodes: int) -> Size
         world=world,
         fsdp=fsdp,
         offload=fsdp and t.fsdp.cpu_offload,
-        autocast=t.bf16 and b == 4 and not fsdp,  # FSDP2 computes in bf16 through its mixed precision
-        residual=2 if b == 2 or (fsdp and t.bf16) else 4,
+        autocast=bf16 and b == 4 and not fsdp,  # FSDP2 computes in bf16 through its mixed precision
+        residual=2 if b == 2 or (fsdp and bf16) else 4,
     )
 
 

@@ -107,7 +107,7 @@ class Learner:
         # ranks > 0 of a sharded run get their shards from rank 0's weights
         self.log = log
         self.model, broadcast, rank0_state = prepare_policy(
-            settings.model, settings.seed, model, self.strategy, log
+            settings.model, settings.seed, model, self.strategy, log, settings.trainer.computes_bf16
         )
         self.train_module = self.strategy.prepare(self.model)  # DDP's wrapper, or the sharded model
         if broadcast or sharding.on_meta(self.model):

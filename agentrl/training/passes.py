@@ -45,7 +45,7 @@ class Passes:
             size,
             self.temperature,
             grad=grad,
-            bf16=t.bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
+            bf16=t.computes_bf16 and not self.strategy.equal_forwards,  # FSDP2: its mixed-precision policy
             share_prefix=self.share_prefix if grad else self.share_prefix_nograd,
             head=self.chunked_head(model),
             phi=phi,

@@ -14,7 +14,7 @@ from agentrl.config import ModelConfig, TrainerConfig
 from agentrl.models.checkpointing import checkpointing
 from agentrl.parallel import ranks, sharding
 from agentrl.seeds import mix_seed
-from agentrl.training import lora
+from agentrl.training import cpu_attention, lora
 
 
 def prepare_policy(
@@ -23,8 +23,10 @@ def prepare_policy(
     model: torch.nn.Module,
     strategy: sharding.Strategy,
     log: Callable[[str], None],
+    bf16: bool = False,
 ) -> tuple[torch.nn.Module, bool, dict[str, Any] | None]:
-    """Gradient checkpointing and LoRA on the loaded policy, before it is wrapped or sharded. Returns
+    """Gradient checkpointing, LoRA, and under bf16 autocast on the CPU (``bf16``, outside FSDP2) the
+    attention in float32 (``cpu_attention``), on the loaded policy, before it is wrapped or sharded. Returns
     the model, whether ranks > 0 get rank 0's weights by broadcast, and (on rank 0 then) those weights.
     Ranks > 0 of a sharded run start on meta and get rank 0's weights; a run whose every rank starts
     on meta (a DCP checkpoint will fill it) broadcasts nothing."""
@@ -33,6 +35,7 @@ def prepare_policy(
     if lora.enabled(settings.lora):
         model = lora.apply(model, settings.lora, seed)
         log(lora.describe(model))
+    cpu_attention.apply(model, strategy.device, bf16 and not strategy.equal_forwards, log)
     sharded = strategy.equal_forwards and strategy.world > 1
     broadcast = sharded and not ranks.all_ranks(sharding.on_meta(model))
     return model, broadcast, model.state_dict() if broadcast and strategy.rank == 0 else None

@@ -454,6 +454,6 @@ def test_bf16_on_a_cpu_without_bf16_instructions_is_said():
     assert components.cpu_bf16_note(bf16, cpu, bf16_cpu) is None
     assert components.cpu_bf16_note(bf16, cpu, {"fp", "asimd", "bf16"}) is None  # Arm's flag
     assert components.cpu_bf16_note(bf16, gpu, avx2) is None
-    assert components.cpu_bf16_note(load_config(None, []), cpu, avx2) is None  # float32: nothing to say
+    assert components.cpu_bf16_note(load_config(None, ["trainer.bf16=false"]), cpu, avx2) is None  # float32
     assert components.cpu_bf16_note(bf16, cpu, set()) is None  # flags unknown: no guess
     assert isinstance(components.cpu_flags(), set)

@@ -40,6 +40,19 @@ def _section_types() -> dict[str, str]:
     return out
 
 
+def _section_properties() -> set[str]:
+    """The schema's own derived values: a section's properties (``trainer.computes_bf16``)."""
+    import agentrl.config.schema as schema
+
+    out = set()
+    for name, path in _section_types().items():
+        cls = getattr(schema, name, None)
+        for attr, value in vars(cls).items() if cls else ():
+            if isinstance(value, property):
+                out.add(f"{path}.{attr}".lstrip("."))
+    return out
+
+
 def record_reads() -> set[str]:
     """Keys the product reads through a registry record rather than by name: a sandbox backend's
     ``keys`` (``components.sandbox_spec``) and an engine's settings section (``components.engine_spec``
@@ -227,7 +240,7 @@ def test_every_config_chain_in_the_code_is_a_key():
     """The other way: a chain the code reads is a real key or section (a typo is not silently None)."""
     leaves = set(dataclass_tree.leaf_paths(Config))
     sections = set(_section_types().values())
-    known = leaves | sections | {p.rsplit(".", 1)[0] for p in leaves}
+    known = leaves | sections | {p.rsplit(".", 1)[0] for p in leaves} | _section_properties()
     bogus = sorted(p for p in read_paths() if p and p not in known and not p.startswith("algorithm.settings"))
     assert bogus == [], bogus
 

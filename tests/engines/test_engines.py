@@ -4,6 +4,7 @@ loading) and the scripted engine."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -438,14 +439,19 @@ def test_the_lean_step_is_the_default_only_where_it_is_faster(tiny_tokenizer):
     assert HFEngine(wide, cpu_gemm="mkl").decode_path == "transformers"
     assert HFEngine(wide, lean_decode=True, cpu_gemm="mkl").decode_path == "lean"
     assert HFEngine(wide, cpu_gemm="onednn").decode_path == "lean"
-    assert HFEngine(wide).cpu_gemm == "mkl"  # the default, as before oneDNN
-    auto = HFEngine(wide, cpu_gemm="auto")
-    assert auto.cpu_gemm in ("mkl", "onednn")  # measured on this machine
+    auto = HFEngine(wide)  # the default: measured on this machine, and said how
+    assert auto.cpu_gemm in ("mkl", "onednn")
     assert auto.decode_path == ("lean" if auto.cpu_gemm == "onednn" else "transformers")
+    assert re.match(
+        r"auto: .* ms through MKL and .* ms through oneDNN \(\d+\.\d+x; oneDNN from 1.5x\), measured",
+        auto.cpu_gemm_why,
+    )
+    assert HFEngine(wide, cpu_gemm="mkl").cpu_gemm_why == "set in rollout.cpu_gemm"
     narrow = LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=128, intermediate_size=64,
                                           num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
     assert HFEngine(narrow).decode_path == "lean"
-    assert HFEngine(narrow, cpu_gemm="auto").cpu_gemm == "mkl"  # a small model: nothing measured
+    small = HFEngine(narrow, cpu_gemm="auto")
+    assert small.cpu_gemm == "mkl" and "nothing measured" in small.cpu_gemm_why  # a small model
     assert HFEngine(narrow, lean_decode=False).decode_path == "transformers"
     assert HFEngine(narrow, lean_decode=False).cpu_gemm is None  # nothing measured for a step never taken
     assert HFEngine(narrow, dtype="bfloat16", cpu_gemm="auto").cpu_gemm is None  # float32 only

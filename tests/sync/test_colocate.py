@@ -68,6 +68,7 @@ def colocated_config(level: int = 2, timeout_s: float = 2.0) -> Config:
     """A config with the cycle on, built without ``load_config``: its checks refuse sleep mode on this
     CPU machine (tested below); here only the trainer's wiring is under test."""
     cfg = Config()
+    cfg.trainer.bf16 = False  # auto is decided by a run's start (assembly/precision.py)
     cfg.rollout.colocate.sleep, cfg.rollout.colocate.sleep_level = True, level
     cfg.timeouts.sleep_wake_s = timeout_s
     return cfg

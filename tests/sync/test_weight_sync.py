@@ -193,6 +193,7 @@ def test_the_weight_push_asks_for_every_weight_after_a_level_2_sleep():
 
     for level in (1, 2):
         cfg = Config()
+        cfg.trainer.bf16 = False  # auto is decided by a run's start (assembly/precision.py)
         cfg.rollout.colocate.sleep, cfg.rollout.colocate.sleep_level = True, level
         push = WeightPush(push_settings(cfg), Learner(), engine=None)
         push.settings = lambda: (SyncSettings(), None)  # type: ignore[method-assign]

@@ -110,7 +110,7 @@ def test_a_lora_adapted_head_is_never_bypassed():
 
 
 def passes(*overrides: str, strategy=None) -> Passes:
-    cfg = load_config(None, list(overrides))
+    cfg = load_config(None, ["trainer.bf16=false", *overrides])  # auto is decided by a run's start
     strategy = strategy or sharding.Replicated(0, 1, torch.device("cpu"))
     return Passes(cfg.trainer, cfg.rollout.temperature, strategy, True, True)
 

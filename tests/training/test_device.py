@@ -10,6 +10,8 @@ shared-prefix plan, which compares token ids) run only in ``scripts/gpu_check.sh
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -25,7 +27,9 @@ def _meta_learner(tmp_path, tiny_model_dir, *extra: str) -> Learner:
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.share_prefix=false", *extra)
     model, tokenizer = load_policy(tiny_model_dir)
     reference = load_policy(tiny_model_dir)[0].requires_grad_(False)  # used with algorithm.kl_coef > 0
-    settings = learner_settings(cfg)
+    settings = learner_settings(
+        dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, bf16=False))
+    )
     learner = Learner(settings, model, tokenizer.pad_token_id or 0, log=lambda *_: None, reference=reference)
     # the optimizer is built on the CPU (fused AdamW has no meta kernel); the model then moves, as
     # a policy loaded on a GPU would be there from the start
