@@ -173,16 +173,16 @@ class Learner:
 
     def policy_stats(self, batch: Batch) -> PolicyStats:
         """π_old's log-prob and entropy at every target token, from a no-grad pass. When nothing
-        reads them before the gradient pass (one on-policy optimizer pass, no token weighting, no TIS,
-        no KL in the reward), that pass's own values are π_old's (same weights, same tokens): this
-        pass is skipped and ``optimise`` fills them, as TRL does at num_iterations=1."""
+        reads them before the gradient pass (one on-policy optimizer pass, no token weighting, no KL
+        in the reward), that pass's own values are π_old's (same weights, same tokens): this pass is
+        skipped and ``optimise`` fills them, as TRL does at num_iterations=1. TIS's weights are then
+        taken per micro-batch from those values (``micro_step``)."""
         t, a = self.settings.trainer, self.settings.algorithm
         pending = (
             self.fuse_old_logprobs
             and self.weighting == "none"
             and t.epochs_per_step == 1
             and t.mini_batches_per_step == 1
-            and a.is_correction == "none"
             and not (self.ref_model is not None and a.kl_in == "reward")
         )
         if pending:
@@ -240,9 +240,6 @@ class Learner:
         status of every token."""
         a, t = self.settings.algorithm, self.settings.trainer
         assert a.loss_agg is not None  # presets are resolved by load_config
-        tis = None  # truncated IS weights for the rollout/trainer mismatch, [B, T] (offpolicy.py)
-        if a.is_correction == "tis":
-            tis = off.tis_weights(stats.logp, batch.engine_logp, batch.has_engine_logp, a.is_cap)
         max_len = a.overlong.max_length or batch.ids.shape[1]
         clip_status = torch.zeros_like(batch.mask)
         parts: dict[str, list[tuple[float, float]]] = defaultdict(list)
@@ -258,7 +255,7 @@ class Learner:
                 pg_losses.append(0.0)
                 for i, m in enumerate(micros):
                     self.strategy.set_sync(self.train_module, last=i == len(micros) - 1)  # reduce once
-                    result = self.micro_step(batch, m.rows, stats, ref, tw, tis, norm, dummy=m.dummy)
+                    result = self.micro_step(batch, m.rows, stats, ref, tw, norm, dummy=m.dummy)
                     (result.loss * m.scale).backward()
                     if m.dummy:
                         continue
@@ -278,6 +275,7 @@ class Learner:
             pg_losses = ranks.sum_over_ranks(torch.tensor(pg_losses, dtype=torch.float64)).tolist()
             if stats.pending:  # one mini-batch of all rows: each rank filled its own shard
                 stats.logp, stats.entropy = self.passes.gather_own(stats.logp, stats.entropy)
+        tis = tis_of(a, stats.logp, batch)  # the weights micro_step applied, for the metrics
         out = loss_metrics(parts, pg_losses, grad_norms, tis, batch, a.is_cap)
         return {**out, **steps_taken(sum(map(len, plan)), skipped, self.step, self.log)}, clip_status
 
@@ -300,11 +298,11 @@ class Learner:
         stats: PolicyStats,
         ref: torch.Tensor | None,
         tw: alg.TokenWeights,
-        tis: torch.Tensor | None,
         normaliser: float,
         dummy: bool = False,
     ) -> alg.PolicyLoss:
-        """The loss of rows ``micro`` (their forward with gradient; the caller runs the backward).
+        """The loss of rows ``micro`` (their forward with gradient; the caller runs the backward),
+        with TIS's weights (``algorithm.is_correction: tis``, offpolicy.py) from π_old's log-probs.
         ``dummy``: a micro-batch that only keeps the ranks' collectives in step (scale 0): nothing is
         recorded and no statistic is computed."""
         a = self.settings.algorithm
@@ -314,7 +312,8 @@ class Learner:
         logp, ent = self.passes.forward(self.train_module, sub, grad=True)
         if stats.pending and not dummy:  # one on-policy pass: these are π_old's values (see policy_stats)
             stats.logp[micro, :w], stats.entropy[micro, :w] = logp.detach(), ent.detach()
-        weights = part.weights[:, :w] if tis is None else part.weights[:, :w] * tis[micro, :w]
+        tis = tis_of(a, stats.logp[micro, :w], sub)  # π_old's values: just filled when pending
+        weights = part.weights[:, :w] if tis is None else part.weights[:, :w] * tis
         return alg.policy_loss(
             logp,
             stats.logp[micro, :w],
@@ -437,6 +436,13 @@ def group_advantages(
     advantages = alg.compute_advantages(a.advantage, rewards, groups)[row_of].to(batch.device)
     out["advantages/nonzero_frac"] = float((advantages != 0).float().mean())  # 0: nothing to learn
     return advantages, out
+
+
+def tis_of(a: Any, logp_old: torch.Tensor, batch: Batch) -> torch.Tensor | None:
+    """``algorithm.is_correction: tis``'s weights of ``batch``'s tokens from π_old's ``logp_old``, or None."""
+    if a.is_correction != "tis":
+        return None
+    return off.tis_weights(logp_old, batch.engine_logp, batch.has_engine_logp, a.is_cap)
 
 
 def loss_metrics(

@@ -117,10 +117,11 @@ def test_group_prefixes_give_the_full_forward_logits_and_gradients(tiny_policy):
         assert (p.grad - g_full[n]).abs().max() / scale < 1e-4, n
 
 
-def _one_step(tmp_path, tiny_model_dir, share: bool, name: str, fuse: bool = True):
+def _one_step(tmp_path, tiny_model_dir, share: bool, name: str, fuse: bool = True, *extra: str):
     cfg = small_config(
         tmp_path / str(share),
         tiny_model_dir,
+        *extra,
         f"algorithm.name={name}",
         "algorithm.stare.target_entropy=100",
         "trainer.total_steps=1",
@@ -136,18 +137,38 @@ def _one_step(tmp_path, tiny_model_dir, share: bool, name: str, fuse: bool = Tru
 
 @pytest.mark.parametrize(
     "name,variant",
-    [("stare", "share"), ("grpo", "share"), ("grpo", "fuse")],
-    ids=["stare-shared-prefix", "grpo-shared-prefix", "grpo-fused-old-logprobs"],
+    [("stare", "share"), ("grpo", "share"), ("grpo", "fuse"), ("grpo", "fuse-tis")],
+    ids=[
+        "stare-shared-prefix",
+        "grpo-shared-prefix",
+        "grpo-fused-old-logprobs",
+        "grpo-tis-fused-old-logprobs",
+    ],
 )
-def test_trainer_step_is_the_same_with_and_without_the_shortcuts(tmp_path, tiny_model_dir, name, variant):
-    """Shared-prefix forward on/off, and (GRPO, one on-policy pass) the old log-probs taken from the
-    gradient forward instead of a separate no-grad pass: same metrics, same updated weights."""
+def test_trainer_step_is_the_same_with_and_without_the_shortcuts(
+    tmp_path, tiny_model_dir, name, variant, monkeypatch
+):
+    """Shared-prefix forward on/off, and (GRPO, one on-policy pass, with or without TIS) the old
+    log-probs taken from the gradient forward instead of a separate no-grad pass: same metrics, same
+    updated weights."""
     if variant == "share":
         m_on, w_on = _one_step(tmp_path, tiny_model_dir, True, name)
         m_off, w_off = _one_step(tmp_path, tiny_model_dir, False, name)
     else:
-        m_on, w_on = _one_step(tmp_path / "a", tiny_model_dir, True, name, fuse=True)
-        m_off, w_off = _one_step(tmp_path / "b", tiny_model_dir, True, name, fuse=False)
+        extra = ["algorithm.is_correction=tis"] if variant == "fuse-tis" else []
+        if (
+            extra
+        ):  # a float32 engine matches the trainer to 1e-7: a gap, a function of each value, gives weights ≠ 1
+            from agentrl.training import offpolicy
+
+            real = offpolicy.tis_weights
+            gap = lambda old, ro, has, cap: real(old, ro - 0.2 + 0.3 * torch.sin(1e3 * ro), has, cap)  # noqa: E731
+            monkeypatch.setattr(offpolicy, "tis_weights", gap)
+        m_on, w_on = _one_step(tmp_path / "a", tiny_model_dir, True, name, True, *extra)
+        m_off, w_off = _one_step(tmp_path / "b", tiny_model_dir, True, name, False, *extra)
+        if extra:  # the same weights, far from 1, applied on both paths
+            assert abs(m_on["offpolicy/tis_mean"] - 1) > 0.01
+            assert m_on["offpolicy/tis_mean"] == pytest.approx(m_off["offpolicy/tis_mean"], rel=1e-6)
     keys = ["loss/pg_loss", "entropy/mean", "entropy/branching", "grad/norm", "loss/ratio_mean"]
     keys += ["stare/entropy_mean"] if name == "stare" else []
     for key in keys:
