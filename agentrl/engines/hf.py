@@ -38,6 +38,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache
 
+from agentrl.engines import decode_probe
 from agentrl.engines.base import (
     Bucket,
     Completion,
@@ -93,8 +94,8 @@ def decode_path(
 
     The lean Qwen2/Llama step (engines/lean_decode.py) for a model it reproduces: by default
     (``lean_decode`` None) on CUDA (its static step is replayed as a CUDA graph) and on the CPU where
-    it is the faster one (small models, or any size whose products go through oneDNN); True wherever
-    it can; else the transformers forward. ``cpu_gemm`` (engines/cpu_gemm.py): "mkl", "onednn", or
+    it is the faster one (small models, any size whose products go through oneDNN, and otherwise as
+    measured on this machine: ``decode_probe``); True wherever it can; else the transformers forward. ``cpu_gemm`` (engines/cpu_gemm.py): "mkl", "onednn", or
     "auto", measured once for models above the lean step's small-model bound (a small model's step is
     per-call overhead, not products: it keeps MKL, so the tiny models' runs do not hang on a
     measurement's outcome)."""
@@ -110,10 +111,13 @@ def decode_path(
     pick = cpu_gemm_library("mkl" if small else cpu_gemm, model, device) if can_lean else None
     library = pick.library if pick else None
     auto = lean_decode is None and (device.type == "cuda" or lean_pays_off(model) or library == "onednn")
-    lean = bool(lean_decode or auto) and lean_supports(model)
     why = "no lean decode step here: the transformers forward's own products" if pick is None else pick.why
     if small and library is not None:
         why = "auto: a small model, whose decode step is per-call overhead: MKL kept, nothing measured"
+    if lean_decode is None and not auto and library == "mkl":  # which step is faster here: measured
+        auto, decode_why = decode_probe.lean_is_faster(model)
+        why = f"{why}; decode path {decode_why}"
+    lean = bool(lean_decode or auto) and lean_supports(model)
     return ("lean" if lean else "transformers"), library, why
 
 

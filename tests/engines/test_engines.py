@@ -426,12 +426,16 @@ def test_lean_decode_matches_the_transformers_loop_on_a_llama_model(tiny_tokeniz
     assert len({t for x in a for t in x.token_ids}) > 5  # sampled, not one token repeated
 
 
-def test_the_lean_step_is_the_default_only_where_it_is_faster(tiny_tokenizer):
+def test_the_lean_step_is_the_default_only_where_it_is_faster(tiny_tokenizer, monkeypatch):
     """With MKL's products the lean step is 2.49x the transformers forward at hidden 128
-    (bench/step_parts.py) and 0.91x at SmolLM2's 576 (bench/engine.py). By default (``lean_decode=None``)
-    a SmolLM2-sized model decodes through transformers, unless its products run faster through oneDNN
-    on this machine (``cpu_gemm``: measured under "auto"), which only the lean step calls;
-    ``lean_decode=True`` still takes the lean step, ``False`` never does."""
+    (bench/step_parts.py), 0.91x at SmolLM2's 576 on an AVX2 EPYC (bench/engine.py) and 1.17x on an
+    Intel Xeon with AMX. By default (``lean_decode=None``) a SmolLM2-sized model takes the lean step
+    where its products run faster through oneDNN (``cpu_gemm``: measured under "auto"), which only the
+    lean step calls, or where the lean step measures faster here (``decode_probe``; faked here, measured
+    for real in test_decode_probe.py); ``lean_decode=True`` still takes the lean step, ``False`` never does."""
+    from agentrl.engines import decode_probe
+
+    monkeypatch.setattr(decode_probe, "lean_is_faster", lambda model: (False, "faked: transformers"))
     from transformers import LlamaConfig, LlamaForCausalLM
 
     wide = LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=576, intermediate_size=64,
@@ -446,7 +450,13 @@ def test_the_lean_step_is_the_default_only_where_it_is_faster(tiny_tokenizer):
         r"auto: .* ms through MKL and .* ms through oneDNN \(\d+\.\d+x; oneDNN from 1.5x\), measured",
         auto.cpu_gemm_why,
     )
-    assert HFEngine(wide, cpu_gemm="mkl").cpu_gemm_why == "set in rollout.cpu_gemm"
+    assert (
+        HFEngine(wide, cpu_gemm="mkl").cpu_gemm_why
+        == "set in rollout.cpu_gemm; decode path faked: transformers"
+    )
+    monkeypatch.setattr(decode_probe, "lean_is_faster", lambda model: (True, "faked: lean"))
+    assert HFEngine(wide, cpu_gemm="mkl").decode_path == "lean"
+    monkeypatch.setattr(decode_probe, "lean_is_faster", lambda model: (False, "faked: transformers"))
     narrow = LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=128, intermediate_size=64,
                                           num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2))  # fmt: skip
     assert HFEngine(narrow).decode_path == "lean"
