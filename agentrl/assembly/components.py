@@ -291,6 +291,7 @@ def engine_spec(cfg: Config, path: str) -> EngineSpec:
         max_model_len=ro.max_episode_tokens,
         poll_every=ro.poll_every,
         cpu_gemm=ro.cpu_gemm,
+        lean_decode=None if ro.lean_decode == "auto" else ro.lean_decode,
         sleep=ro.colocate.sleep,
         options=dataclasses.asdict(getattr(ro, section)) if section else {},
     )

@@ -181,6 +181,12 @@ def _engine_placement_problems(cfg: Config) -> Iterator[tuple[str, str]]:
     workers' GPU share, tensor parallelism's limits."""
     ro = cfg.rollout
     record = engine_record(ro.engine)
+    if ro.lean_decode != "auto" and "rollout.lean_decode" not in record.keys:
+        yield (
+            "rollout.lean_decode",
+            f"rollout.lean_decode={str(ro.lean_decode).lower()} chooses the HF engine's decode step, but "
+            f"rollout.engine={ro.engine!r} has its own: leave rollout.lean_decode at auto",
+        )
     if ro.poll_every is not None and "rollout.poll_every" not in record.keys:
         yield (
             "rollout.poll_every",

@@ -47,6 +47,8 @@ class EngineSpec:
     """From ``rollout.poll_every``."""
     cpu_gemm: str = "auto"
     """From ``rollout.cpu_gemm``."""
+    lean_decode: bool | None = None
+    """From ``rollout.lean_decode`` (``auto``: None)."""
     sleep: bool = False
     """From ``rollout.colocate.sleep``."""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -87,6 +89,13 @@ def build_hf(spec: EngineSpec, tokenizer: Any, model: torch.nn.Module | None) ->
     else:
         engine_model = copy.deepcopy(model).to(torch_dtype(spec.dtype))
     engine_model.eval()
+    from agentrl.engines.lean_decode import supports
+
+    if spec.lean_decode and not supports(engine_model):
+        raise ValueError(
+            f"rollout.lean_decode=true: the lean decode step does not reproduce {type(engine_model).__name__} "
+            "(it takes Qwen2/Llama models with full attention in every layer): set it to auto or false"
+        )
     for p in engine_model.parameters():
         p.requires_grad_(False)
     return HFEngine(
@@ -95,6 +104,7 @@ def build_hf(spec: EngineSpec, tokenizer: Any, model: torch.nn.Module | None) ->
         device=spec.device,
         poll_every=spec.poll_every,
         cpu_gemm=spec.cpu_gemm,
+        lean_decode=spec.lean_decode,
     )
 
 

@@ -98,7 +98,7 @@ register_engine(
         "hf",
         "agentrl.engines.factory:build_hf",
         label="HF",
-        keys=("rollout.poll_every", "rollout.cpu_gemm"),
+        keys=("rollout.poll_every", "rollout.cpu_gemm", "rollout.lean_decode"),
     )
 )
 register_engine(
