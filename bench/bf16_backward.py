@@ -10,6 +10,7 @@ interleaved, then one backward of each is profiled (``torch.profiler``, CPU ops 
 
     .venv/bin/python bench/bf16_backward.py --model pypi:smollm2-135m-instruct --reps 2
     .venv/bin/python bench/bf16_backward.py --products   # the three products of a linear layer only
+    .venv/bin/python bench/bf16_backward.py --model pypi:smollm2-135m-instruct --attention --reps 2
 
 ``--products`` times a linear layer's three products at SmolLM2-135M's MLP shape (4,096 positions,
 576 -> 1,536) in fp32 and bf16, in the layouts autograd hands them: the forward x·Wᵀ, the input's
@@ -25,6 +26,46 @@ import statistics
 import time
 
 import torch
+
+
+def attention_in_fp32(model, forward, reps: int) -> None:
+    """bf16 autocast with transformers' sdpa in bf16 against the trainer's float32 attention
+    (training/cpu_attention.py): forward and backward times (medians, the first round dropped), and
+    each one's largest log-prob difference and gradient cosine against float32."""
+    from agentrl.training import cpu_attention
+
+    def run(impl: str, bf16: bool) -> tuple[float, float, torch.Tensor, torch.Tensor]:
+        model.set_attn_implementation(impl)
+        model.zero_grad(set_to_none=True)
+        t0 = time.perf_counter()
+        loss, lp = forward(bf16)
+        t1 = time.perf_counter()
+        loss.backward()
+        grad = torch.cat([p.grad.flatten() for p in model.parameters() if p.grad is not None])
+        return t1 - t0, time.perf_counter() - t1, lp.detach(), grad
+
+    cpu_attention.apply(model, torch.device("cpu"), True, lambda _: None)  # registers it
+    cases = {
+        "fp32": ("sdpa", False),
+        "bf16, attention bf16": ("sdpa", True),
+        "bf16, attention fp32": (cpu_attention.ATTENTION, True),
+    }
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in cases}
+    outs = {}
+    for _ in range(reps + 1):
+        for name, (impl, bf16) in cases.items():
+            f, b, lp, g = run(impl, bf16)
+            times[name].append((f, b))
+            outs[name] = (lp, g)
+    ref_lp, ref_g = outs["fp32"]
+    for name, xs in times.items():
+        lp, g = outs[name]
+        cos = float(torch.nn.functional.cosine_similarity(g, ref_g, 0))
+        print(
+            f"  {name:22s} forward {statistics.median(x[0] for x in xs[1:]):5.2f} s  backward "
+            f"{statistics.median(x[1] for x in xs[1:]):5.2f} s  max|dlogp| {float((lp - ref_lp).abs().max()):.3f}"
+            f"  grad cos {cos:.4f}"
+        )
 
 
 def products(n: int = 4096, d: int = 576, k: int = 1536, reps: int = 3) -> None:
@@ -60,6 +101,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--top", type=int, default=14, help="profiled ops shown per precision")
     ap.add_argument("--products", action="store_true", help="only a linear layer's three products")
+    ap.add_argument("--attention", action="store_true", help="bf16 with the attention in bf16 and in float32")
     args = ap.parse_args()
     if args.products:
         return products()
@@ -80,12 +122,15 @@ def main() -> None:
     rows[:, :P] = prompts.repeat_interleave(8, 0)
     plan = prefix_plan(rows, torch.full((B,), T), limit=P - 2)
 
-    def forward(bf16: bool) -> torch.Tensor:
+    def forward(bf16: bool) -> tuple[torch.Tensor, torch.Tensor]:
         autocast = torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
         with autocast, hidden_states_out(head):
             hidden = suffix_logits(model, rows, plan.share, plan.owners)[:, :-1]
             lp, ent = token_logprobs_and_entropy_from_hidden(hidden, head.weight, rows[:, plan.share + 1 :])
-        return -lp.mean() - 0.01 * ent.mean()
+        return -lp.mean() - 0.01 * ent.mean(), lp
+
+    if args.attention:
+        return attention_in_fp32(model, forward, args.reps)
 
     times: dict[str, list[float]] = {}
     for _ in range(args.reps + 1):  # the first round warms up (oneDNN picks its kernels)
@@ -93,7 +138,7 @@ def main() -> None:
             name = "bf16" if bf16 else "fp32"
             model.zero_grad(set_to_none=True)
             t0 = time.perf_counter()
-            loss = forward(bf16)
+            loss, _ = forward(bf16)
             t1 = time.perf_counter()
             loss.backward()
             t2 = time.perf_counter()
@@ -108,7 +153,7 @@ def main() -> None:
 
     for bf16 in (False, True):
         model.zero_grad(set_to_none=True)
-        loss = forward(bf16)
+        loss, _ = forward(bf16)
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             loss.backward()
         print(f"\nbackward, {'bf16 autocast' if bf16 else 'fp32'}: ops by self CPU time")

@@ -378,8 +378,10 @@ def main() -> None:
             f"agentrl-baseline (transformers decode, no prefix sharing, separate old-logprob pass) / TRL: {base:.2f}x"
         )
     first = runs["agentrl"][0]
-    print(f"agentrl's choices: engine products {first.get('cpu_gemm')}, decode {first.get('decode_path')}, "
-          f"trainer bf16 {first.get('trainer_bf16')}")  # fmt: skip
+    print(
+        f"agentrl's choices: engine products {first.get('cpu_gemm')}, decode {first.get('decode_path')}, "
+        f"trainer bf16 {first.get('trainer_bf16')}"
+    )
     print("agentrl's engine/trainer log-prob gap and entropy, per step (the first round):")
     print("  " + "; ".join(f"{k} {v}" for k, v in runs["agentrl"][0]["numerics"].items()))
     print("agentrl's step in parts (s, the mean over timed steps, the first round):")

@@ -116,8 +116,10 @@ def product_times(hidden: int, inter: int, rows: int = PROBE_ROWS) -> tuple[dict
 
     def measure() -> dict[str, Any]:
         out = {}
-        args = {dt: [torch.randn(*s).to(dt) for s in ((rows, hidden), (inter, hidden), (rows, inter))]
-                for dt in (torch.float32, torch.bfloat16)}  # fmt: skip
+        args = {
+            dt: [torch.randn(*s).to(dt) for s in ((rows, hidden), (inter, hidden), (rows, inter))]
+            for dt in (torch.float32, torch.bfloat16)
+        }
 
         def run(dt: torch.dtype) -> float:
             x, w, g = args[dt]

@@ -6,14 +6,13 @@ The lean step packs its weights once per weight version (``lean_weights.PackedWe
 the packing does not depend on the row count), so once per RL step, whose turns decode together
 hundreds of steps (``rollout.max_tokens_per_turn`` is 256 by default). The lean step is taken when
 it is at least ``FASTER_BY`` times faster a step; its packing is measured and printed but does not
-decide. It varied most: 0.4-0.6 s for SmolLM2 in a process of its own, 1.3 s inside a trainer's
-process (2-core Intel Xeon with AMX, 2026-12-04), and there the lean step, packing included, still
-made the RL step's decode faster than transformers, 11.3 s against 12.5 (docs/performance.md).
+decide, as it varies several-fold between processes while the lean step, packing included, still
+made the RL step's decode faster where it measured faster (docs/performance.md).
 Measured once per CPU model, torch version, thread count and model shape, and kept
 (``probe_cache``): a few seconds for SmolLM2-135M the first time.
 
-Why: the AVX2 AMD EPYC ran SmolLM2's lean step at 0.94× the transformers step's speed, a 2-core
-Intel Xeon with AMX at 1.16-1.23× (docs/performance.md): a fixed rule is wrong on one of them."""
+Why: on one CPU the lean step is the slower for SmolLM2, on another the faster (docs/performance.md):
+a fixed rule is wrong on one of them."""
 
 from __future__ import annotations
 
@@ -61,8 +60,13 @@ def step_times(model: torch.nn.Module, rows: int = ROWS, steps: int = STEPS) -> 
                     m = mask
                     for s in range(steps):
                         m = torch.cat([m, m.new_ones((rows, 1))], dim=1)
-                        model(input_ids=tokens[:, None], attention_mask=m, position_ids=(pos + s)[:, None],
-                              **kwargs, use_cache=True)  # fmt: skip
+                        model(
+                            input_ids=tokens[:, None],
+                            attention_mask=m,
+                            position_ids=(pos + s)[:, None],
+                            **kwargs,
+                            use_cache=True,
+                        )
                 key = f"{path}_s"
                 best[key] = min(best[key], (time.perf_counter() - t0) / steps)
     return best

@@ -1,12 +1,10 @@
 """The trainer's attention in float32 under bf16 autocast on the CPU (``trainer.bf16``).
 
 Why: under ``torch.autocast("cpu", bfloat16)`` torch runs ``scaled_dot_product_attention`` in bf16,
-and its CPU flash-attention backward is slower in bf16 than in float32. On a 2-core Intel Xeon with
-AMX (2026-12-04, SmolLM2-135M, 32 × 172 tokens: ``bench/bf16_backward.py``) the attention's backward
-took 1.89 s in bf16 against 0.77 s in float32, while the products around it ran 3.6× faster: the
-attention became 30 % of the bf16 backward. Run in float32 (its inputs upcast, autocast off inside),
-the update's backward fell from 6.6 to 5.1 s and the forward rose from 2.05 to 2.2 s, with the same
-log-probs within bf16's own error (docs/performance.md).
+and its CPU flash-attention backward is slower in bf16 than in float32, while the products around it
+get faster: the attention becomes a large share of the bf16 backward. Run in float32 (its inputs
+upcast, autocast off inside) the backward is faster and the log-probs keep bf16's own error; the
+measurements: docs/performance.md#defaults-chosen-by-measurement-rolloutcpu_gemm-and-trainerbf16-are-auto.
 
 ``ATTENTION`` is transformers' ``sdpa`` with that one change, registered under its own name with
 ``sdpa``'s mask function; outside CPU autocast it is ``sdpa`` exactly (same call, same masks), so an

@@ -15,6 +15,7 @@ from agentrl.cli import main
 from agentrl.config import load_config
 from agentrl.engines import probe_cache
 from tests.helpers.configs import small_config
+from tests.helpers.llama import small_llama
 
 CPU = torch.device("cpu")
 AMX = {"avx512f", "amx_bf16"}
@@ -23,13 +24,10 @@ AMX = {"avx512f", "amx_bf16"}
 @pytest.fixture(scope="module")
 def wide_model_dir(tmp_path_factory, tiny_tokenizer):
     """A one-layer Llama of hidden 320 (above the small-model bound) with the tiny tokenizer."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     out = tmp_path_factory.mktemp("wide")
-    cfg = LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=320, intermediate_size=640, num_hidden_layers=1,
-                      num_attention_heads=5, num_key_value_heads=5, pad_token_id=tiny_tokenizer.pad_token_id)  # fmt: skip
-    torch.manual_seed(0)
-    LlamaForCausalLM(cfg).save_pretrained(out)
+    small_llama(
+        len(tiny_tokenizer), 320, 640, heads=5, pad_token_id=tiny_tokenizer.pad_token_id
+    ).save_pretrained(out)
     tiny_tokenizer.save_pretrained(out)
     return out
 
@@ -96,8 +94,15 @@ def test_a_run_says_its_choice_and_keeps_auto_in_its_config(tmp_path, tiny_model
     cfg = small_config(tmp_path, tiny_model_dir, "trainer.total_steps=1")
     assert cfg.trainer.bf16 == "auto"  # the default
     args = [f"{k}={v}" for k, v in (("model.path", tiny_model_dir), ("run.output_dir", tmp_path / "run"))]
-    common = ["env.name=test_chatter", "run.device=cpu", "rollout.prompts_per_step=2", "rollout.group_size=4",
-              "rollout.max_tokens_per_turn=8", "rollout.max_episode_tokens=64", "trainer.total_steps=1"]  # fmt: skip
+    common = [
+        "env.name=test_chatter",
+        "run.device=cpu",
+        "rollout.prompts_per_step=2",
+        "rollout.group_size=4",
+        "rollout.max_tokens_per_turn=8",
+        "rollout.max_episode_tokens=64",
+        "trainer.total_steps=1",
+    ]
     assert main(["train", *args, *common]) == 0
     out = capsys.readouterr().out
     assert "trainer.bf16: auto -> float32 (" in out

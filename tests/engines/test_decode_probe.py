@@ -7,19 +7,15 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from agentrl.engines import decode_probe, probe_cache
 from agentrl.engines.hf import HFEngine
+from tests.helpers.llama import small_llama
 
 
 @pytest.fixture(scope="module")
 def wide(tiny_tokenizer):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    return LlamaForCausalLM(LlamaConfig(vocab_size=len(tiny_tokenizer), hidden_size=320, intermediate_size=64,
-                                        num_hidden_layers=1, num_attention_heads=5, num_key_value_heads=5)).eval()  # fmt: skip
+    return small_llama(len(tiny_tokenizer), 320, 64, heads=5)
 
 
 def keep(tmp_path, model, times):

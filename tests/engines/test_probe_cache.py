@@ -8,6 +8,7 @@ import json
 import torch
 
 from agentrl.engines import cpu_gemm, probe_cache
+from tests.helpers.llama import small_llama
 
 
 def test_a_measurement_is_taken_once_and_kept_per_machine(tmp_path, monkeypatch):
@@ -44,10 +45,7 @@ def test_auto_reads_its_choice_from_the_cache_and_says_so(tmp_path, monkeypatch)
     """A kept measurement decides the next start without measuring again: a faked 3x for oneDNN
     picks it, a faked 1.2x keeps MKL, and the reason names the times and the file."""
     monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=32,
-                                         num_hidden_layers=1, num_attention_heads=2))  # fmt: skip
+    model = small_llama(64, 64, 32, heads=2)
     shapes = cpu_gemm.layer_shapes(model)
     assert shapes is not None
     for mkl_s, pick in ((3e-3, "onednn"), (1.2e-3, "mkl")):

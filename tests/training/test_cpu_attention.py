@@ -10,16 +10,12 @@ import torch
 
 from agentrl.training import cpu_attention
 from agentrl.training.forward import prefix_plan, suffix_logits
+from tests.helpers.llama import small_llama
 
 
 @pytest.fixture(scope="module")
 def llama():
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, attn_implementation="sdpa")  # fmt: skip
-    torch.manual_seed(0)
-    return LlamaForCausalLM(cfg).eval()
+    return small_llama(256, 64, 128, heads=4, kv_heads=2, layers=2, attn_implementation="sdpa")
 
 
 def rows() -> tuple[torch.Tensor, int, torch.Tensor]:
